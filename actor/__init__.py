@@ -1,0 +1,1 @@
+"""AuroraRL actor role (arrives with its issue)."""

@@ -1,0 +1,116 @@
+"""Building a delta version: changed elements become blocks, blocks fill segments.
+
+Pure computation over word arrays; no I/O. ``DeltaBuilder.add_tensor`` yields each
+segment as soon as it is sealed, so a caller can upload it while extraction goes on
+(cut-through); ``finish`` seals the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aurora_store import dtypes
+from aurora_store.codec import dense, frames, sparse
+from aurora_store.manifest import Block, Segment, TensorSpec, version_dir
+
+
+@dataclass(frozen=True, slots=True)
+class SealedObject:
+    """An object ready to upload and the manifest entry that describes it."""
+
+    entry: Segment
+    data: bytes
+
+
+@dataclass(slots=True)
+class Change:
+    """Elements of one tensor that changed: flat positions with their old and new words."""
+
+    name: str
+    positions: np.ndarray
+    old: np.ndarray
+    new: np.ndarray
+
+
+def segment_key(version: int, index: int, data: bytes, suffix: str) -> tuple[str, str]:
+    """Content-addressed key: a retried publish with other bytes never collides with a crashed one."""
+    sha = hashlib.sha256(data).hexdigest()
+    return f"{version_dir(version)}/{index:05d}-{sha[:32]}.{suffix}", sha
+
+
+@dataclass(slots=True)
+class DeltaBuilder:
+    version: int
+    specs: tuple[TensorSpec, ...]
+    segment_bytes: int = 4 << 20
+    level: int = frames.DEFAULT_LEVEL
+    changes: list[Change] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict)
+    _parts: list[bytes] = field(default_factory=list)
+    _blocks: list[Block] = field(default_factory=list)
+    _fill: int = 0
+    _sealed: int = 0
+
+    def __post_init__(self) -> None:
+        self._index = {s.name: i for i, s in enumerate(self.specs)}
+
+    @property
+    def changed(self) -> int:
+        return sum(int(c.positions.size) for c in self.changes)
+
+    def add_tensor(self, spec: TensorSpec, old: np.ndarray, new: np.ndarray) -> Iterator[SealedObject]:
+        """Diff one tensor (flat word arrays) and yield any segments this fills."""
+        positions = sparse.changed_positions(old, new)
+        if positions.size == 0:
+            return
+        self.changes.append(Change(spec.name, positions, old[positions], new[positions]))
+        t = self._index[spec.name]
+        if dtypes.dtype(spec.dtype).sparse:
+            yield from self._add_sparse(t, spec, positions, old, new)
+        else:
+            yield from self._add_dense(t, spec, new)
+
+    def _add_sparse(self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray,
+                    new: np.ndarray) -> Iterator[SealedObject]:
+        per_block = max(1, self.segment_bytes)
+        start = 0
+        for lo in range(0, positions.size, per_block):
+            chunk = positions[lo : lo + per_block]
+            stop = spec.numel if lo + per_block >= positions.size else int(chunk[-1]) + 1
+            rel = chunk - start if start else chunk
+            enc = sparse.encode(rel, old[chunk], new[chunk], self.level)
+            yield from self._append(enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes,
+                                    enc.streams)
+            start = stop
+
+    def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray) -> Iterator[SealedObject]:
+        per_block = max(1, self.segment_bytes // spec.width)
+        for start in range(0, spec.numel, per_block):
+            stop = min(spec.numel, start + per_block)
+            yield from self._append(dense.encode(new[start:stop], self.level), t, start, stop, "dense", stop - start)
+
+    def _append(self, payload: bytes, t: int, start: int, stop: int, codec: str, count: int, gap_width: int = 0,
+                escapes: int = 0, streams: tuple[int, ...] = ()) -> Iterator[SealedObject]:
+        if self._fill and self._fill + len(payload) > self.segment_bytes:
+            yield self._seal()
+        self._blocks.append(Block(t, start, stop, codec, self._fill, len(payload), count, gap_width, escapes, streams))
+        self._parts.append(payload)
+        self._fill += len(payload)
+        if self._fill >= self.segment_bytes:
+            yield self._seal()
+
+    def _seal(self) -> SealedObject:
+        data = b"".join(self._parts)
+        key, sha = segment_key(self.version, self._sealed, data, "seg")
+        obj = SealedObject(Segment(key, len(data), sha, blocks=tuple(self._blocks)), data)
+        self._parts, self._blocks, self._fill = [], [], 0
+        self._sealed += 1
+        return obj
+
+    def finish(self) -> Iterator[SealedObject]:
+        if self._blocks:
+            yield self._seal()

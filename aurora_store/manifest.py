@@ -1,0 +1,426 @@
+"""Version manifests: frozen dataclasses, canonical JSON, and a hostile-input parser.
+
+A manifest is one canonical JSON object (sorted keys, no whitespace, ASCII, integers
+only: no floats). ``version_hash`` is the SHA-256 of the canonical encoding of every
+other field except ``signature``; ``parent`` carries the parent's version hash, so
+the hashes chain. The parser treats every byte as hostile: size cap first, then
+strict types, then coverage and ranges, then the hash. No I/O and no torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aurora_store import dtypes
+from aurora_store.errors import CorruptError, LimitError, StoreError
+
+FORMAT = "aurora/1"
+MAX_ELEMENTS = 1 << 48
+_KEY_RE = re.compile(r"^[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def canonical(obj: Any) -> bytes:
+    """The one byte encoding that hashes and signatures cover."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def version_dir(version: int) -> str:
+    return f"versions/{version:010d}"
+
+
+def manifest_key(version: int) -> str:
+    return f"{version_dir(version)}/manifest.json"
+
+
+def check_key(key: str, version: int, what: str) -> str:
+    """A key named by a manifest must be a plain relative path inside its version's directory."""
+    prefix = version_dir(version) + "/"
+    if (
+        not isinstance(key, str)
+        or len(key) > 512
+        or not _KEY_RE.match(key)
+        or any(part in (".", "..") for part in key.split("/"))
+        or not key.startswith(prefix)
+    ):
+        raise CorruptError(f"{what}: key {key!r} escapes the run prefix (must be a plain path under {prefix!r})")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def width(self) -> int:
+        return dtypes.dtype(self.dtype).width
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A range ``[start, stop)`` of one tensor's elements, coded inside a segment."""
+
+    tensor: int
+    start: int
+    stop: int
+    codec: str
+    offset: int
+    length: int
+    count: int
+    gap_width: int = 0
+    escapes: int = 0
+    streams: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "tensor": self.tensor,
+            "start": self.start,
+            "stop": self.stop,
+            "codec": self.codec,
+            "offset": self.offset,
+            "length": self.length,
+            "count": self.count,
+        }
+        if self.codec == "sparse":
+            d.update(gap_width=self.gap_width, escapes=self.escapes, streams=list(self.streams))
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One immutable object of a version: a delta segment or a safetensors shard."""
+
+    key: str
+    size: int
+    sha256: str
+    blocks: tuple[Block, ...] = ()
+    tensors: tuple[int, ...] = ()
+
+    def to_dict(self, kind: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"key": self.key, "size": self.size, "sha256": self.sha256}
+        if kind == "delta":
+            d["blocks"] = [b.to_dict() for b in self.blocks]
+        else:
+            d["tensors"] = list(self.tensors)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    version: int
+    version_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    elements: int
+    changed: int
+    bytes: int
+    chain_bytes: int
+    full_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "elements": self.elements,
+            "changed": self.changed,
+            "bytes": self.bytes,
+            "chain_bytes": self.chain_bytes,
+            "full_bytes": self.full_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    alg: str
+    key_id: str
+    sig: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"alg": self.alg, "key_id": self.key_id, "sig": self.sig}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    version: int
+    kind: str
+    parent: Parent | None
+    created: str
+    step: int | None
+    tensors: tuple[TensorSpec, ...]
+    segments: tuple[Segment, ...]
+    index: Segment | None
+    stats: Stats
+    weights_digest: str
+    meta: dict[str, str] = field(default_factory=dict)
+    version_hash: str = ""
+    signature: Signature | None = None
+
+    def body(self) -> dict[str, Any]:
+        """Every field the version hash covers."""
+        return {
+            "format": FORMAT,
+            "version": self.version,
+            "kind": self.kind,
+            "parent": None
+            if self.parent is None
+            else {"version": self.parent.version, "version_hash": self.parent.version_hash},
+            "created": self.created,
+            "step": self.step,
+            "tensors": [t.to_dict() for t in self.tensors],
+            "segments": [s.to_dict(self.kind) for s in self.segments],
+            "index": None if self.index is None else self.index.to_dict("full"),
+            "stats": self.stats.to_dict(),
+            "weights_digest": self.weights_digest,
+            "meta": dict(self.meta),
+        }
+
+    def compute_hash(self) -> str:
+        return hashlib.sha256(canonical(self.body())).hexdigest()
+
+    def to_bytes(self) -> bytes:
+        doc = self.body()
+        doc["version_hash"] = self.version_hash
+        doc["signature"] = None if self.signature is None else self.signature.to_dict()
+        return canonical(doc)
+
+    @property
+    def objects(self) -> tuple[Segment, ...]:
+        """Every object the manifest names (segments, then the index of a full version)."""
+        return self.segments + ((self.index,) if self.index is not None else ())
+
+    @staticmethod
+    def from_bytes(data: bytes, *, expect_version: int | None = None, max_bytes: int = 64 << 20,
+                   max_segment_bytes: int = 4 << 30) -> Manifest:
+        return _parse(data, expect_version, max_bytes, max_segment_bytes)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+class _Reader:
+    """Typed accessors over an untrusted JSON object, naming the manifest in errors."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, msg: str) -> CorruptError:
+        return CorruptError(f"{self.what}: {msg}")
+
+    def obj(self, v: Any, name: str, keys: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+        if not isinstance(v, dict):
+            raise self.fail(f"{name} must be an object")
+        missing = keys - v.keys()
+        extra = v.keys() - keys - optional
+        if missing or extra:
+            raise self.fail(f"{name} has missing fields {sorted(missing)} / unknown fields {sorted(extra)}")
+        return v
+
+    def int_(self, v: Any, name: str, lo: int = 0, hi: int = 1 << 62) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise self.fail(f"{name} must be an integer in [{lo}, {hi}], got {v!r}"[:300])
+        return v
+
+    def str_(self, v: Any, name: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
+        if not isinstance(v, str) or len(v) > max_len or (pattern is not None and not pattern.match(v)):
+            raise self.fail(f"{name} must be a string{' matching ' + pattern.pattern if pattern else ''}, got {v!r}"[:300])
+        return v
+
+    def list_(self, v: Any, name: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.fail(f"{name} must be a list")
+        return v
+
+
+def _no_floats(text: str) -> Any:
+    raise CorruptError(f"manifest contains a non-integer number {text!r}")
+
+
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise CorruptError(f"manifest repeats field {k!r}")
+        out[k] = v
+    return out
+
+
+def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_bytes: int) -> Manifest:
+    what = "manifest" if expect_version is None else manifest_key(expect_version)
+    if len(data) > max_bytes:
+        raise LimitError(f"{what}: {len(data)} bytes exceeds the manifest cap of {max_bytes}")
+    try:
+        doc = json.loads(
+            data.decode("utf-8"),
+            parse_float=_no_floats,
+            parse_constant=_no_floats,
+            object_pairs_hook=_no_dupes,
+        )
+    except StoreError as exc:
+        raise CorruptError(f"{what}: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"{what}: not valid JSON ({exc})"[:400]) from None
+    r = _Reader(what)
+    top = {"format", "version", "kind", "parent", "created", "step", "tensors", "segments", "index", "stats",
+           "weights_digest", "meta", "version_hash", "signature"}
+    r.obj(doc, "manifest", top)
+    if doc["format"] != FORMAT:
+        raise r.fail(f"format {doc['format']!r}, expected {FORMAT!r}")
+    version = r.int_(doc["version"], "version")
+    if expect_version is not None and version != expect_version:
+        raise r.fail(f"declares version {version}, expected {expect_version}")
+    kind = doc["kind"]
+    if kind not in ("full", "delta"):
+        raise r.fail(f"kind {kind!r}, expected 'full' or 'delta'")
+    if version == 0 and kind != "full":
+        raise r.fail("version 0 must be full")
+    parent = None
+    if doc["parent"] is None:
+        if version != 0:
+            raise r.fail("only version 0 may have no parent")
+    else:
+        p = r.obj(doc["parent"], "parent", {"version", "version_hash"})
+        parent = Parent(r.int_(p["version"], "parent.version"), r.str_(p["version_hash"], "parent.version_hash", _HEX64))
+        if parent.version != version - 1:
+            raise r.fail(f"parent is version {parent.version}, expected {version - 1}")
+    created = r.str_(doc["created"], "created", max_len=64)
+    step = None if doc["step"] is None else r.int_(doc["step"], "step")
+    tensors = _parse_tensors(r, doc["tensors"])
+    segments = tuple(_parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
+                     for i, s in enumerate(r.list_(doc["segments"], "segments")))
+    index = None
+    if kind == "full":
+        if doc["index"] is None:
+            raise r.fail("a full version must name its safetensors index")
+        ix = r.obj(doc["index"], "index", {"key", "size", "sha256", "tensors"})
+        index = Segment(check_key(ix["key"], version, what), r.int_(ix["size"], "index.size", 0, max_segment_bytes),
+                        r.str_(ix["sha256"], "index.sha256", _HEX64))
+        _check_shard_coverage(r, segments, tensors)
+    elif doc["index"] is not None:
+        raise r.fail("a delta version has no index")
+    else:
+        _check_block_coverage(r, segments, tensors)
+    keys = [s.key for s in segments] + ([index.key] if index else [])
+    if len(set(keys)) != len(keys) or manifest_key(version) in keys:
+        raise r.fail("names an object twice (or names the manifest itself)")
+    st = r.obj(doc["stats"], "stats", {"elements", "changed", "bytes", "chain_bytes", "full_bytes"})
+    stats = Stats(*(r.int_(st[k], f"stats.{k}") for k in ("elements", "changed", "bytes", "chain_bytes", "full_bytes")))
+    if stats.elements != sum(t.numel for t in tensors):
+        raise r.fail(f"stats.elements {stats.elements} does not match the tensor table")
+    digest = r.str_(doc["weights_digest"], "weights_digest", re.compile(r"^[0-9a-f]{32}$"))
+    meta = doc["meta"]
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise r.fail("meta must map strings to strings")
+    signature = None
+    if doc["signature"] is not None:
+        s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
+        signature = Signature(r.str_(s["alg"], "signature.alg", max_len=32), r.str_(s["key_id"], "signature.key_id", max_len=128),
+                              r.str_(s["sig"], "signature.sig", max_len=256))
+    m = Manifest(version, kind, parent, created, step, tensors, segments, index, stats, digest, dict(meta),
+                 r.str_(doc["version_hash"], "version_hash", _HEX64), signature)
+    if m.compute_hash() != m.version_hash:
+        raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
+    return m
+
+
+def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
+    out = []
+    for i, t in enumerate(r.list_(raw, "tensors")):
+        t = r.obj(t, f"tensors[{i}]", {"name", "dtype", "shape"})
+        name = r.str_(t["name"], f"tensors[{i}].name", max_len=1024)
+        if not name:
+            raise r.fail(f"tensors[{i}] has an empty name")
+        try:
+            dtypes.dtype(t["dtype"])
+        except StoreError as exc:
+            raise r.fail(f"tensors[{i}]: {exc}") from None
+        shape = tuple(r.int_(s, f"tensors[{i}].shape", 0, MAX_ELEMENTS) for s in r.list_(t["shape"], f"tensors[{i}].shape"))
+        if len(shape) > 64:
+            raise r.fail(f"tensors[{i}] has {len(shape)} dimensions")
+        spec = TensorSpec(name, t["dtype"], shape)
+        if spec.numel > MAX_ELEMENTS:
+            raise LimitError(f"{r.what}: tensor {name!r} has {spec.numel} elements, over the cap")
+        out.append(spec)
+    names = [t.name for t in out]
+    if names != sorted(set(names)):
+        raise r.fail("tensor names must be unique and sorted")
+    return tuple(out)
+
+
+def _parse_segment(r: _Reader, raw: Any, i: int, kind: str, version: int, tensors: tuple[TensorSpec, ...],
+                   max_segment_bytes: int) -> Segment:
+    name = f"segments[{i}]"
+    s = r.obj(raw, name, {"key", "size", "sha256", "blocks" if kind == "delta" else "tensors"})
+    key = check_key(s["key"], version, r.what)
+    size = s["size"]
+    if type(size) is int and size > max_segment_bytes:
+        raise LimitError(f"{r.what}: {name} {key} is {size} bytes, over the segment cap of {max_segment_bytes}")
+    size = r.int_(size, f"{name}.size")
+    sha = r.str_(s["sha256"], f"{name}.sha256", _HEX64)
+    if kind == "full":
+        idx = tuple(r.int_(t, f"{name}.tensors", 0, len(tensors) - 1) for t in r.list_(s["tensors"], f"{name}.tensors"))
+        return Segment(key, size, sha, tensors=idx)
+    blocks = []
+    offset = 0
+    for j, b in enumerate(r.list_(s["blocks"], f"{name}.blocks")):
+        bn = f"{name}.blocks[{j}]"
+        codec = b.get("codec") if isinstance(b, dict) else None
+        extra = {"gap_width", "escapes", "streams"} if codec == "sparse" else set()
+        b = r.obj(b, bn, {"tensor", "start", "stop", "codec", "offset", "length", "count"} | extra)
+        t = r.int_(b["tensor"], f"{bn}.tensor", 0, len(tensors) - 1)
+        spec = tensors[t]
+        start = r.int_(b["start"], f"{bn}.start", 0, spec.numel)
+        stop = r.int_(b["stop"], f"{bn}.stop", start + 1 if spec.numel else 0, spec.numel)
+        if stop <= start:
+            raise r.fail(f"{bn} covers no elements of {spec.name!r}")
+        off = r.int_(b["offset"], f"{bn}.offset")
+        length = r.int_(b["length"], f"{bn}.length", 1, size)
+        if off != offset:
+            raise r.fail(f"{bn} starts at byte {off}, expected {offset} (blocks must tile the segment)")
+        offset += length
+        count = r.int_(b["count"], f"{bn}.count", 1, stop - start)
+        if codec == "sparse":
+            if not dtypes.dtype(spec.dtype).sparse:
+                raise r.fail(f"{bn}: sparse coding is not allowed for dtype {spec.dtype}")
+            streams = tuple(r.int_(x, f"{bn}.streams", 0, length) for x in r.list_(b["streams"], f"{bn}.streams"))
+            if len(streams) != 3 or sum(streams) != length:
+                raise r.fail(f"{bn}: streams {list(streams)} do not tile {length} bytes")
+            blocks.append(Block(t, start, stop, codec, off, length, count, r.int_(b["gap_width"], f"{bn}.gap_width", 4, 8),
+                                r.int_(b["escapes"], f"{bn}.escapes", 0, count), streams))
+        elif codec == "dense":
+            if count != stop - start:
+                raise r.fail(f"{bn}: a dense block counts every element")
+            blocks.append(Block(t, start, stop, codec, off, length, count))
+        else:
+            raise r.fail(f"{bn}: codec {codec!r}, expected 'sparse' or 'dense'")
+    if offset != size:
+        raise r.fail(f"{name} {key}: blocks cover {offset} bytes of {size}")
+    return Segment(key, size, sha, blocks=tuple(blocks))
+
+
+def _check_shard_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tuple[TensorSpec, ...]) -> None:
+    seen = sorted(t for s in segments for t in s.tensors)
+    if seen != list(range(len(tensors))):
+        raise r.fail("shards must hold every tensor exactly once")
+
+
+def _check_block_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tuple[TensorSpec, ...]) -> None:
+    ranges = sorted((b.tensor, b.start, b.stop) for s in segments for b in s.blocks)
+    for (t0, _, e0), (t1, s1, _) in zip(ranges, ranges[1:]):
+        if t0 == t1 and s1 < e0:
+            raise r.fail(f"blocks of tensor {tensors[t0].name!r} overlap at element {s1}")

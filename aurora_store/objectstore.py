@@ -1,0 +1,228 @@
+"""Object-store I/O over fsspec: immutable puts, capped gets, parallel ranged reads.
+
+Stores know keys (paths relative to a run prefix) and byte ranges only; they never
+parse what they move. Backend exceptions are translated into the store's error family
+here and nowhere else.
+
+Put-if-absent, per backend:
+- ``file://``: the bytes go to a temporary file in the same directory, then
+  ``os.link`` publishes it under the final name, which fails atomically if the name
+  exists; a reader never sees a partial object.
+- ``memory://``: check-and-set under a process-wide lock (the store is process-local).
+- anything else (``s3://``, ``gs://``, ...): fsspec's ``mode="create"`` (S3
+  ``If-None-Match: *``, GCS ``ifGenerationMatch=0``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError
+
+_MEMORY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRequest:
+    """Bytes ``[start, stop)`` of object ``key``."""
+
+    key: str
+    start: int
+    stop: int
+
+
+class ObjectStore:
+    """A run prefix on any fsspec filesystem."""
+
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None, *, concurrency: int = 8) -> None:
+        if not isinstance(uri, str) or not uri:
+            raise StoreError(f"store URI must be a non-empty string, got {uri!r}")
+        self.uri = uri.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+        self.root = root.rstrip("/")
+        protocol = self.fs.protocol
+        self.protocol = protocol if isinstance(protocol, str) else protocol[0]
+        self.concurrency = max(1, int(concurrency))
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    # ------------------------------------------------------------ paths
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in ("file", "local")
+
+    # ------------------------------------------------------------ writes
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Write ``data`` under ``key`` unless the key exists. True if written, False if it existed."""
+        path = self.path(key)
+        try:
+            if self.is_local:
+                return _local_put_if_absent(path, data)
+            if self.protocol == "memory":
+                with _MEMORY_LOCK:
+                    if self.fs.exists(path):
+                        return False
+                    self.fs.pipe_file(path, bytes(data))
+                    return True
+            self.fs.pipe_file(path, bytes(data), mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and "recondition" in str(exc):
+                return False  # S3 412 on If-None-Match, as some servers word it
+            raise _translate(exc, self.url(key)) from exc
+
+    def put_immutable(self, key: str, data: bytes | memoryview, *, verify: Callable[[bytes], bool]) -> bool:
+        """Put-if-absent that tolerates an identical object already there (a retried write).
+
+        Returns True if this call wrote the object. If another object holds the key and
+        ``verify`` rejects its bytes, that is a ConflictError: objects are never rewritten."""
+        if self.put_if_absent(key, data):
+            return True
+        existing = self.get(key, max_bytes=len(data) + 1)
+        if not verify(existing):
+            raise ConflictError(f"{self.url(key)} already exists with different content; objects are immutable")
+        return False
+
+    def delete(self, key: str) -> None:
+        """Remove one object (used only by tests that simulate damage and by garbage collection)."""
+        try:
+            self.fs.rm_file(self.path(key))
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(key)) from exc
+
+    def overwrite(self, key: str, data: bytes) -> None:
+        """Unconditional write. Never used by the store itself: tests use it to plant damage."""
+        try:
+            self.fs.pipe_file(self.path(key), data)
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(key)) from exc
+
+    # ------------------------------------------------------------ reads
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.fs.invalidate_cache(self.path(key))
+            return bool(self.fs.exists(self.path(key)))
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(key)) from exc
+
+    def size(self, key: str) -> int:
+        try:
+            self.fs.invalidate_cache(self.path(key))
+            return int(self.fs.size(self.path(key)))
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(key)) from exc
+
+    def get(self, key: str, *, max_bytes: int) -> bytes:
+        """Read a whole object, refusing (without reading it all) one larger than ``max_bytes``."""
+        try:
+            data = self.fs.cat_file(self.path(key), start=0, end=max_bytes + 1)
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(key)) from exc
+        if len(data) > max_bytes:
+            raise LimitError(f"{self.url(key)} is larger than the cap of {max_bytes} bytes")
+        return bytes(data)
+
+    def get_range(self, req: RangeRequest) -> bytes:
+        try:
+            data = self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop)
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(req.key)) from exc
+        return bytes(data)
+
+    def get_sized(self, key: str, size: int, part_bytes: int) -> bytes:
+        """Read an object of known ``size`` with parallel ranged GETs of ``part_bytes``.
+
+        Returns exactly ``size`` bytes or raises: a shorter object is truncated, a longer one
+        is not the object the manifest describes."""
+        parts = [RangeRequest(key, lo, min(lo + part_bytes, size + 1)) for lo in range(0, size + 1, part_bytes)]
+        if len(parts) == 1:
+            data = self.get_range(parts[0])
+        else:
+            data = b"".join(self.pool.map(self.get_range, parts))
+        if len(data) != size:
+            what = "truncated" if len(data) < size else "longer than recorded"
+            raise CorruptError(f"{self.url(key)} is {what}: {len(data)} bytes, manifest says {size}")
+        return data
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """Run ``fn`` over ``items`` on the store's I/O pool, yielding results in order."""
+        return self.pool.map(fn, items)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="aurora-io")
+            return self._pool
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every object key under ``prefix`` (recursive), relative to the run root."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            self.fs.invalidate_cache(base)
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise _translate(exc, self.url(prefix)) from exc
+        root = self.root.lstrip("/") + "/"
+        return sorted(p.lstrip("/")[len(root) :] for p in found if p.lstrip("/").startswith(root))
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+def _local_put_if_absent(path: str, data: bytes | memoryview) -> bool:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(path):
+        return False
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _translate(exc: BaseException, url: str) -> StoreError:
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
+        return MissingError(f"{url} does not exist")
+    if isinstance(exc, FileExistsError):
+        return ConflictError(f"{url} already exists")
+    return StoreError(f"{url}: storage backend error: {type(exc).__name__}: {exc}"[:500])

@@ -1,0 +1,274 @@
+"""A run: the public face of the store (publish, materialize, versions).
+
+``publish`` diffs a state dict against the last published bits (the one copy of the
+model the publisher keeps), uploads immutable segments, and commits by writing the
+manifest last with put-if-absent. ``materialize`` rebuilds any version bit-exact from
+the nearest full version plus deltas, verifying every byte on the way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from aurora_store import signing
+from aurora_store.delta import DeltaBuilder, SealedObject
+from aurora_store.errors import ConflictError, LayoutError, StoreError
+from aurora_store.full import build_shards
+from aurora_store.limits import Limits
+from aurora_store.manifest import Manifest, Parent, Stats, TensorSpec, manifest_key
+from aurora_store.objectstore import ObjectStore
+from aurora_store.reader import Reader
+from aurora_store.weights import WeightState, full_digest
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """What one publish committed."""
+
+    version: int
+    kind: str
+    bytes: int
+    changed: int
+    elements: int
+    version_hash: str
+    weights_digest: str
+    segments: int
+    seconds: float
+
+    @property
+    def density(self) -> float:
+        return self.changed / self.elements if self.elements else 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    full_every: int = 50
+    """Every version that is a multiple of this is published full (version 0 always is)."""
+    segment_bytes: int = 4 << 20
+    """Target size of a delta segment: readers fetch and verify segments in parallel."""
+    shard_bytes: int = 256 << 20
+    """Target size of a full version's safetensors shard."""
+    concurrency: int = 8
+    """Parallel ranged GETs / uploads."""
+    limits: Limits = Limits()
+
+
+class Run:
+    """One run's versions under a store URI."""
+
+    def __init__(self, uri: str, *, storage_options: dict[str, Any] | None = None, signing_key: Any = None,
+                 verify_key: Any = None, config: RunConfig | None = None) -> None:
+        self.config = config or RunConfig()
+        if self.config.full_every < 1:
+            raise StoreError(f"full_every must be >= 1, got {self.config.full_every}")
+        self.store = ObjectStore(uri, storage_options, concurrency=self.config.concurrency)
+        self.signing_key = signing.load_signing_key(signing_key) if signing_key is not None else None
+        vk = signing.load_verify_key(verify_key) if verify_key is not None else None
+        self.reader = Reader(self.store, self.config.limits, vk)
+        self._base: WeightState | None = None
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    # ------------------------------------------------------------ reading
+
+    def versions(self) -> list[int]:
+        """Committed versions, ascending."""
+        return self.reader.versions()
+
+    def latest(self) -> int | None:
+        v = self.versions()
+        return v[-1] if v else None
+
+    def manifest(self, version: int) -> Manifest:
+        return self.reader.manifest(version)
+
+    def materialize_words(self, version: int | None = None) -> WeightState:
+        """The verified bit patterns of ``version`` (latest when None), as word arrays."""
+        if version is None:
+            version = self.latest()
+            if version is None:
+                from aurora_store.errors import MissingError
+
+                raise MissingError(f"{self.uri} has no committed versions")
+        chain = self.reader.chain(version)
+        state = self.reader.load_full(chain[0])
+        for m in chain[1:]:
+            self.reader.apply_delta(state, m)
+        return state
+
+    def materialize(self, version: int | None = None) -> dict[str, torch.Tensor]:
+        """``version`` (latest when None) as a state dict, bit-exact and verified."""
+        from aurora_store.tensors import from_words
+
+        state = self.materialize_words(version)
+        return {s.name: from_words(s, state.words[s.name]) for s in state.specs}
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], *, kind: Literal["auto", "full", "delta"] = "auto",
+                step: int | None = None, meta: Mapping[str, str] | None = None) -> VersionInfo:
+        """Commit ``state_dict`` as the next version; full or delta as the policy decides.
+
+        Raises ConflictError if another publisher committed that version first."""
+        from aurora_store.tensors import to_words
+
+        specs, words = to_words(state_dict)
+        return self.publish_words(specs, words, kind=kind, step=step, meta=meta)
+
+    def publish_words(self, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], *,
+                      kind: Literal["auto", "full", "delta"] = "auto", step: int | None = None,
+                      meta: Mapping[str, str] | None = None) -> VersionInfo:
+        if kind not in ("auto", "full", "delta"):
+            raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+        t0 = time.perf_counter()
+        base = self._baseline()
+        version = 0 if base is None else base.version + 1
+        layout_changed = base is not None and base.specs != specs
+        if layout_changed and kind != "full":
+            raise LayoutError(_layout_message(base.specs if base else (), specs, version))
+        if kind == "delta" and base is None:
+            raise LayoutError("version 0 must be full; the first publish of a run cannot be a delta")
+        chain_bytes = 0 if base is None else self._chain_bytes(base.version)
+        full_bytes = sum(s.numel * s.width for s in specs)
+        full = base is None or kind == "full" or (kind == "auto" and version % self.config.full_every == 0)
+        objects: list[SealedObject] = []
+        builder = None
+        if not full:
+            assert base is not None
+            builder = DeltaBuilder(version, specs, self.config.segment_bytes)
+            for s in specs:
+                for obj in builder.add_tensor(s, base.words[s.name], words[s.name]):
+                    objects.append(obj)
+            objects.extend(builder.finish())
+            delta_bytes = sum(o.entry.size for o in objects)
+            if kind == "auto" and chain_bytes + delta_bytes > full_bytes:
+                full, objects, builder = True, [], None
+        if full:
+            objects = list(build_shards(version, specs, words, self.config.shard_bytes))
+            digest = full_digest(specs, words)
+            changed = _count_changed(base, specs, words)
+        else:
+            assert base is not None and builder is not None
+            digest = base.digest.copy()
+            for c in builder.changes:
+                digest.update(base.keys(c.name), c.positions, c.old, c.new)
+            changed = builder.changed
+        for obj in objects:
+            self._upload(obj)
+        segments = tuple(o.entry for o in objects if not (full and o is objects[-1]))
+        index = objects[-1].entry if full else None
+        nbytes = sum(o.entry.size for o in objects)
+        m = Manifest(
+            version=version,
+            kind="full" if full else "delta",
+            parent=None if base is None else Parent(base.version, base.version_hash),
+            created=datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            step=step,
+            tensors=specs,
+            segments=segments,
+            index=index,
+            stats=Stats(sum(s.numel for s in specs), changed, nbytes, 0 if full else chain_bytes + nbytes, full_bytes),
+            weights_digest=digest.hex(),
+            meta=dict(meta or {}),
+        )
+        m = _seal(m, self.signing_key)
+        if not self.store.put_if_absent(manifest_key(version), m.to_bytes()):
+            self._base = None
+            raise ConflictError(f"{self.store.url(manifest_key(version))}: version {version} was committed by "
+                                "another publisher; reload and publish again")
+        self._advance(base, m, specs, words, builder, digest)
+        return VersionInfo(version, m.kind, nbytes, changed, m.stats.elements, m.version_hash, m.weights_digest,
+                           len(objects), time.perf_counter() - t0)
+
+    # ------------------------------------------------------------ internals
+
+    def _upload(self, obj: SealedObject) -> None:
+        sha = obj.entry.sha256
+
+        def same(existing: bytes) -> bool:
+            import hashlib
+
+            return hashlib.sha256(existing).hexdigest() == sha
+
+        self.store.put_immutable(obj.entry.key, obj.data, verify=same)
+
+    def _baseline(self) -> WeightState | None:
+        """The last committed version's bits: kept in memory, rebuilt from the store when stale."""
+        latest = self.latest()
+        if latest is None:
+            self._base = None
+            return None
+        if self._base is None or self._base.version != latest:
+            self._base = None
+            self._base = self.materialize_words(latest)
+        return self._base
+
+    def _chain_bytes(self, version: int) -> int:
+        m = self.reader.manifest(version)
+        return 0 if m.kind == "full" else m.stats.chain_bytes
+
+    def _advance(self, base: WeightState | None, m: Manifest, specs: tuple[TensorSpec, ...],
+                 words: dict[str, np.ndarray], builder: DeltaBuilder | None, digest: Any) -> None:
+        if builder is None or base is None:
+            self._base = WeightState(specs, {s.name: np.array(words[s.name], copy=True) for s in specs})
+        else:
+            for c in builder.changes:
+                base.words[c.name][c.positions] = c.new
+            self._base = base
+        self._base.version, self._base.version_hash, self._base.digest = m.version, m.version_hash, digest
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _seal(m: Manifest, key: Any) -> Manifest:
+    import dataclasses
+
+    m = dataclasses.replace(m, version_hash=m.compute_hash())
+    if key is not None:
+        m = dataclasses.replace(m, signature=signing.sign(m.version_hash, key))
+    return m
+
+
+def _count_changed(base: WeightState | None, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray]) -> int:
+    if base is None or base.specs != specs:
+        return sum(s.numel for s in specs)
+    return sum(int(np.count_nonzero(base.words[s.name] != words[s.name])) for s in specs)
+
+
+def _layout_message(old: Iterable[TensorSpec], new: Iterable[TensorSpec], version: int) -> str:
+    a = {s.name: s for s in old}
+    b = {s.name: s for s in new}
+    diffs = [f"added {n!r}" for n in sorted(b.keys() - a.keys())]
+    diffs += [f"removed {n!r}" for n in sorted(a.keys() - b.keys())]
+    diffs += [f"{n!r} {a[n].dtype}{list(a[n].shape)} -> {b[n].dtype}{list(b[n].shape)}"
+              for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
+    return (f"version {version}: tensor layout changed since version {version - 1} ({'; '.join(diffs[:5])}"
+            f"{'; ...' if len(diffs) > 5 else ''}); a delta cannot change names, shapes or dtypes: "
+            "publish with kind='full' to start a new chain")
+
+
+def open_run(uri: str, *, storage_options: dict[str, Any] | None = None, signing_key: Any = None,
+             verify_key: Any = None, full_every: int = 50, segment_bytes: int = 4 << 20, shard_bytes: int = 256 << 20,
+             concurrency: int = 8, limits: Limits | None = None) -> Run:
+    """Open (or start) the run stored under ``uri``, any fsspec URI."""
+    cfg = RunConfig(full_every=full_every, segment_bytes=segment_bytes, shard_bytes=shard_bytes,
+                    concurrency=concurrency, limits=limits or Limits())
+    return Run(uri, storage_options=storage_options, signing_key=signing_key, verify_key=verify_key, config=cfg)

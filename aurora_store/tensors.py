@@ -1,0 +1,68 @@
+"""torch tensors <-> word arrays: the only module of the store core that imports torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from aurora_store.errors import StoreError, UnsupportedError
+from aurora_store.manifest import TensorSpec
+
+_TO_NAME = {
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+for _n, _t in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _t):
+        _TO_NAME[getattr(torch, _t)] = _n
+_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
+    """Specs (sorted by name) and flat word views of a state dict; no copy for contiguous CPU tensors."""
+    if not isinstance(state_dict, Mapping):
+        raise StoreError(f"state_dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
+    specs = []
+    words = {}
+    for name, t in state_dict.items():
+        if not isinstance(name, str) or not name or len(name) > 1024:
+            raise StoreError(f"tensor names must be non-empty strings, got {name!r}"[:200])
+        if not isinstance(t, torch.Tensor):
+            raise StoreError(f"{name!r} is a {type(t).__name__}, expected a torch.Tensor")
+        if t.layout != torch.strided or t.is_meta:
+            raise UnsupportedError(f"{name!r}: only dense tensors with data can be published")
+        dt = _TO_NAME.get(t.dtype)
+        if dt is None:
+            raise UnsupportedError(f"{name!r}: dtype {t.dtype} is not supported (known: {sorted(_FROM_NAME)})")
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        flat = t.contiguous().reshape(-1)
+        width = flat.element_size()
+        w = flat.view(torch.uint8) if t.dtype == torch.bool else flat.view(_SIGNED[width])
+        words[name] = w.numpy().view(f"<u{width}")
+        specs.append(TensorSpec(name, dt, tuple(int(s) for s in t.shape)))
+    specs.sort(key=lambda s: s.name)
+    return tuple(specs), words
+
+
+def from_words(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing memory with ``words`` (flat little-endian words)."""
+    dt = _FROM_NAME.get(spec.dtype)
+    if dt is None:
+        raise UnsupportedError(f"{spec.name!r}: dtype {spec.dtype} has no torch equivalent here")
+    signed = torch.from_numpy(words.view(f"<i{words.dtype.itemsize}"))
+    return signed.view(dt).reshape(spec.shape)

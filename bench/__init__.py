@@ -1,0 +1,1 @@
+"""Benchmarks for AuroraRL, run as ``aurora bench ...`` on a seeded, synthetic RL trace."""

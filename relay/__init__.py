@@ -1,0 +1,1 @@
+"""AuroraRL relay role (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""AuroraRL trainer role (arrives with its issue)."""
