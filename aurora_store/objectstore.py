@@ -134,18 +134,20 @@ class ObjectStore:
 
     def get(self, key: str, *, max_bytes: int) -> bytes:
         """Read a whole object, refusing (without reading it all) one larger than ``max_bytes``."""
-        try:
-            data = self.fs.cat_file(self.path(key), start=0, end=max_bytes + 1)
-        except (OSError, ValueError) as exc:
-            raise _translate(exc, self.url(key)) from exc
+        data = self.get_range(RangeRequest(key, 0, max_bytes + 1))
         if len(data) > max_bytes:
             raise LimitError(f"{self.url(key)} is larger than the cap of {max_bytes} bytes")
         return bytes(data)
 
     def get_range(self, req: RangeRequest) -> bytes:
+        """Bytes of a range; empty when the range starts at or past the object's end."""
         try:
             data = self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            if "not satisfiable" in str(exc).lower():  # HTTP 416: the object ends before req.start
+                return b""
+            raise _translate(exc, self.url(req.key)) from exc
+        except ValueError as exc:
             raise _translate(exc, self.url(req.key)) from exc
         return bytes(data)
 

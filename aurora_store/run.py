@@ -117,23 +117,29 @@ class Run:
     # ------------------------------------------------------------ publishing
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], *, kind: Literal["auto", "full", "delta"] = "auto",
-                step: int | None = None, meta: Mapping[str, str] | None = None) -> VersionInfo:
+                step: int | None = None, meta: Mapping[str, str] | None = None,
+                version: int | None = None) -> VersionInfo:
         """Commit ``state_dict`` as the next version; full or delta as the policy decides.
 
-        Raises ConflictError if another publisher committed that version first."""
+        Raises ConflictError if another publisher committed a version since this one last
+        published (the next call reloads and continues on top of it), or if ``version`` is
+        given and is not the next version."""
         from aurora_store.tensors import to_words
 
         specs, words = to_words(state_dict)
-        return self.publish_words(specs, words, kind=kind, step=step, meta=meta)
+        return self.publish_words(specs, words, kind=kind, step=step, meta=meta, version=version)
 
     def publish_words(self, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], *,
                       kind: Literal["auto", "full", "delta"] = "auto", step: int | None = None,
-                      meta: Mapping[str, str] | None = None) -> VersionInfo:
+                      meta: Mapping[str, str] | None = None, version: int | None = None) -> VersionInfo:
         if kind not in ("auto", "full", "delta"):
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
         t0 = time.perf_counter()
         base = self._baseline()
-        version = 0 if base is None else base.version + 1
+        nxt = 0 if base is None else base.version + 1
+        if version is not None and version != nxt:
+            raise ConflictError(f"{self.uri}: asked to publish version {version}, but the next version is {nxt}")
+        version = nxt
         layout_changed = base is not None and base.specs != specs
         if layout_changed and kind != "full":
             raise LayoutError(_layout_message(base.specs if base else (), specs, version))
@@ -206,11 +212,13 @@ class Run:
     def _baseline(self) -> WeightState | None:
         """The last committed version's bits: kept in memory, rebuilt from the store when stale."""
         latest = self.latest()
+        if self._base is not None and self._base.version != latest:
+            self._base = None
+            raise ConflictError(f"{self.uri}: version {latest} was committed by another publisher since this one "
+                                "published; publish again to continue on top of it")
         if latest is None:
-            self._base = None
             return None
-        if self._base is None or self._base.version != latest:
-            self._base = None
+        if self._base is None:
             self._base = self.materialize_words(latest)
         return self._base
 

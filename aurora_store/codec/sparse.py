@@ -121,8 +121,10 @@ def decode(
     esc_raw = frames.decompress(view[b:], escapes * width, f"{what} escapes")
     if count == 0:
         return np.empty(0, np.int64), np.empty(0, f"<u{width}")
-    if int(gaps.min()) < 1 or float(gaps.sum(dtype=np.float64)) > span + 1:
-        raise CorruptError(f"{what}: positions are not strictly increasing inside {span} elements")
+    if int(gaps.min()) < 1:
+        raise CorruptError(f"{what}: positions are not strictly increasing (a zero gap)")
+    if float(gaps.sum(dtype=np.float64)) > span + 1:
+        raise CorruptError(f"{what}: positions run outside a block of {span} elements")
     positions = np.cumsum(gaps.astype(np.int64)) - 1
     if int(positions[-1]) >= span:
         raise CorruptError(f"{what}: position {int(positions[-1])} outside a block of {span} elements")

@@ -1,0 +1,297 @@
+"""The ``aurora`` command: list, replay and audit runs, benchmark the codec, make signing keys.
+
+Parses arguments before importing anything heavy, and never imports torch, so ``--help``
+answers at once and relays (no torch) can run it. Store errors print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from aurora_store.run import Run
+
+PROG = "aurora"
+
+
+class CommandError(Exception):
+    """A usage problem found after parsing (exit 1, one line, like a store error)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aurora`` console script; returns the exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    from aurora_store.errors import StoreError
+
+    try:
+        return int(args.handler(args))
+    except (StoreError, CommandError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="AuroraRL checkpoint store: list, replay and audit runs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ls", help="list committed versions (manifest stats only; fast)")
+    _run_args(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.set_defaults(handler=cmd_ls)
+
+    p = sub.add_parser("replay", help="write a version bit-exact as a HF model directory (transformers, vLLM)")
+    _run_args(p)
+    p.add_argument("--version", type=int, required=True, help="version to rebuild")
+    p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
+    p.add_argument("--shard-bytes", type=_positive, default=None, help="target size of a safetensors shard")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(handler=cmd_replay)
+
+    p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
+    _run_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--ledger", metavar="FILE", help="also write a Parquet ledger, one row per version")
+    p.set_defaults(handler=cmd_audit)
+
+    p = sub.add_parser("bench", help="benchmarks (print JSON with --json)")
+    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    b = bench.add_parser("codec", add_help=False, help="size and speed of the sparse BF16 codec; see --help")
+    b.set_defaults(handler=cmd_bench_codec)
+
+    p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")
+    p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.key (private, 0600) and PREFIX.pub")
+    p.set_defaults(handler=cmd_keygen)
+    return parser
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uri", metavar="URI", help="run URI (any fsspec URI: s3://, gs://, file://, memory://)")
+    p.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
+                   help="JSON object of fsspec storage options")
+    p.add_argument("--verify-key", metavar="FILE", help="Ed25519 public key; refuse versions it did not sign")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _open(args: argparse.Namespace) -> Run:
+    from aurora_store import signing
+    from aurora_store.errors import StoreError
+    from aurora_store.run import open_run
+
+    key = None
+    if args.verify_key:
+        try:
+            key = signing.load_verify_key(args.verify_key)
+        except (OSError, ValueError) as exc:
+            msg = exc if isinstance(exc, StoreError) else f"not an Ed25519 public key ({type(exc).__name__}: {exc})"
+            raise CommandError(f"--verify-key {args.verify_key}: {msg}") from None
+    return open_run(args.uri, storage_options=args.storage_options, verify_key=key)
+
+
+def _stderr() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """A progress display on stderr; it draws only on a terminal and vanishes when done."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        yield progress
+
+
+# ---------------------------------------------------------------- ls
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with _open(args) as run:
+        versions = run.versions()
+        manifests = list(run.store.map(run.manifest, versions))
+    rows = []
+    for m in manifests:
+        s = m.stats
+        rows.append({
+            "version": m.version,
+            "kind": m.kind,
+            "bytes": s.bytes,
+            "changed": s.changed,
+            "elements": s.elements,
+            "density": s.changed / s.elements if s.elements else 0.0,
+            "bytes_per_changed": s.bytes / s.changed if s.changed else None,
+            "ratio": s.full_bytes / s.bytes if s.bytes else None,
+            "step": m.step,
+            "created": m.created,
+            "signed": m.signature is not None,
+        })
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{args.uri} ({len(rows)} versions)")
+    for col in ("version", "kind", "bytes", "changed", "density", "B/changed", "ratio", "step", "created"):
+        table.add_column(col, justify="left" if col in ("kind", "created") else "right")
+    for r in rows:
+        table.add_row(str(r["version"]), r["kind"], _size(r["bytes"]), f"{r['changed']:,}", f"{r['density']:.4%}",
+                      _num(r["bytes_per_changed"], ".3f"), _num(r["ratio"], ".1f", "x"), _num(r["step"], "d"),
+                      r["created"])
+    Console().print(table)
+    return 0
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _num(v: float | int | None, fmt: str, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{fmt}}{suffix}"
+
+
+# ---------------------------------------------------------------- replay
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from aurora_store.replay import DEFAULT_SHARD_BYTES, replay
+
+    console = _stderr()
+    with _open(args) as run, _progress(console) as progress:
+        tasks: dict[str, Any] = {}
+
+        def step(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task({"materialize": "materialize", "shards": "write shards",
+                                                  "files": "copy files"}.get(stage, stage), total=total)
+            progress.update(tasks[stage], completed=done, total=total)
+
+        result = replay(run, args.version, args.out, shard_bytes=args.shard_bytes or DEFAULT_SHARD_BYTES,
+                        force=args.force, progress=step)
+    for name in result.skipped:
+        print(f"{PROG}: note: attached file {name!r} not copied: it would shadow the replayed weights",
+              file=sys.stderr)
+    print(f"version {result.version} ({result.version_hash[:16]}) -> {result.out}: {len(result.shards)} shard(s), "
+          f"{result.total_size:,} bytes, {len(result.files)} attached file(s)")
+    return 0
+
+
+# ---------------------------------------------------------------- audit
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from aurora_store.audit import audit, write_ledger
+
+    console = _stderr()
+    with _open(args) as run, _progress(console) as progress:
+        task = progress.add_task("audit", total=None)
+
+        def on_version(row: Any, total: int) -> None:
+            progress.update(task, advance=1, total=total, description=f"audit v{row.version}")
+
+        result = audit(run, on_version=on_version)
+    if args.ledger:
+        write_ledger(result, args.ledger)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        _audit_table(result)
+    if result.first_error is not None:
+        e = result.first_error
+        print(f"{PROG}: error: audit failed at version {e.version}: {e.type}: {e.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _audit_table(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"audit {result.uri}: {'OK' if result.ok else 'FAILED'}")
+    for col in ("version", "kind", "segments", "bytes", "changed", "status"):
+        table.add_column(col, justify="left" if col in ("kind", "status") else "right")
+    for r in result.versions:
+        status = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(r.status, f"[yellow]{r.status}[/]")
+        table.add_row(str(r.version), r.kind or "?", _num(r.segments, "d"), "-" if r.bytes is None else _size(r.bytes),
+                      _num(r.changed, ","), status)
+    Console().print(table)
+
+
+# ---------------------------------------------------------------- bench, keygen
+
+
+def cmd_bench_codec(args: argparse.Namespace) -> int:
+    try:
+        from bench import codec
+    except ImportError as exc:
+        raise CommandError(f"the codec benchmark is not available ({exc})") from None
+    parser = argparse.ArgumentParser(prog=f"{PROG} bench codec", description=codec.__doc__)
+    codec.add_arguments(parser)
+    return int(codec.run(parser.parse_args(args.extra)) or 0)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from aurora_store import signing
+
+    private, public = signing.generate_keypair()
+    key_path, pub_path = f"{args.out}.key", f"{args.out}.pub"
+    for path in (key_path, pub_path):
+        if os.path.lexists(path):
+            raise CommandError(f"{path} already exists; refusing to overwrite a key")
+    _write_new(key_path, private, 0o600)
+    _write_new(pub_path, public, 0o644)
+    kid = signing.key_id(signing.load_verify_key(public))
+    print(f"wrote {key_path} (private, keep it secret) and {pub_path}; key id {kid}")
+    return 0
+
+
+def _write_new(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode)  # the umask may have narrowed (or, for .key, must not have widened) it
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""Session services for the tests: a real moto S3 server on a free port, and store roots.
+
+Every test that needs a store gets a fresh, unique root on memory://, file:// or s3://
+(the last through s3fs over HTTP to the moto server), so backends share one test suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    process: subprocess.Popen[bytes]
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            "use_listings_cache": False,
+        }
+
+    def new_bucket(self) -> str:
+        import boto3
+
+        name = f"b-{uuid.uuid4().hex[:20]}"
+        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket=name)
+        return name
+
+
+def start_moto() -> S3Server:
+    port = free_port()
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
+            return S3Server(endpoint, proc)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("moto server did not start") from None
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = start_moto()
+    yield server
+    server.process.terminate()
+    server.process.wait(10)
+
+
+@dataclass
+class Root:
+    """A fresh run location on one backend."""
+
+    backend: str
+    uri: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def child(self, name: str) -> Root:
+        return Root(self.backend, f"{self.uri}/{name}", self.storage_options)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Any) -> Root:
+    """A unique run URI on each backend: memory://, file://, s3:// (moto over HTTP)."""
+    backend = request.param
+    if backend == "memory":
+        return Root(backend, f"memory://aurora-tests/{uuid.uuid4().hex}/run")
+    if backend == "file":
+        return Root(backend, f"file://{tmp_path}/run")
+    server: S3Server = request.getfixturevalue("s3_server")
+    return Root(backend, f"s3://{server.new_bucket()}/runs/exp", server.options())
+
+
+@pytest.fixture
+def mem_uri() -> str:
+    return f"memory://aurora-tests/{uuid.uuid4().hex}/run"
