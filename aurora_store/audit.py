@@ -94,6 +94,8 @@ class _Failed(Exception):
         super().__init__(str(exc))
         self.url = url
         self.exc = exc
+        self.state: WeightState | None = None
+        """Weights at the failed version when they could still be verified (a full version after a gap)."""
 
 
 def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = None) -> AuditResult:
@@ -115,7 +117,7 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
             m = _manifest(reader, v, row)
             state = _check_version(reader, m, prev, state, row)
         except _Failed as f:
-            state = None
+            state = f.state
             row.status, row.object, row.type = FAILED, f.url, type(f.exc).__name__
             row.error = str(f.exc) if f.url in str(f.exc) else f"{f.url}: {f.exc}"
             if first is None:
@@ -144,25 +146,43 @@ def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
 
 def _check_version(reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None,
                    row: VersionAudit) -> WeightState | None:
-    """Check one parsed manifest against its parent and its objects; returns the weights at ``m`` if known."""
-    url = reader.store.url(manifest_key(m.version))
+    """Check one parsed manifest against its parent and its objects; returns the weights at ``m`` if known.
+
+    A gap before ``m`` fails it, but a full ``m`` is still loaded so the deltas after it can be checked."""
     v = m.version
+    gap = None
     if v > 0 and (prev is None or prev.version != v - 1):
         missing = reader.store.url(manifest_key(v - 1))
         if not reader.store.exists(manifest_key(v - 1)):
-            raise _Failed(missing, ChainError(f"version {v} is committed but its parent version {v - 1} is missing "
+            gap = _Failed(missing, ChainError(f"version {v} is committed but its parent version {v - 1} is missing "
                                               f"({missing} does not exist)"))
-        row.status = UNVERIFIED  # the parent's manifest exists but failed its own checks
+        else:
+            row.status = UNVERIFIED  # the parent's manifest exists but failed its own checks
+    try:
+        state = _check_contents(reader, m, prev, state, row)
+    except _Failed:
+        if gap is not None:
+            raise gap from None
+        raise
+    if gap is not None:
+        gap.state = state
+        raise gap
+    return state
+
+
+def _check_contents(reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None,
+                    row: VersionAudit) -> WeightState | None:
+    v = m.version
     try:
         if prev is not None and prev.version == v - 1:
             check_link(prev, m)
         _check_stats(m, prev)
     except StoreError as exc:
-        raise _Failed(url, exc) from None
+        raise _Failed(reader.store.url(manifest_key(v)), exc) from None
     try:
         if m.kind == "full":
             new = reader.load_full(m)
-            if state is not None:
+            if state is not None and state.version == v - 1:
                 _check_full_changed(m, state, new)
             return new
         blocks = reader.decode_delta(m)

@@ -74,8 +74,9 @@ class DeltaBuilder:
         else:
             yield from self._add_dense(t, spec, new)
 
-    def _add_sparse(self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray,
-                    new: np.ndarray) -> Iterator[SealedObject]:
+    def _add_sparse(
+        self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray, new: np.ndarray
+    ) -> Iterator[SealedObject]:
         per_block = max(1, self.segment_bytes)
         start = 0
         for lo in range(0, positions.size, per_block):
@@ -83,8 +84,9 @@ class DeltaBuilder:
             stop = spec.numel if lo + per_block >= positions.size else int(chunk[-1]) + 1
             rel = chunk - start if start else chunk
             enc = sparse.encode(rel, old[chunk], new[chunk], self.level)
-            yield from self._append(enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes,
-                                    enc.streams)
+            yield from self._append(
+                enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes, enc.streams
+            )
             start = stop
 
     def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray) -> Iterator[SealedObject]:
@@ -93,8 +95,18 @@ class DeltaBuilder:
             stop = min(spec.numel, start + per_block)
             yield from self._append(dense.encode(new[start:stop], self.level), t, start, stop, "dense", stop - start)
 
-    def _append(self, payload: bytes, t: int, start: int, stop: int, codec: str, count: int, gap_width: int = 0,
-                escapes: int = 0, streams: tuple[int, ...] = ()) -> Iterator[SealedObject]:
+    def _append(
+        self,
+        payload: bytes,
+        t: int,
+        start: int,
+        stop: int,
+        codec: str,
+        count: int,
+        gap_width: int = 0,
+        escapes: int = 0,
+        streams: tuple[int, ...] = (),
+    ) -> Iterator[SealedObject]:
         if self._fill and self._fill + len(payload) > self.segment_bytes:
             yield self._seal()
         self._blocks.append(Block(t, start, stop, codec, self._fill, len(payload), count, gap_width, escapes, streams))

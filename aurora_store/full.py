@@ -14,8 +14,9 @@ from aurora_store.manifest import Segment, TensorSpec, version_dir
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def build_shards(version: int, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray],
-                 shard_bytes: int) -> Iterator[SealedObject]:
+def build_shards(
+    version: int, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], shard_bytes: int
+) -> Iterator[SealedObject]:
     """Yield safetensors shards of about ``shard_bytes`` (one tensor never splits), then the index."""
     groups: list[list[int]] = [[]]
     fill = 0

@@ -10,6 +10,7 @@ strict types, then coverage and ranges, then the hash. No I/O and no torch here.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -205,8 +206,9 @@ class Manifest:
         return self.segments + ((self.index,) if self.index is not None else ())
 
     @staticmethod
-    def from_bytes(data: bytes, *, expect_version: int | None = None, max_bytes: int = 64 << 20,
-                   max_segment_bytes: int = 4 << 30) -> Manifest:
+    def from_bytes(
+        data: bytes, *, expect_version: int | None = None, max_bytes: int = 64 << 20, max_segment_bytes: int = 4 << 30
+    ) -> Manifest:
         return _parse(data, expect_version, max_bytes, max_segment_bytes)
 
 
@@ -238,7 +240,9 @@ class _Reader:
 
     def str_(self, v: Any, name: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
         if not isinstance(v, str) or len(v) > max_len or (pattern is not None and not pattern.match(v)):
-            raise self.fail(f"{name} must be a string{' matching ' + pattern.pattern if pattern else ''}, got {v!r}"[:300])
+            raise self.fail(
+                f"{name} must be a string{' matching ' + pattern.pattern if pattern else ''}, got {v!r}"[:300]
+            )
         return v
 
     def list_(self, v: Any, name: str) -> list[Any]:
@@ -276,8 +280,22 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CorruptError(f"{what}: not valid JSON ({exc})"[:400]) from None
     r = _Reader(what)
-    top = {"format", "version", "kind", "parent", "created", "step", "tensors", "segments", "index", "stats",
-           "weights_digest", "meta", "version_hash", "signature"}
+    top = {
+        "format",
+        "version",
+        "kind",
+        "parent",
+        "created",
+        "step",
+        "tensors",
+        "segments",
+        "index",
+        "stats",
+        "weights_digest",
+        "meta",
+        "version_hash",
+        "signature",
+    }
     r.obj(doc, "manifest", top)
     if doc["format"] != FORMAT:
         raise r.fail(f"format {doc['format']!r}, expected {FORMAT!r}")
@@ -295,21 +313,28 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
             raise r.fail("only version 0 may have no parent")
     else:
         p = r.obj(doc["parent"], "parent", {"version", "version_hash"})
-        parent = Parent(r.int_(p["version"], "parent.version"), r.str_(p["version_hash"], "parent.version_hash", _HEX64))
+        parent = Parent(
+            r.int_(p["version"], "parent.version"), r.str_(p["version_hash"], "parent.version_hash", _HEX64)
+        )
         if parent.version != version - 1:
             raise r.fail(f"parent is version {parent.version}, expected {version - 1}")
     created = r.str_(doc["created"], "created", max_len=64)
     step = None if doc["step"] is None else r.int_(doc["step"], "step")
     tensors = _parse_tensors(r, doc["tensors"])
-    segments = tuple(_parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
-                     for i, s in enumerate(r.list_(doc["segments"], "segments")))
+    segments = tuple(
+        _parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
+        for i, s in enumerate(r.list_(doc["segments"], "segments"))
+    )
     index = None
     if kind == "full":
         if doc["index"] is None:
             raise r.fail("a full version must name its safetensors index")
         ix = r.obj(doc["index"], "index", {"key", "size", "sha256", "tensors"})
-        index = Segment(check_key(ix["key"], version, what), r.int_(ix["size"], "index.size", 0, max_segment_bytes),
-                        r.str_(ix["sha256"], "index.sha256", _HEX64))
+        index = Segment(
+            check_key(ix["key"], version, what),
+            r.int_(ix["size"], "index.size", 0, max_segment_bytes),
+            r.str_(ix["sha256"], "index.sha256", _HEX64),
+        )
         _check_shard_coverage(r, segments, tensors)
     elif doc["index"] is not None:
         raise r.fail("a delta version has no index")
@@ -329,10 +354,26 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     signature = None
     if doc["signature"] is not None:
         s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
-        signature = Signature(r.str_(s["alg"], "signature.alg", max_len=32), r.str_(s["key_id"], "signature.key_id", max_len=128),
-                              r.str_(s["sig"], "signature.sig", max_len=256))
-    m = Manifest(version, kind, parent, created, step, tensors, segments, index, stats, digest, dict(meta),
-                 r.str_(doc["version_hash"], "version_hash", _HEX64), signature)
+        signature = Signature(
+            r.str_(s["alg"], "signature.alg", max_len=32),
+            r.str_(s["key_id"], "signature.key_id", max_len=128),
+            r.str_(s["sig"], "signature.sig", max_len=256),
+        )
+    m = Manifest(
+        version,
+        kind,
+        parent,
+        created,
+        step,
+        tensors,
+        segments,
+        index,
+        stats,
+        digest,
+        dict(meta),
+        r.str_(doc["version_hash"], "version_hash", _HEX64),
+        signature,
+    )
     if m.compute_hash() != m.version_hash:
         raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
     return m
@@ -349,7 +390,9 @@ def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
             dtypes.dtype(t["dtype"])
         except StoreError as exc:
             raise r.fail(f"tensors[{i}]: {exc}") from None
-        shape = tuple(r.int_(s, f"tensors[{i}].shape", 0, MAX_ELEMENTS) for s in r.list_(t["shape"], f"tensors[{i}].shape"))
+        shape = tuple(
+            r.int_(s, f"tensors[{i}].shape", 0, MAX_ELEMENTS) for s in r.list_(t["shape"], f"tensors[{i}].shape")
+        )
         if len(shape) > 64:
             raise r.fail(f"tensors[{i}] has {len(shape)} dimensions")
         spec = TensorSpec(name, t["dtype"], shape)
@@ -362,8 +405,9 @@ def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def _parse_segment(r: _Reader, raw: Any, i: int, kind: str, version: int, tensors: tuple[TensorSpec, ...],
-                   max_segment_bytes: int) -> Segment:
+def _parse_segment(
+    r: _Reader, raw: Any, i: int, kind: str, version: int, tensors: tuple[TensorSpec, ...], max_segment_bytes: int
+) -> Segment:
     name = f"segments[{i}]"
     s = r.obj(raw, name, {"key", "size", "sha256", "blocks" if kind == "delta" else "tensors"})
     key = check_key(s["key"], version, r.what)
@@ -400,8 +444,20 @@ def _parse_segment(r: _Reader, raw: Any, i: int, kind: str, version: int, tensor
             streams = tuple(r.int_(x, f"{bn}.streams", 0, length) for x in r.list_(b["streams"], f"{bn}.streams"))
             if len(streams) != 3 or sum(streams) != length:
                 raise r.fail(f"{bn}: streams {list(streams)} do not tile {length} bytes")
-            blocks.append(Block(t, start, stop, codec, off, length, count, r.int_(b["gap_width"], f"{bn}.gap_width", 4, 8),
-                                r.int_(b["escapes"], f"{bn}.escapes", 0, count), streams))
+            blocks.append(
+                Block(
+                    t,
+                    start,
+                    stop,
+                    codec,
+                    off,
+                    length,
+                    count,
+                    r.int_(b["gap_width"], f"{bn}.gap_width", 4, 8),
+                    r.int_(b["escapes"], f"{bn}.escapes", 0, count),
+                    streams,
+                )
+            )
         elif codec == "dense":
             if count != stop - start:
                 raise r.fail(f"{bn}: a dense block counts every element")
@@ -421,6 +477,6 @@ def _check_shard_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tu
 
 def _check_block_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tuple[TensorSpec, ...]) -> None:
     ranges = sorted((b.tensor, b.start, b.stop) for s in segments for b in s.blocks)
-    for (t0, _, e0), (t1, s1, _) in zip(ranges, ranges[1:]):
+    for (t0, _, e0), (t1, s1, _) in itertools.pairwise(ranges):
         if t0 == t1 and s1 < e0:
             raise r.fail(f"blocks of tensor {tensors[t0].name!r} overlap at element {s1}")

@@ -15,6 +15,7 @@ Put-if-absent, per backend:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -157,10 +158,7 @@ class ObjectStore:
         Returns exactly ``size`` bytes or raises: a shorter object is truncated, a longer one
         is not the object the manifest describes."""
         parts = [RangeRequest(key, lo, min(lo + part_bytes, size + 1)) for lo in range(0, size + 1, part_bytes)]
-        if len(parts) == 1:
-            data = self.get_range(parts[0])
-        else:
-            data = b"".join(self.pool.map(self.get_range, parts))
+        data = self.get_range(parts[0]) if len(parts) == 1 else b"".join(self.pool.map(self.get_range, parts))
         if len(data) != size:
             what = "truncated" if len(data) < size else "longer than recorded"
             raise CorruptError(f"{self.url(key)} is {what}: {len(data)} bytes, manifest says {size}")
@@ -214,10 +212,8 @@ def _local_put_if_absent(path: str, data: bytes | memoryview) -> bool:
             return False
         return True
     finally:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
 
 
 def _translate(exc: BaseException, url: str) -> StoreError:

@@ -18,7 +18,6 @@ import numpy as np
 
 from aurora_store import dtypes, safetensors_format, signing
 from aurora_store.codec import dense, sparse
-from aurora_store.digest import Digest
 from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError
 from aurora_store.limits import Limits
 from aurora_store.manifest import Manifest, Segment, manifest_key
@@ -67,8 +66,12 @@ class Reader:
             return self._manifests[version]
         key = manifest_key(version)
         data = self.store.get(key, max_bytes=self.limits.max_manifest_bytes)
-        m = Manifest.from_bytes(data, expect_version=version, max_bytes=self.limits.max_manifest_bytes,
-                                max_segment_bytes=self.limits.max_segment_bytes)
+        m = Manifest.from_bytes(
+            data,
+            expect_version=version,
+            max_bytes=self.limits.max_manifest_bytes,
+            max_segment_bytes=self.limits.max_segment_bytes,
+        )
         if self.verify_key is not None:
             signing.verify(m, self.verify_key, self.store.url(key))
         self._manifests[version] = m
@@ -83,8 +86,10 @@ class Reader:
             try:
                 parent = self.manifest(child.parent.version)
             except MissingError:
-                raise ChainError(f"version {child.version} needs version {child.parent.version}, which is missing "
-                                 f"({self.store.url(manifest_key(child.parent.version))})") from None
+                raise ChainError(
+                    f"version {child.version} needs version {child.parent.version}, which is missing "
+                    f"({self.store.url(manifest_key(child.parent.version))})"
+                ) from None
             check_link(parent, child)
             chain.append(parent)
         chain.reverse()
@@ -115,13 +120,17 @@ class Reader:
             entries, base = safetensors_format.parse(data, what)
             expected = {m.tensors[i].name: m.tensors[i] for i in seg.tensors}
             if set(entries) != set(expected):
-                raise CorruptError(f"{what}: holds tensors {sorted(entries)[:5]}..., manifest says {sorted(expected)[:5]}...")
+                raise CorruptError(
+                    f"{what}: holds tensors {sorted(entries)[:5]}..., manifest says {sorted(expected)[:5]}..."
+                )
             out = {}
             for name, spec in expected.items():
                 e = entries[name]
                 if (e.dtype, e.shape) != (spec.dtype, spec.shape):
-                    raise CorruptError(f"{what}: tensor {name!r} is {e.dtype}{list(e.shape)}, "
-                                       f"manifest says {spec.dtype}{list(spec.shape)}")
+                    raise CorruptError(
+                        f"{what}: tensor {name!r} is {e.dtype}{list(e.shape)}, "
+                        f"manifest says {spec.dtype}{list(spec.shape)}"
+                    )
                 out[name] = safetensors_format.words(data, base, e)
             return out
 
@@ -153,8 +162,10 @@ class Reader:
     def apply_delta(self, state: WeightState, m: Manifest, blocks: list[DecodedBlock] | None = None) -> None:
         """Move ``state`` from ``m``'s parent to ``m``: all or nothing."""
         if m.parent is None or state.version != m.parent.version or state.version_hash != m.parent.version_hash:
-            raise ChainError(f"version {m.version} applies to version {m.parent.version if m.parent else None}, "
-                             f"weights are at {state.version}")
+            raise ChainError(
+                f"version {m.version} applies to version {m.parent.version if m.parent else None}, "
+                f"weights are at {state.version}"
+            )
         if [s for s in state.specs] != list(m.tensors):
             raise ChainError(f"version {m.version}: tensor table differs from version {state.version}")
         if blocks is None:
@@ -172,9 +183,16 @@ def decode_block(m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str
     if expands > limits.max_block_decoded_bytes:
         raise LimitError(f"{what}: would decode to {expands} bytes, over the cap of {limits.max_block_decoded_bytes}")
     if b.codec == "sparse":
-        pos, delta = sparse.decode(payload, count=b.count, gap_width=b.gap_width, escapes=b.escapes,
-                                   streams=(b.streams[0], b.streams[1], b.streams[2]), width=width,
-                                   span=b.stop - b.start, what=what)
+        pos, delta = sparse.decode(
+            payload,
+            count=b.count,
+            gap_width=b.gap_width,
+            escapes=b.escapes,
+            streams=(b.streams[0], b.streams[1], b.streams[2]),
+            width=width,
+            span=b.stop - b.start,
+            what=what,
+        )
         return DecodedBlock(spec.name, pos + b.start, delta, None)
     words = dense.decode(payload, width=width, span=b.stop - b.start, what=what)
     return DecodedBlock(spec.name, np.arange(b.start, b.stop, dtype=np.int64), None, words)
@@ -192,8 +210,9 @@ def apply_blocks(state: WeightState, m: Manifest, blocks: list[DecodedBlock]) ->
         digest.update(state.keys(blk.name), blk.index, old, new)
         news.append(new)
     if digest.hex() != m.weights_digest:
-        raise ChainError(f"version {m.version}: applying it gives weights digest {digest.hex()}, "
-                         f"manifest says {m.weights_digest}")
+        raise ChainError(
+            f"version {m.version}: applying it gives weights digest {digest.hex()}, manifest says {m.weights_digest}"
+        )
     for blk, new in zip(blocks, news, strict=True):
         state.words[blk.name][blk.index] = new
     state.version, state.version_hash, state.digest = m.version, m.version_hash, digest
@@ -201,9 +220,11 @@ def apply_blocks(state: WeightState, m: Manifest, blocks: list[DecodedBlock]) ->
 
 def check_link(parent: Manifest, child: Manifest) -> None:
     if child.parent is None or child.parent.version_hash != parent.version_hash:
-        raise ChainError(f"version {child.version} names parent hash "
-                         f"{child.parent.version_hash if child.parent else None}, version {parent.version} "
-                         f"has {parent.version_hash}")
+        raise ChainError(
+            f"version {child.version} names parent hash "
+            f"{child.parent.version_hash if child.parent else None}, version {parent.version} "
+            f"has {parent.version_hash}"
+        )
     if child.kind == "delta" and child.tensors != parent.tensors:
         raise ChainError(f"delta version {child.version} changes the tensor table of version {parent.version}")
 

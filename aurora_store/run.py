@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,14 +59,21 @@ class RunConfig:
     """Target size of a full version's safetensors shard."""
     concurrency: int = 8
     """Parallel ranged GETs / uploads."""
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
 
 
 class Run:
     """One run's versions under a store URI."""
 
-    def __init__(self, uri: str, *, storage_options: dict[str, Any] | None = None, signing_key: Any = None,
-                 verify_key: Any = None, config: RunConfig | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        signing_key: Any = None,
+        verify_key: Any = None,
+        config: RunConfig | None = None,
+    ) -> None:
         self.config = config or RunConfig()
         if self.config.full_every < 1:
             raise StoreError(f"full_every must be >= 1, got {self.config.full_every}")
@@ -116,9 +123,15 @@ class Run:
 
     # ------------------------------------------------------------ publishing
 
-    def publish(self, state_dict: Mapping[str, torch.Tensor], *, kind: Literal["auto", "full", "delta"] = "auto",
-                step: int | None = None, meta: Mapping[str, str] | None = None,
-                version: int | None = None) -> VersionInfo:
+    def publish(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        kind: Literal["auto", "full", "delta"] = "auto",
+        step: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        version: int | None = None,
+    ) -> VersionInfo:
         """Commit ``state_dict`` as the next version; full or delta as the policy decides.
 
         Raises ConflictError if another publisher committed a version since this one last
@@ -129,9 +142,16 @@ class Run:
         specs, words = to_words(state_dict)
         return self.publish_words(specs, words, kind=kind, step=step, meta=meta, version=version)
 
-    def publish_words(self, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], *,
-                      kind: Literal["auto", "full", "delta"] = "auto", step: int | None = None,
-                      meta: Mapping[str, str] | None = None, version: int | None = None) -> VersionInfo:
+    def publish_words(
+        self,
+        specs: tuple[TensorSpec, ...],
+        words: dict[str, np.ndarray],
+        *,
+        kind: Literal["auto", "full", "delta"] = "auto",
+        step: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        version: int | None = None,
+    ) -> VersionInfo:
         if kind not in ("auto", "full", "delta"):
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
         t0 = time.perf_counter()
@@ -191,11 +211,22 @@ class Run:
         m = _seal(m, self.signing_key)
         if not self.store.put_if_absent(manifest_key(version), m.to_bytes()):
             self._base = None
-            raise ConflictError(f"{self.store.url(manifest_key(version))}: version {version} was committed by "
-                                "another publisher; reload and publish again")
+            raise ConflictError(
+                f"{self.store.url(manifest_key(version))}: version {version} was committed by "
+                "another publisher; reload and publish again"
+            )
         self._advance(base, m, specs, words, builder, digest)
-        return VersionInfo(version, m.kind, nbytes, changed, m.stats.elements, m.version_hash, m.weights_digest,
-                           len(objects), time.perf_counter() - t0)
+        return VersionInfo(
+            version,
+            m.kind,
+            nbytes,
+            changed,
+            m.stats.elements,
+            m.version_hash,
+            m.weights_digest,
+            len(objects),
+            time.perf_counter() - t0,
+        )
 
     # ------------------------------------------------------------ internals
 
@@ -214,8 +245,10 @@ class Run:
         latest = self.latest()
         if self._base is not None and self._base.version != latest:
             self._base = None
-            raise ConflictError(f"{self.uri}: version {latest} was committed by another publisher since this one "
-                                "published; publish again to continue on top of it")
+            raise ConflictError(
+                f"{self.uri}: version {latest} was committed by another publisher since this one "
+                "published; publish again to continue on top of it"
+            )
         if latest is None:
             return None
         if self._base is None:
@@ -226,8 +259,15 @@ class Run:
         m = self.reader.manifest(version)
         return 0 if m.kind == "full" else m.stats.chain_bytes
 
-    def _advance(self, base: WeightState | None, m: Manifest, specs: tuple[TensorSpec, ...],
-                 words: dict[str, np.ndarray], builder: DeltaBuilder | None, digest: Any) -> None:
+    def _advance(
+        self,
+        base: WeightState | None,
+        m: Manifest,
+        specs: tuple[TensorSpec, ...],
+        words: dict[str, np.ndarray],
+        builder: DeltaBuilder | None,
+        digest: Any,
+    ) -> None:
         if builder is None or base is None:
             self._base = WeightState(specs, {s.name: np.array(words[s.name], copy=True) for s in specs})
         else:
@@ -266,17 +306,36 @@ def _layout_message(old: Iterable[TensorSpec], new: Iterable[TensorSpec], versio
     b = {s.name: s for s in new}
     diffs = [f"added {n!r}" for n in sorted(b.keys() - a.keys())]
     diffs += [f"removed {n!r}" for n in sorted(a.keys() - b.keys())]
-    diffs += [f"{n!r} {a[n].dtype}{list(a[n].shape)} -> {b[n].dtype}{list(b[n].shape)}"
-              for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
-    return (f"version {version}: tensor layout changed since version {version - 1} ({'; '.join(diffs[:5])}"
-            f"{'; ...' if len(diffs) > 5 else ''}); a delta cannot change names, shapes or dtypes: "
-            "publish with kind='full' to start a new chain")
+    diffs += [
+        f"{n!r} {a[n].dtype}{list(a[n].shape)} -> {b[n].dtype}{list(b[n].shape)}"
+        for n in sorted(a.keys() & b.keys())
+        if a[n] != b[n]
+    ]
+    return (
+        f"version {version}: tensor layout changed since version {version - 1} ({'; '.join(diffs[:5])}"
+        f"{'; ...' if len(diffs) > 5 else ''}); a delta cannot change names, shapes or dtypes: "
+        "publish with kind='full' to start a new chain"
+    )
 
 
-def open_run(uri: str, *, storage_options: dict[str, Any] | None = None, signing_key: Any = None,
-             verify_key: Any = None, full_every: int = 50, segment_bytes: int = 4 << 20, shard_bytes: int = 256 << 20,
-             concurrency: int = 8, limits: Limits | None = None) -> Run:
+def open_run(
+    uri: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    signing_key: Any = None,
+    verify_key: Any = None,
+    full_every: int = 50,
+    segment_bytes: int = 4 << 20,
+    shard_bytes: int = 256 << 20,
+    concurrency: int = 8,
+    limits: Limits | None = None,
+) -> Run:
     """Open (or start) the run stored under ``uri``, any fsspec URI."""
-    cfg = RunConfig(full_every=full_every, segment_bytes=segment_bytes, shard_bytes=shard_bytes,
-                    concurrency=concurrency, limits=limits or Limits())
+    cfg = RunConfig(
+        full_every=full_every,
+        segment_bytes=segment_bytes,
+        shard_bytes=shard_bytes,
+        concurrency=concurrency,
+        limits=limits or Limits(),
+    )
     return Run(uri, storage_options=storage_options, signing_key=signing_key, verify_key=verify_key, config=cfg)

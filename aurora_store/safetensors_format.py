@@ -30,7 +30,9 @@ class Entry:
     stop: int
 
 
-def build(tensors: Sequence[tuple[str, str, tuple[int, ...], np.ndarray]], metadata: dict[str, str] | None = None) -> bytes:
+def build(
+    tensors: Sequence[tuple[str, str, tuple[int, ...], np.ndarray]], metadata: dict[str, str] | None = None
+) -> bytes:
     """Serialise ``(name, dtype, shape, words)`` tuples, in the given order."""
     header: dict[str, Any] = {}
     if metadata:
@@ -99,4 +101,6 @@ def parse(data: bytes | memoryview, what: str) -> tuple[dict[str, Entry], int]:
 def words(data: bytes | memoryview, base: int, entry: Entry) -> np.ndarray:
     """A writable copy of one tensor's elements as flat little-endian words."""
     width = dtypes.dtype(entry.dtype).width
-    return np.frombuffer(data, dtype=f"<u{width}", count=(entry.stop - entry.start) // width, offset=base + entry.start).copy()
+    return np.frombuffer(
+        data, dtype=f"<u{width}", count=(entry.stop - entry.start) // width, offset=base + entry.start
+    ).copy()

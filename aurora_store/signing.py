@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from typing import Union
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -21,8 +20,8 @@ from aurora_store.errors import UnauthenticatedError, UnsupportedError
 from aurora_store.manifest import Manifest, Signature
 
 _DOMAIN = b"aurora-manifest/1\0"
-SigningKeyLike = Union[Ed25519PrivateKey, bytes, str, os.PathLike]
-VerifyKeyLike = Union[Ed25519PublicKey, bytes, str, os.PathLike]
+SigningKeyLike = Ed25519PrivateKey | bytes | str | os.PathLike[str]
+VerifyKeyLike = Ed25519PublicKey | Ed25519PrivateKey | bytes | str | os.PathLike[str]
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
@@ -69,8 +68,9 @@ def load_verify_key(key: VerifyKeyLike) -> Ed25519PublicKey:
 def generate_keypair() -> tuple[bytes, bytes]:
     """A new (private PEM, public PEM) pair, for ``aurora keygen`` and tests."""
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return private, public
 

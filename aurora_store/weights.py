@@ -31,8 +31,13 @@ class WeightState:
         raise KeyError(name)
 
     def copy(self) -> WeightState:
-        return WeightState(self.specs, {k: v.copy() for k, v in self.words.items()}, self.version,
-                           self.version_hash, self.digest.copy())
+        return WeightState(
+            self.specs,
+            {k: v.copy() for k, v in self.words.items()},
+            self.version,
+            self.version_hash,
+            self.digest.copy(),
+        )
 
 
 def full_digest(specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray]) -> Digest:

@@ -44,8 +44,13 @@ class S3Server:
         import boto3
 
         name = f"b-{uuid.uuid4().hex[:20]}"
-        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=name)
         return name
 
@@ -54,8 +59,9 @@ def start_moto() -> S3Server:
     port = free_port()
     exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
     cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import zstandard
@@ -18,8 +20,16 @@ SPECIAL16 = [0x0000, 0x8000, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0001, 0x8
 def roundtrip(old: np.ndarray, new: np.ndarray) -> sparse.SparseBlock:
     pos = sparse.changed_positions(old, new)
     blk = sparse.encode(pos, old[pos], new[pos])
-    got_pos, delta = sparse.decode(blk.payload, count=blk.count, gap_width=blk.gap_width, escapes=blk.escapes,
-                                   streams=blk.streams, width=old.dtype.itemsize, span=old.size, what="t")
+    got_pos, delta = sparse.decode(
+        blk.payload,
+        count=blk.count,
+        gap_width=blk.gap_width,
+        escapes=blk.escapes,
+        streams=blk.streams,
+        width=old.dtype.itemsize,
+        span=old.size,
+        what="t",
+    )
     out = old.copy()
     sparse.apply(out, 0, got_pos, delta)
     assert np.array_equal(got_pos, pos)
@@ -64,8 +74,9 @@ def test_sparse_large_gaps_use_wide_words() -> None:
     pos = np.array([0, 2**32 + 5], np.int64)
     blk = sparse.encode(pos, np.zeros(2, np.uint16), np.ones(2, np.uint16))
     assert blk.gap_width == 8
-    got, delta = sparse.decode(blk.payload, count=2, gap_width=8, escapes=0, streams=blk.streams, width=2,
-                               span=2**33, what="t")
+    got, delta = sparse.decode(
+        blk.payload, count=2, gap_width=8, escapes=0, streams=blk.streams, width=2, span=2**33, what="t"
+    )
     assert got.tolist() == [0, 2**32 + 5] and delta.tolist() == [1, 1]
     del old
 
@@ -81,8 +92,15 @@ def test_ulp_steps_cost_a_nibble() -> None:
 
 
 def _decode(blk: sparse.SparseBlock, **over: object) -> None:
-    kw: dict[str, object] = dict(count=blk.count, gap_width=blk.gap_width, escapes=blk.escapes, streams=blk.streams,
-                                 width=2, span=100, what="blk")
+    kw: dict[str, object] = dict(
+        count=blk.count,
+        gap_width=blk.gap_width,
+        escapes=blk.escapes,
+        streams=blk.streams,
+        width=2,
+        span=100,
+        what="blk",
+    )
     kw.update(over)
     payload = kw.pop("payload", blk.payload)
     sparse.decode(payload, **kw)  # type: ignore[arg-type]
@@ -161,8 +179,14 @@ def test_dense_round_trip(words: np.ndarray) -> None:
 def test_sparse_decode_never_crashes_on_garbage(payload: bytes, count: int, escapes: int, cut: int) -> None:
     a = min(cut, len(payload))
     b = min(a + cut, len(payload))
-    try:
-        sparse.decode(payload, count=count, gap_width=4, escapes=escapes, streams=(a, b - a, len(payload) - b),
-                      width=2, span=64, what="fuzz")
-    except StoreError:
-        pass
+    with contextlib.suppress(StoreError):
+        sparse.decode(
+            payload,
+            count=count,
+            gap_width=4,
+            escapes=escapes,
+            streams=(a, b - a, len(payload) - b),
+            width=2,
+            span=64,
+            what="fuzz",
+        )

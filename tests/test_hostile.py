@@ -148,8 +148,17 @@ def test_oversized_manifest(root: Root) -> None:
     committed_state_intact(root, hist, 1)
 
 
-@pytest.mark.parametrize("bad_key", ["../escape.seg", "versions/0000000002/../../x.seg", "/abs.seg",
-                                     "versions/0000000001/other-version.seg", "s3://bucket/x", "versions/0000000002/"])
+@pytest.mark.parametrize(
+    "bad_key",
+    [
+        "../escape.seg",
+        "versions/0000000002/../../x.seg",
+        "/abs.seg",
+        "versions/0000000001/other-version.seg",
+        "s3://bucket/x",
+        "versions/0000000002/",
+    ],
+)
 def test_key_escaping_the_prefix(root: Root, bad_key: str) -> None:
     run, hist = make_run(root)
 
@@ -172,7 +181,7 @@ def test_version_gap(root: Root) -> None:
 
 
 def test_manifest_at_the_wrong_version(root: Root) -> None:
-    run, hist = make_run(root, versions=3)
+    run, _ = make_run(root, versions=3)
     run.store.overwrite(manifest_key(2), run.store.get(manifest_key(1), max_bytes=1 << 24))
     with pytest.raises(CorruptError, match="declares version 1, expected 2"):
         reopen(root).materialize(2)
@@ -226,8 +235,14 @@ def _replace_segment(run: aurora_store.Run, version: int, data: bytes, block: di
     run.store.overwrite(key, data)
 
     def mutate(doc: dict[str, Any]) -> None:
-        doc["segments"] = [{"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                            "blocks": [dict(block, offset=0, length=len(data))]}]
+        doc["segments"] = [
+            {
+                "key": key,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "blocks": [dict(block, offset=0, length=len(data))],
+            }
+        ]
 
     forge(run, version, mutate)
 
@@ -246,26 +261,47 @@ def test_decompression_bomb_declared_size(root: Root) -> None:
 
 
 def test_decompression_bomb_over_the_block_cap(root: Root) -> None:
-    run, hist = make_run(root, versions=2)
+    run, _ = make_run(root, versions=2)
     m = run.manifest(1)
     t = next(i for i, s in enumerate(m.tensors) if s.name == "model.embed_tokens.weight")
     n = m.tensors[t].numel
     frame = zstandard.ZstdCompressor().compress(b"\1" * 64)
-    _replace_segment(run, 1, frame * 3, {"tensor": t, "start": 0, "stop": n, "codec": "sparse", "count": n,
-                                         "gap_width": 8, "escapes": 0, "streams": [len(frame)] * 3})
+    _replace_segment(
+        run,
+        1,
+        frame * 3,
+        {
+            "tensor": t,
+            "start": 0,
+            "stop": n,
+            "codec": "sparse",
+            "count": n,
+            "gap_width": 8,
+            "escapes": 0,
+            "streams": [len(frame)] * 3,
+        },
+    )
     small = aurora_store.Limits(max_block_decoded_bytes=1000)
     with pytest.raises(LimitError, match="over the cap of 1000"):
         reopen(root, limits=small).materialize(1)
 
 
 def test_segment_over_the_size_cap(root: Root) -> None:
-    run, hist = make_run(root, versions=2)
+    make_run(root, versions=2)
     with pytest.raises(LimitError, match="segment cap"):
         reopen(root, limits=aurora_store.Limits(max_segment_bytes=64)).materialize(1)
 
 
 def test_errors_are_one_family() -> None:
-    for cls in (CorruptError, LimitError, ChainError, MissingError, UnauthenticatedError, aurora_store.ConflictError,
-                aurora_store.LayoutError, aurora_store.UnsupportedError):
+    for cls in (
+        CorruptError,
+        LimitError,
+        ChainError,
+        MissingError,
+        UnauthenticatedError,
+        aurora_store.ConflictError,
+        aurora_store.LayoutError,
+        aurora_store.UnsupportedError,
+    ):
         assert issubclass(cls, StoreError) and issubclass(cls, ValueError)
     assert issubclass(MissingError, FileNotFoundError)

@@ -65,12 +65,15 @@ def test_unchanged_state_publishes_an_empty_delta(root: Root) -> None:
 def test_every_bit_pattern_survives(root: Root) -> None:
     """Signed zeros, NaN payloads, infinities and subnormals are bit patterns like any other."""
     run = open_(root)
-    patterns = torch.tensor([0x0000, 0x8000, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x3F80],
-                            dtype=torch.int32).to(torch.int16)
+    patterns = torch.tensor(
+        [0x0000, 0x8000, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x3F80], dtype=torch.int32
+    ).to(torch.int16)
     a = {"x": patterns.view(torch.bfloat16).clone(), "y": torch.zeros(4, dtype=torch.float32)}
     run.publish(a)
-    b = {"x": patterns.flip(0).view(torch.bfloat16).clone(),
-         "y": torch.tensor([0x7FC00001, -0x80000000, 0x00000001, 0x7F800000], dtype=torch.int32).view(torch.float32)}
+    b = {
+        "x": patterns.flip(0).view(torch.bfloat16).clone(),
+        "y": torch.tensor([0x7FC00001, -0x80000000, 0x00000001, 0x7F800000], dtype=torch.int32).view(torch.float32),
+    }
     run.publish(b)
     assert bits_equal(run.materialize(0), a)
     assert bits_equal(run.materialize(1), b)

@@ -42,7 +42,9 @@ def shuffle(words: np.ndarray) -> bytes:
     width = words.dtype.itemsize
     if width == 1:
         return words.tobytes()
-    return np.ascontiguousarray(words.astype(words.dtype.newbyteorder("<"), copy=False).view(np.uint8).reshape(-1, width).T).tobytes()
+    return np.ascontiguousarray(
+        words.astype(words.dtype.newbyteorder("<"), copy=False).view(np.uint8).reshape(-1, width).T
+    ).tobytes()
 
 
 def unshuffle(data: bytes, width: int) -> np.ndarray:
