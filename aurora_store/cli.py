@@ -128,6 +128,13 @@ def _stderr() -> Console:
     return Console(stderr=True)
 
 
+def _stdout() -> Console:
+    """Tables on stdout; wide enough not to fold columns when piped to a file or a pager."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
+
+
 @contextmanager
 def _progress(console: Console) -> Iterator[Progress]:
     """A progress display on stderr; it draws only on a terminal and vanishes when done."""
@@ -164,7 +171,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{args.uri} ({len(rows)} versions)")
@@ -174,7 +180,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_row(str(r["version"]), r["kind"], _size(r["bytes"]), f"{r['changed']:,}", f"{r['density']:.4%}",
                       _num(r["bytes_per_changed"], ".3f"), _num(r["ratio"], ".1f", "x"), _num(r["step"], "d"),
                       r["created"])
-    Console().print(table)
+    _stdout().print(table)
     return 0
 
 
@@ -245,7 +251,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_table(result: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"audit {result.uri}: {'OK' if result.ok else 'FAILED'}")
@@ -255,7 +260,7 @@ def _audit_table(result: Any) -> None:
         status = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(r.status, f"[yellow]{r.status}[/]")
         table.add_row(str(r.version), r.kind or "?", _num(r.segments, "d"), "-" if r.bytes is None else _size(r.bytes),
                       _num(r.changed, ","), status)
-    Console().print(table)
+    _stdout().print(table)
 
 
 # ---------------------------------------------------------------- bench, keygen

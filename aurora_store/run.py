@@ -241,18 +241,23 @@ class Run:
         self.store.put_immutable(obj.entry.key, obj.data, verify=same)
 
     def _baseline(self) -> WeightState | None:
-        """The last committed version's bits: kept in memory, rebuilt from the store when stale."""
+        """The last committed version's bits: kept in memory, rebuilt from the store when stale.
+
+        A publisher that holds its baseline checks one key (the next manifest) rather than
+        listing the run, so a publish costs the same at version 10 and at version 100,000."""
+        if self._base is not None:
+            nxt = self._base.version + 1
+            if self.store.exists(manifest_key(nxt)):
+                self._base = None
+                raise ConflictError(
+                    f"{self.uri}: version {nxt} was committed by another publisher since this one "
+                    "published; publish again to continue on top of it"
+                )
+            return self._base
         latest = self.latest()
-        if self._base is not None and self._base.version != latest:
-            self._base = None
-            raise ConflictError(
-                f"{self.uri}: version {latest} was committed by another publisher since this one "
-                "published; publish again to continue on top of it"
-            )
         if latest is None:
             return None
-        if self._base is None:
-            self._base = self.materialize_words(latest)
+        self._base = self.materialize_words(latest)
         return self._base
 
     def _chain_bytes(self, version: int) -> int:

@@ -261,3 +261,24 @@ def test_publisher_keeps_one_copy_and_reopens(root: Root) -> None:
     with pytest.raises(ConflictError, match="next version is 4"):
         run.publish(sd3, version=7)
     assert bits_equal(open_(root).materialize(3), sd3)
+
+
+def test_full_versions_are_standard_safetensors(root: Root) -> None:
+    import json
+
+    import safetensors.torch
+
+    run = open_(root, shard_bytes=2048)
+    sd = state_dict()
+    run.publish(sd)
+    m = run.manifest(0)
+    assert len(m.segments) > 1 and m.index is not None
+    loaded: dict[str, torch.Tensor] = {}
+    for seg in m.segments:
+        assert seg.key.endswith(".safetensors")
+        loaded.update(safetensors.torch.load(run.store.get(seg.key, max_bytes=1 << 24)))
+    assert bits_equal(loaded, sd)
+    index = json.loads(run.store.get(m.index.key, max_bytes=1 << 20))
+    shards = {seg.key.rsplit("/", 1)[1] for seg in m.segments}
+    assert set(index["weight_map"]) == set(sd) and set(index["weight_map"].values()) == shards
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in sd.values())
