@@ -38,8 +38,11 @@ def leb128_encode(values: np.ndarray) -> np.ndarray:
     """Unsigned LEB128: 7 bits per byte, low groups first, high bit set on all but the last byte."""
     v = values.astype(np.uint64, copy=False)
     nbytes = np.ones(v.size, np.int64)
+    top = int(v.max()) if v.size else 0
     for k in range(1, _MAX_VARINT):
-        nbytes += v >= np.uint64(1) << np.uint64(7 * k)
+        if top < 1 << (7 * k):
+            break
+        nbytes += v >= np.uint64(1 << (7 * k))
     ends = np.cumsum(nbytes)
     starts = ends - nbytes
     out = np.empty(int(ends[-1]) if v.size else 0, np.uint8)

@@ -47,9 +47,9 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
-def scan(old: Arrays, new: Arrays) -> int:
-    """The floor: find the changed positions and nothing else."""
-    return sum(np.flatnonzero(a.reshape(-1) != new[k].reshape(-1)).size for k, a in old.items())
+def scan(old: Arrays, new: Arrays) -> dict[str, np.ndarray]:
+    """The floor: find the changed positions of every tensor and nothing else."""
+    return {k: np.flatnonzero(a.reshape(-1) != new[k].reshape(-1)) for k, a in old.items()}
 
 
 def encode(old: Arrays, new: Arrays) -> dict[str, sparse.SparseBlock]:
@@ -79,16 +79,15 @@ def decode_apply(blocks: dict[str, sparse.SparseBlock], target: Arrays) -> None:
         sparse.apply(t, 0, pos, deltas)
 
 
-def baseline_bytes(old: Arrays, new: Arrays) -> dict[str, int]:
+def baseline_bytes(positions: dict[str, np.ndarray], new: Arrays) -> dict[str, int]:
     """Payload bytes of every baseline, each decoded and checked against the changed elements."""
     total = dict.fromkeys((b.name for b in BASELINES), 0)
-    for name, a in old.items():
-        n = new[name].reshape(-1)
-        pos = sparse.changed_positions(a.reshape(-1), n)
+    for name, pos in positions.items():
+        values = new[name].reshape(-1)[pos]
         for b in BASELINES:
-            payload = b.encode(pos, n[pos])
+            payload = b.encode(pos, values)
             got_pos, got_val = b.decode(payload, pos.size)
-            if not (np.array_equal(got_pos, pos) and np.array_equal(got_val, n[pos])):
+            if not (np.array_equal(got_pos, pos) and np.array_equal(got_val, values)):
                 raise RoundTripError(f"{b.name} does not round-trip {name}")
             total[b.name] += len(payload)
     return total
@@ -105,9 +104,10 @@ def measure_step(
     """Sizes, times and exactness of one step's delta ``old -> new``."""
     target = {k: np.empty(a.size, a.dtype) for k, a in old.items()}
     t_scan, t_enc, t_dec = float("inf"), float("inf"), float("inf")
+    positions: dict[str, np.ndarray] = {}
     blocks: dict[str, sparse.SparseBlock] = {}
     for _ in range(repeats):  # interleaved, so drift in machine speed hits all three alike
-        t, _changed = _timed(partial(scan, old, new))
+        t, positions = _timed(partial(scan, old, new))
         t_scan = min(t_scan, t)
         t, blocks = _timed(partial(encode, old, new))
         t_enc = min(t_enc, t)
@@ -122,7 +122,13 @@ def measure_step(
     target.clear()  # free the copy before the baselines run
     elements = sum(a.size for a in new.values())
     changed = sum(b.count for b in blocks.values())
-    size = {"ours": sum(len(b.payload) for b in blocks.values()), **baseline_bytes(old, new), "dense": 2 * elements}
+    if changed != sum(p.size for p in positions.values()):
+        raise RoundTripError(f"step {step}: ours coded {changed} changes, the scan found another count")
+    size = {
+        "ours": sum(len(b.payload) for b in blocks.values()),
+        **baseline_bytes(positions, new),
+        "dense": 2 * elements,
+    }
     streams = [sum(b.streams[i] for b in blocks.values()) for i in range(3)]
     tick()
 
@@ -247,12 +253,19 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} layers, {QUICK[1]} steps")
-    parser.add_argument("--layers", type=int, help=f"decoder layers (default {FULL[0]}, {QUICK[0]} with --quick)")
-    parser.add_argument("--steps", type=int, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
-    parser.add_argument("--vocab", type=int, help="embedding rows (default 151936, Qwen3's)")
+    parser.add_argument("--layers", type=_positive, help=f"decoder layers (default {FULL[0]}, {QUICK[0]} with --quick)")
+    parser.add_argument("--steps", type=_positive, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
+    parser.add_argument("--vocab", type=_positive, help="embedding rows (default 151936, Qwen3's)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
 
 
