@@ -83,8 +83,11 @@ class AuditResult:
         return self.first_error is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "versions": [r.to_dict() for r in self.versions],
-                "first_error": None if self.first_error is None else self.first_error.to_dict()}
+        return {
+            "ok": self.ok,
+            "versions": [r.to_dict() for r in self.versions],
+            "first_error": None if self.first_error is None else self.first_error.to_dict(),
+        }
 
 
 class _Failed(Exception):
@@ -144,8 +147,9 @@ def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
     return m
 
 
-def _check_version(reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None,
-                   row: VersionAudit) -> WeightState | None:
+def _check_version(
+    reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None, row: VersionAudit
+) -> WeightState | None:
     """Check one parsed manifest against its parent and its objects; returns the weights at ``m`` if known.
 
     A gap before ``m`` fails it, but a full ``m`` is still loaded so the deltas after it can be checked."""
@@ -154,8 +158,12 @@ def _check_version(reader: Reader, m: Manifest, prev: Manifest | None, state: We
     if v > 0 and (prev is None or prev.version != v - 1):
         missing = reader.store.url(manifest_key(v - 1))
         if not reader.store.exists(manifest_key(v - 1)):
-            gap = _Failed(missing, ChainError(f"version {v} is committed but its parent version {v - 1} is missing "
-                                              f"({missing} does not exist)"))
+            gap = _Failed(
+                missing,
+                ChainError(
+                    f"version {v} is committed but its parent version {v - 1} is missing ({missing} does not exist)"
+                ),
+            )
         else:
             row.status = UNVERIFIED  # the parent's manifest exists but failed its own checks
     try:
@@ -170,8 +178,9 @@ def _check_version(reader: Reader, m: Manifest, prev: Manifest | None, state: We
     return state
 
 
-def _check_contents(reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None,
-                    row: VersionAudit) -> WeightState | None:
+def _check_contents(
+    reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None, row: VersionAudit
+) -> WeightState | None:
     v = m.version
     try:
         if prev is not None and prev.version == v - 1:
@@ -220,8 +229,10 @@ def _check_full_changed(m: Manifest, before: WeightState, after: WeightState) ->
     else:
         changed = sum(int(np.count_nonzero(before.words[t.name] != after.words[t.name])) for t in m.tensors)
     if changed != m.stats.changed:
-        raise ChainError(f"version {m.version}: full version differs from version {before.version} in {changed} "
-                         f"elements, stats.changed says {m.stats.changed}")
+        raise ChainError(
+            f"version {m.version}: full version differs from version {before.version} in {changed} "
+            f"elements, stats.changed says {m.stats.changed}"
+        )
 
 
 def _delta_changed(state: WeightState, blocks: list[Any]) -> int:
@@ -244,8 +255,24 @@ def _blame(reader: Reader, m: Manifest, exc: StoreError) -> str:
 
 # ---------------------------------------------------------------- ledger
 
-LEDGER_COLUMNS = ("version", "kind", "version_hash", "parent_hash", "weights_digest", "created", "step", "segments",
-                  "bytes", "changed", "elements", "signed", "key_id", "status", "error", "object")
+LEDGER_COLUMNS = (
+    "version",
+    "kind",
+    "version_hash",
+    "parent_hash",
+    "weights_digest",
+    "created",
+    "step",
+    "segments",
+    "bytes",
+    "changed",
+    "elements",
+    "signed",
+    "key_id",
+    "status",
+    "error",
+    "object",
+)
 
 
 def write_ledger(result: AuditResult, path: str) -> None:
@@ -253,12 +280,21 @@ def write_ledger(result: AuditResult, path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    types = {"version": pa.int64(), "step": pa.int64(), "segments": pa.int64(), "bytes": pa.int64(),
-             "changed": pa.int64(), "elements": pa.int64(), "signed": pa.bool_()}
+    types = {
+        "version": pa.int64(),
+        "step": pa.int64(),
+        "segments": pa.int64(),
+        "bytes": pa.int64(),
+        "changed": pa.int64(),
+        "elements": pa.int64(),
+        "signed": pa.bool_(),
+    }
     schema = pa.schema([pa.field(c, types.get(c, pa.string())) for c in LEDGER_COLUMNS])
     rows = [{c: getattr(r, c) for c in LEDGER_COLUMNS} for r in result.versions]
     table = pa.Table.from_pylist(rows, schema=schema)
     path = os.path.abspath(path)
+    if not os.path.isdir(os.path.dirname(path)):
+        raise StoreError(f"cannot write the ledger {path}: {os.path.dirname(path)} does not exist")
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
     try:
         pq.write_table(table, tmp)

@@ -82,8 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uri", metavar="URI", help="run URI (any fsspec URI: s3://, gs://, file://, memory://)")
-    p.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
-                   help="JSON object of fsspec storage options")
+    p.add_argument(
+        "--storage-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="JSON object of fsspec storage options",
+    )
     p.add_argument("--verify-key", metavar="FILE", help="Ed25519 public key; refuse versions it did not sign")
 
 
@@ -140,8 +145,15 @@ def _progress(console: Console) -> Iterator[Progress]:
     """A progress display on stderr; it draws only on a terminal and vanishes when done."""
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
         yield progress
 
 
@@ -155,19 +167,21 @@ def cmd_ls(args: argparse.Namespace) -> int:
     rows = []
     for m in manifests:
         s = m.stats
-        rows.append({
-            "version": m.version,
-            "kind": m.kind,
-            "bytes": s.bytes,
-            "changed": s.changed,
-            "elements": s.elements,
-            "density": s.changed / s.elements if s.elements else 0.0,
-            "bytes_per_changed": s.bytes / s.changed if s.changed else None,
-            "ratio": s.full_bytes / s.bytes if s.bytes else None,
-            "step": m.step,
-            "created": m.created,
-            "signed": m.signature is not None,
-        })
+        rows.append(
+            {
+                "version": m.version,
+                "kind": m.kind,
+                "bytes": s.bytes,
+                "changed": s.changed,
+                "elements": s.elements,
+                "density": s.changed / s.elements if s.elements else 0.0,
+                "bytes_per_changed": s.bytes / s.changed if s.changed else None,
+                "ratio": s.full_bytes / s.bytes if s.bytes else None,
+                "step": m.step,
+                "created": m.created,
+                "signed": m.signature is not None,
+            }
+        )
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -177,9 +191,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for col in ("version", "kind", "bytes", "changed", "density", "B/changed", "ratio", "step", "created"):
         table.add_column(col, justify="left" if col in ("kind", "created") else "right")
     for r in rows:
-        table.add_row(str(r["version"]), r["kind"], _size(r["bytes"]), f"{r['changed']:,}", f"{r['density']:.4%}",
-                      _num(r["bytes_per_changed"], ".3f"), _num(r["ratio"], ".1f", "x"), _num(r["step"], "d"),
-                      r["created"])
+        table.add_row(
+            str(r["version"]),
+            r["kind"],
+            _size(r["bytes"]),
+            f"{r['changed']:,}",
+            f"{r['density']:.4%}",
+            _num(r["bytes_per_changed"], ".3f"),
+            _num(r["ratio"], ".1f", "x"),
+            _num(r["step"], "d"),
+            r["created"],
+        )
     _stdout().print(table)
     return 0
 
@@ -209,17 +231,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         def step(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = progress.add_task({"materialize": "materialize", "shards": "write shards",
-                                                  "files": "copy files"}.get(stage, stage), total=total)
+                tasks[stage] = progress.add_task(
+                    {"materialize": "materialize", "shards": "write shards", "files": "copy files"}.get(stage, stage),
+                    total=total,
+                )
             progress.update(tasks[stage], completed=done, total=total)
 
-        result = replay(run, args.version, args.out, shard_bytes=args.shard_bytes or DEFAULT_SHARD_BYTES,
-                        force=args.force, progress=step)
+        result = replay(
+            run,
+            args.version,
+            args.out,
+            shard_bytes=args.shard_bytes or DEFAULT_SHARD_BYTES,
+            force=args.force,
+            progress=step,
+        )
     for name in result.skipped:
-        print(f"{PROG}: note: attached file {name!r} not copied: it would shadow the replayed weights",
-              file=sys.stderr)
-    print(f"version {result.version} ({result.version_hash[:16]}) -> {result.out}: {len(result.shards)} shard(s), "
-          f"{result.total_size:,} bytes, {len(result.files)} attached file(s)")
+        print(f"{PROG}: note: attached file {name!r} not copied: it would shadow the replayed weights", file=sys.stderr)
+    print(
+        f"version {result.version} ({result.version_hash[:16]}) -> {result.out}: {len(result.shards)} shard(s), "
+        f"{result.total_size:,} bytes, {len(result.files)} attached file(s)"
+    )
     return 0
 
 
@@ -237,12 +268,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, total=total, description=f"audit v{row.version}")
 
         result = audit(run, on_version=on_version)
-    if args.ledger:
-        write_ledger(result, args.ledger)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps(result.to_dict()), flush=True)
     else:
         _audit_table(result)
+    if args.ledger:
+        write_ledger(result, args.ledger)
     if result.first_error is not None:
         e = result.first_error
         print(f"{PROG}: error: audit failed at version {e.version}: {e.type}: {e.error}", file=sys.stderr)
@@ -258,8 +289,14 @@ def _audit_table(result: Any) -> None:
         table.add_column(col, justify="left" if col in ("kind", "status") else "right")
     for r in result.versions:
         status = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(r.status, f"[yellow]{r.status}[/]")
-        table.add_row(str(r.version), r.kind or "?", _num(r.segments, "d"), "-" if r.bytes is None else _size(r.bytes),
-                      _num(r.changed, ","), status)
+        table.add_row(
+            str(r.version),
+            r.kind or "?",
+            _num(r.segments, "d"),
+            "-" if r.bytes is None else _size(r.bytes),
+            _num(r.changed, ","),
+            status,
+        )
     _stdout().print(table)
 
 

@@ -8,6 +8,7 @@ built beside the target and renamed into place, so a reader never sees half of i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,14 +47,21 @@ class ReplayResult:
     shards: list[str]
     total_size: int
     """Bytes of tensor data (the index's ``total_size``)."""
-    files: list[str] = field(default_factory=list)
-    """Attached files copied into the directory."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Attached files copied into the directory, with their SHA-256."""
     skipped: list[str] = field(default_factory=list)
     """Attached files not copied: they would shadow or add to the replayed weights."""
 
 
-def replay(run: Run, version: int | None, out: str, *, shard_bytes: int = DEFAULT_SHARD_BYTES, force: bool = False,
-           progress: Progress | None = None) -> ReplayResult:
+def replay(
+    run: Run,
+    version: int | None,
+    out: str,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> ReplayResult:
     """Write ``version`` (latest when None) of ``run`` bit-exact as a HF model directory at ``out``."""
     if shard_bytes < 1:
         raise StoreError(f"shard_bytes must be >= 1, got {shard_bytes}")
@@ -120,14 +128,18 @@ def _check_target(out: str, force: bool) -> None:
 def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress) -> tuple[list[str], int]:
     groups = plan_shards(state.specs, shard_bytes)
     total = sum(s.numel * s.width for s in state.specs)
-    names = [SINGLE] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-                                               for i in range(len(groups))]
+    names = (
+        [SINGLE]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
     weight_map: dict[str, str] = {}
     done = 0
     step("shards", 0, total)
     for name, group in zip(names, groups, strict=True):
-        data = safetensors_format.build([(s.name, s.dtype, s.shape, state.words[s.name]) for s in group],
-                                        metadata={"format": "pt"})
+        data = safetensors_format.build(
+            [(s.name, s.dtype, s.shape, state.words[s.name]) for s in group], metadata={"format": "pt"}
+        )
         _write(tmp, name, data)
         del data
         for s in group:
@@ -140,15 +152,18 @@ def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress
     return names, total
 
 
-def _write_attachments(run: Run, tmp: str, reserved: set[str], step: Progress) -> tuple[list[str], list[str]]:
+def _write_attachments(run: Run, tmp: str, reserved: set[str], step: Progress) -> tuple[dict[str, str], list[str]]:
+    """Copy the run's attached files; returns their SHA-256s (attachments are not signed) and the skipped names."""
     names = list_attachments(run)
-    files, skipped = [], []
+    files: dict[str, str] = {}
+    skipped = []
     for i, name in enumerate(names):
         if name in reserved or name.endswith((".safetensors", ".safetensors.index.json")):
             skipped.append(name)
         else:
-            _write(tmp, name, get_attachment(run, name))
-            files.append(name)
+            data = get_attachment(run, name)
+            _write(tmp, name, data)
+            files[name] = hashlib.sha256(data).hexdigest()
         step("files", i + 1, len(names))
     return files, skipped
 
