@@ -78,6 +78,10 @@ class Digest:
     def _add(self, sums: list[int], sign: int) -> None:
         self.lanes = [(a + sign * b) & _MASK for a, b in zip(self.lanes, sums, strict=True)]
 
+    def add(self, other: Digest) -> None:
+        """Combine with the digest of a disjoint set of elements."""
+        self._add(other.lanes, 1)
+
     def add_elements(self, keys: tuple[int, ...], index: np.ndarray, words: np.ndarray, sign: int = 1) -> None:
         """Add (or with ``sign=-1`` remove) elements at flat ``index`` with bit ``words``."""
         for lo in range(0, index.size, _CHUNK):

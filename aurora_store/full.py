@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 
@@ -30,8 +31,9 @@ def build_shards(
     weight_map: dict[str, str] = {}
     total = 0
     for g, members in enumerate(groups):
+        ordered = sorted(members, key=lambda i: (-specs[i].width, specs[i].name))  # aligned for zero-copy mmap
         data = safetensors_format.build(
-            [(specs[i].name, specs[i].dtype, specs[i].shape, words[specs[i].name]) for i in members],
+            [(specs[i].name, specs[i].dtype, specs[i].shape, words[specs[i].name]) for i in ordered],
             metadata={"format": "pt"},
         )
         key, sha = segment_key(version, g, data, "safetensors")
@@ -40,6 +42,6 @@ def build_shards(
             total += specs[i].numel * specs[i].width
         yield SealedObject(Segment(key, len(data), sha, tensors=tuple(members)), data)
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True).encode()
-    key, sha = segment_key(version, len(groups), index, "json")
+    sha = hashlib.sha256(index).hexdigest()
     key = f"{version_dir(version)}/{INDEX_NAME.removesuffix('.json')}-{sha[:32]}.json"
     yield SealedObject(Segment(key, len(index), sha), index)

@@ -21,8 +21,13 @@ from aurora_store.errors import CorruptError, LimitError, StoreError
 
 FORMAT = "aurora/1"
 MAX_ELEMENTS = 1 << 48
-_KEY_RE = re.compile(r"^[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_KEY_RE = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_KEY_ID = re.compile(r"[0-9a-f]{16}")
+_B64_SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
+MAX_VERSION = 10**10 - 1
+"""Versions are ten-digit directory names."""
 
 
 def canonical(obj: Any) -> bytes:
@@ -44,7 +49,7 @@ def check_key(key: str, version: int, what: str) -> str:
     if (
         not isinstance(key, str)
         or len(key) > 512
-        or not _KEY_RE.match(key)
+        or not _KEY_RE.fullmatch(key)
         or any(part in (".", "..") for part in key.split("/"))
         or not key.startswith(prefix)
     ):
@@ -239,10 +244,14 @@ class _Reader:
         return v
 
     def str_(self, v: Any, name: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
-        if not isinstance(v, str) or len(v) > max_len or (pattern is not None and not pattern.match(v)):
+        if not isinstance(v, str) or len(v) > max_len or (pattern is not None and not pattern.fullmatch(v)):
             raise self.fail(
                 f"{name} must be a string{' matching ' + pattern.pattern if pattern else ''}, got {v!r}"[:300]
             )
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.fail(f"{name} is not valid Unicode") from None
         return v
 
     def list_(self, v: Any, name: str) -> list[Any]:
@@ -299,7 +308,7 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     r.obj(doc, "manifest", top)
     if doc["format"] != FORMAT:
         raise r.fail(f"format {doc['format']!r}, expected {FORMAT!r}")
-    version = r.int_(doc["version"], "version")
+    version = r.int_(doc["version"], "version", 0, MAX_VERSION)
     if expect_version is not None and version != expect_version:
         raise r.fail(f"declares version {version}, expected {expect_version}")
     kind = doc["kind"]
@@ -314,7 +323,8 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     else:
         p = r.obj(doc["parent"], "parent", {"version", "version_hash"})
         parent = Parent(
-            r.int_(p["version"], "parent.version"), r.str_(p["version_hash"], "parent.version_hash", _HEX64)
+            r.int_(p["version"], "parent.version", 0, MAX_VERSION),
+            r.str_(p["version_hash"], "parent.version_hash", _HEX64),
         )
         if parent.version != version - 1:
             raise r.fail(f"parent is version {parent.version}, expected {version - 1}")
@@ -330,6 +340,8 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
         if doc["index"] is None:
             raise r.fail("a full version must name its safetensors index")
         ix = r.obj(doc["index"], "index", {"key", "size", "sha256", "tensors"})
+        if ix["tensors"] != []:
+            raise r.fail("index.tensors must be an empty list")
         index = Segment(
             check_key(ix["key"], version, what),
             r.int_(ix["size"], "index.size", 0, max_segment_bytes),
@@ -347,7 +359,7 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     stats = Stats(*(r.int_(st[k], f"stats.{k}") for k in ("elements", "changed", "bytes", "chain_bytes", "full_bytes")))
     if stats.elements != sum(t.numel for t in tensors):
         raise r.fail(f"stats.elements {stats.elements} does not match the tensor table")
-    digest = r.str_(doc["weights_digest"], "weights_digest", re.compile(r"^[0-9a-f]{32}$"))
+    digest = r.str_(doc["weights_digest"], "weights_digest", _HEX32)
     meta = doc["meta"]
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise r.fail("meta must map strings to strings")
@@ -355,9 +367,9 @@ def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_
     if doc["signature"] is not None:
         s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
         signature = Signature(
-            r.str_(s["alg"], "signature.alg", max_len=32),
-            r.str_(s["key_id"], "signature.key_id", max_len=128),
-            r.str_(s["sig"], "signature.sig", max_len=256),
+            r.str_(s["alg"], "signature.alg", re.compile("ed25519")),
+            r.str_(s["key_id"], "signature.key_id", _KEY_ID),
+            r.str_(s["sig"], "signature.sig", _B64_SIG),
         )
     m = Manifest(
         version,
@@ -453,7 +465,7 @@ def _parse_segment(
                     off,
                     length,
                     count,
-                    r.int_(b["gap_width"], f"{bn}.gap_width", 4, 8),
+                    _gap_width(r, b["gap_width"], bn),
                     r.int_(b["escapes"], f"{bn}.escapes", 0, count),
                     streams,
                 )
@@ -480,3 +492,9 @@ def _check_block_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tu
     for (t0, _, e0), (t1, s1, _) in itertools.pairwise(ranges):
         if t0 == t1 and s1 < e0:
             raise r.fail(f"blocks of tensor {tensors[t0].name!r} overlap at element {s1}")
+
+
+def _gap_width(r: _Reader, v: Any, name: str) -> int:
+    if type(v) is not int or v not in (4, 8):
+        raise r.fail(f"{name}.gap_width must be 4 or 8, got {v!r}"[:200])
+    return v

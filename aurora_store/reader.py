@@ -18,6 +18,7 @@ import numpy as np
 
 from aurora_store import dtypes, safetensors_format, signing
 from aurora_store.codec import dense, sparse
+from aurora_store.digest import Digest
 from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError
 from aurora_store.limits import Limits
 from aurora_store.manifest import Manifest, Segment, manifest_key
@@ -56,7 +57,13 @@ class Reader:
         out = []
         for key in self.store.list_keys("versions"):
             parts = key.split("/")
-            if len(parts) == 3 and parts[2] == "manifest.json" and parts[1].isdigit() and len(parts[1]) == 10:
+            if (
+                len(parts) == 3
+                and parts[2] == "manifest.json"
+                and parts[1].isascii()
+                and parts[1].isdigit()
+                and len(parts[1]) == 10
+            ):
                 out.append(int(parts[1]))
         return sorted(out)
 
@@ -100,7 +107,7 @@ class Reader:
     def fetch(self, seg: Segment) -> bytes:
         """An object's bytes, verified against its manifest entry."""
         if seg.size > self.limits.max_segment_bytes:
-            raise CorruptError(f"{self.store.url(seg.key)}: {seg.size} bytes exceeds the segment cap")
+            raise LimitError(f"{self.store.url(seg.key)}: {seg.size} bytes exceeds the segment cap")
         data = self.store.get_sized(seg.key, seg.size, self.limits.part_bytes)
         got = hashlib.sha256(data).hexdigest()
         if got != seg.sha256:
@@ -114,7 +121,7 @@ class Reader:
             _check_index(self.fetch(m.index), m, self.store.url(m.index.key))
         words: dict[str, np.ndarray] = {}
 
-        def load(seg: Segment) -> dict[str, np.ndarray]:
+        def load(seg: Segment) -> tuple[dict[str, np.ndarray], Digest]:
             data = self.fetch(seg)
             what = self.store.url(seg.key)
             entries, base = safetensors_format.parse(data, what)
@@ -132,11 +139,13 @@ class Reader:
                         f"manifest says {spec.dtype}{list(spec.shape)}"
                     )
                 out[name] = safetensors_format.words(data, base, e)
-            return out
+            part_digest = full_digest(tuple(expected.values()), out)  # overlaps with other shards' I/O
+            return out, part_digest
 
-        for part in self.store.map(load, m.segments):
+        digest = Digest()
+        for part, part_digest in self.store.map(load, m.segments):
             words.update(part)
-        digest = full_digest(m.tensors, words)
+            digest.add(part_digest)
         if digest.hex() != m.weights_digest:
             raise ChainError(f"version {m.version}: weights digest {digest.hex()}, manifest says {m.weights_digest}")
         return WeightState(m.tensors, words, m.version, m.version_hash, digest)

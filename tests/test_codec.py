@@ -162,7 +162,7 @@ def test_frames_refuse_bombs_and_trailing_data() -> None:
         frames.decompress(bomb, 10, "bomb")
     ok = frames.compress(b"abc")
     assert frames.decompress(ok, 3, "ok") == b"abc"
-    with pytest.raises(CorruptError, match="does not decode"):
+    with pytest.raises(CorruptError, match="extra bytes"):
         frames.decompress(ok + b"x", 3, "trail")
     with pytest.raises(CorruptError, match="declares 3 bytes, expected 4"):
         frames.decompress(ok, 4, "short")
@@ -190,3 +190,10 @@ def test_sparse_decode_never_crashes_on_garbage(payload: bytes, count: int, esca
             span=64,
             what="fuzz",
         )
+
+
+def test_empty_frames_are_checked_too() -> None:
+    empty = frames.compress(b"")
+    assert frames.decompress(empty, 0, "e") == b""
+    with pytest.raises(CorruptError, match="extra bytes"):
+        frames.decompress(empty + b"junk", 0, "e")

@@ -31,12 +31,13 @@ def decompress(frame: bytes | memoryview, expected: int, what: str) -> bytes:
     if declared != expected:
         kind = LimitError if declared > expected else CorruptError
         raise kind(f"{what}: zstd frame declares {declared} bytes, expected {expected}")
-    if expected == 0:
-        return b""
     try:
-        out = zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False)
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        out = dobj.decompress(frame)
     except zstandard.ZstdError as exc:
         raise CorruptError(f"{what}: zstd frame does not decode ({exc})") from None
+    if not dobj.eof or dobj.unused_data:
+        raise CorruptError(f"{what}: zstd frame is incomplete or followed by extra bytes")
     if len(out) != expected:
         raise CorruptError(f"{what}: decoded {len(out)} bytes, expected {expected}")
     return out
