@@ -212,9 +212,15 @@ class Manifest:
 
     @staticmethod
     def from_bytes(
-        data: bytes, *, expect_version: int | None = None, max_bytes: int = 64 << 20, max_segment_bytes: int = 4 << 30
+        data: bytes,
+        *,
+        expect_version: int | None = None,
+        max_bytes: int = 64 << 20,
+        max_segment_bytes: int = 4 << 30,
+        what: str | None = None,
     ) -> Manifest:
-        return _parse(data, expect_version, max_bytes, max_segment_bytes)
+        """Parse untrusted manifest bytes; ``what`` (the object's URL) prefixes every error."""
+        return _parse(data, expect_version, max_bytes, max_segment_bytes, what)
 
 
 # ---------------------------------------------------------------- parsing
@@ -273,8 +279,11 @@ def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _parse(data: bytes, expect_version: int | None, max_bytes: int, max_segment_bytes: int) -> Manifest:
-    what = "manifest" if expect_version is None else manifest_key(expect_version)
+def _parse(
+    data: bytes, expect_version: int | None, max_bytes: int, max_segment_bytes: int, what: str | None
+) -> Manifest:
+    if what is None:
+        what = "manifest" if expect_version is None else manifest_key(expect_version)
     if len(data) > max_bytes:
         raise LimitError(f"{what}: {len(data)} bytes exceeds the manifest cap of {max_bytes}")
     try:

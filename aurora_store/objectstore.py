@@ -27,7 +27,7 @@ from typing import Any
 
 import fsspec
 
-from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError
+from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError, UnsupportedError
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -48,7 +48,10 @@ class ObjectStore:
         if not isinstance(uri, str) or not uri:
             raise StoreError(f"store URI must be a non-empty string, got {uri!r}")
         self.uri = uri.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+        except (ValueError, ImportError, TypeError) as exc:
+            raise UnsupportedError(f"cannot open store {uri!r}: {exc}") from None
         self.root = root.rstrip("/")
         protocol = self.fs.protocol
         self.protocol = protocol if isinstance(protocol, str) else protocol[0]
@@ -86,8 +89,8 @@ class ObjectStore:
             return True
         except FileExistsError:
             return False
-        except OSError as exc:
-            if exc.errno == errno.EINVAL and "recondition" in str(exc):
+        except Exception as exc:  # the one place backend errors are translated
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "recondition" in str(exc):
                 return False  # S3 412 on If-None-Match, as some servers word it
             raise _translate(exc, self.url(key)) from exc
 
@@ -107,14 +110,14 @@ class ObjectStore:
         """Remove one object (used only by tests that simulate damage and by garbage collection)."""
         try:
             self.fs.rm_file(self.path(key))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the one place backend errors are translated
             raise _translate(exc, self.url(key)) from exc
 
     def overwrite(self, key: str, data: bytes) -> None:
         """Unconditional write. Never used by the store itself: tests use it to plant damage."""
         try:
             self.fs.pipe_file(self.path(key), data)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the one place backend errors are translated
             raise _translate(exc, self.url(key)) from exc
 
     # ------------------------------------------------------------ reads
@@ -123,14 +126,14 @@ class ObjectStore:
         try:
             self.fs.invalidate_cache(self.path(key))
             return bool(self.fs.exists(self.path(key)))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the one place backend errors are translated
             raise _translate(exc, self.url(key)) from exc
 
     def size(self, key: str) -> int:
         try:
             self.fs.invalidate_cache(self.path(key))
             return int(self.fs.size(self.path(key)))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the one place backend errors are translated
             raise _translate(exc, self.url(key)) from exc
 
     def get(self, key: str, *, max_bytes: int) -> bytes:
@@ -144,11 +147,9 @@ class ObjectStore:
         """Bytes of a range; empty when the range starts at or past the object's end."""
         try:
             data = self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop)
-        except OSError as exc:
-            if "not satisfiable" in str(exc).lower():  # HTTP 416: the object ends before req.start
-                return b""
-            raise _translate(exc, self.url(req.key)) from exc
-        except ValueError as exc:
+        except Exception as exc:  # the one place backend errors are translated
+            if isinstance(exc, OSError) and "not satisfiable" in str(exc).lower():
+                return b""  # HTTP 416: the object ends before req.start
             raise _translate(exc, self.url(req.key)) from exc
         return bytes(data)
 
@@ -183,7 +184,7 @@ class ObjectStore:
             found = self.fs.find(base)
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # the one place backend errors are translated
             raise _translate(exc, self.url(prefix)) from exc
         root = self.root.lstrip("/") + "/"
         return sorted(p.lstrip("/")[len(root) :] for p in found if p.lstrip("/").startswith(root))

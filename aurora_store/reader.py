@@ -78,6 +78,7 @@ class Reader:
             expect_version=version,
             max_bytes=self.limits.max_manifest_bytes,
             max_segment_bytes=self.limits.max_segment_bytes,
+            what=self.store.url(key),
         )
         if self.verify_key is not None:
             signing.verify(m, self.verify_key, self.store.url(key))

@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from aurora_store.errors import UnauthenticatedError, UnsupportedError
+from aurora_store.errors import StoreError, UnauthenticatedError, UnsupportedError
 from aurora_store.manifest import Manifest, Signature
 
 _DOMAIN = b"aurora-manifest/1\0"
@@ -32,11 +32,14 @@ def key_id(key: Ed25519PublicKey) -> str:
     return hashlib.sha256(_raw_public(key)).hexdigest()[:16]
 
 
-def _read(material: bytes | str | os.PathLike) -> bytes:
+def _read(material: bytes | str | os.PathLike[str]) -> bytes:
     if isinstance(material, bytes):
         return material
-    with open(material, "rb") as f:
-        return f.read()
+    try:
+        with open(material, "rb") as f:
+            return f.read(1 << 16)
+    except OSError as exc:
+        raise StoreError(f"cannot read key file {os.fspath(material)!r}: {exc.strerror or exc}") from None
 
 
 def load_signing_key(key: SigningKeyLike) -> Ed25519PrivateKey:
@@ -45,7 +48,10 @@ def load_signing_key(key: SigningKeyLike) -> Ed25519PrivateKey:
     raw = _read(key)
     if len(raw) == 32:
         return Ed25519PrivateKey.from_private_bytes(raw)
-    loaded = serialization.load_pem_private_key(raw, password=None)
+    try:
+        loaded = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"signing key is neither 32 raw bytes nor an unencrypted PEM private key ({exc})") from None
     if not isinstance(loaded, Ed25519PrivateKey):
         raise UnsupportedError("signing key must be an Ed25519 private key")
     return loaded
@@ -59,7 +65,10 @@ def load_verify_key(key: VerifyKeyLike) -> Ed25519PublicKey:
     raw = _read(key)
     if len(raw) == 32:
         return Ed25519PublicKey.from_public_bytes(raw)
-    loaded = serialization.load_pem_public_key(raw)
+    try:
+        loaded = serialization.load_pem_public_key(raw)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"verify key is neither 32 raw bytes nor a PEM public key ({exc})") from None
     if not isinstance(loaded, Ed25519PublicKey):
         raise UnsupportedError("verify key must be an Ed25519 public key")
     return loaded

@@ -305,3 +305,26 @@ def test_errors_are_one_family() -> None:
     ):
         assert issubclass(cls, StoreError) and issubclass(cls, ValueError)
     assert issubclass(MissingError, FileNotFoundError)
+
+
+def test_unknown_protocol_and_unreachable_backend(tmp_path: Any) -> None:
+    with pytest.raises(aurora_store.UnsupportedError, match="nosuchproto"):
+        aurora_store.open_run("nosuchproto://x/run")
+    dead = {
+        "key": "k",
+        "secret": "s",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    }
+    run = aurora_store.open_run("s3://bucket/run", storage_options=dead)
+    with pytest.raises(StoreError, match="storage backend error"):
+        run.versions()
+
+
+def test_bad_key_material(tmp_path: Any) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(b"-----BEGIN NOTHING-----\nzzz\n")
+    with pytest.raises(StoreError, match="PEM"):
+        aurora_store.open_run("memory://x/keys", verify_key=str(junk))
+    with pytest.raises(StoreError, match="cannot read key file"):
+        aurora_store.open_run("memory://x/keys", signing_key=str(tmp_path / "absent.key"))
