@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aurora_store.errors import StoreError
+from aurora_store.errors import CorruptError, StoreError
+from aurora_store.manifest import FILES_DIR, check_file_name
 
 if TYPE_CHECKING:
     from aurora_store.run import Run
 
-PREFIX = "files"
+PREFIX = FILES_DIR
 MAX_NAME = 255
 MAX_BYTES = 1 << 30
 """Largest attachment :func:`get_attachment` reads (tokenizer files are tens of MiB at most)."""
@@ -23,16 +24,17 @@ _TMP = ".tmp-"
 
 
 def check_name(name: str) -> str:
-    """``name`` if it is a plain file name (no path, no control characters), else a StoreError."""
+    """``name`` if it is a plain file name of ``[A-Za-z0-9._-]`` (what manifests allow), else a StoreError."""
     if not isinstance(name, str) or not name:
         raise StoreError(f"attachment name must be a non-empty string, got {name!r}")
     if len(name) > MAX_NAME:
         raise StoreError(f"attachment name {name[:40]!r}... is {len(name)} characters, over {MAX_NAME}")
-    if "/" in name or "\\" in name or name in (".", "..") or name.startswith(_TMP):
-        raise StoreError(f"attachment name {name!r} must be a plain file name (no '/', '\\', '.', '..')")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise StoreError(f"attachment name {name!r} contains control characters")
-    return name
+    if name.startswith(_TMP):
+        raise StoreError(f"attachment name {name!r} is reserved for the store's temporary files")
+    try:
+        return check_file_name(name, "attachment")
+    except CorruptError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def _key(name: str) -> str:
@@ -52,8 +54,11 @@ def list_attachments(run: Run) -> list[str]:
     out = []
     for key in run.store.list_keys(PREFIX):
         parts = key.split("/")
-        if len(parts) == 2 and parts[0] == PREFIX and parts[1] and not parts[1].startswith(_TMP):
-            out.append(parts[1])
+        if len(parts) == 2 and parts[0] == PREFIX and not parts[1].startswith(_TMP):
+            try:
+                out.append(check_name(parts[1]))
+            except StoreError:
+                continue  # not something put_attachment could have written: never listed, never signed
     return sorted(out)
 
 

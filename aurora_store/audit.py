@@ -189,6 +189,7 @@ def _check_contents(
     except StoreError as exc:
         raise _Failed(reader.store.url(manifest_key(v)), exc) from None
     try:
+        reader.verify_files(m)
         if m.kind == "full":
             new = reader.load_full(m)
             if state is not None and state.version == v - 1:
@@ -247,7 +248,7 @@ def _delta_changed(state: WeightState, blocks: list[Any]) -> int:
 def _blame(reader: Reader, m: Manifest, exc: StoreError) -> str:
     """The object an error names (store messages name it by URL); else the manifest, which vouched for it."""
     msg = str(exc)
-    for o in m.objects:
+    for o in m.objects + m.files:
         if reader.store.url(o.key) in msg:
             return reader.store.url(o.key)
     return reader.store.url(manifest_key(m.version))

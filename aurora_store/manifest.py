@@ -43,6 +43,21 @@ def manifest_key(version: int) -> str:
     return f"{version_dir(version)}/manifest.json"
 
 
+FILES_DIR = "files"
+_FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
+
+
+def check_file_name(name: str, what: str) -> str:
+    """An attachment name: a plain file name such as ``tokenizer_config.json``."""
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+        raise CorruptError(
+            f"{what}: attachment name {name!r} must be a plain file name of [A-Za-z0-9._-] (not starting with '.')"[
+                :300
+            ]
+        )
+    return name
+
+
 def check_key(key: str, version: int, what: str) -> str:
     """A key named by a manifest must be a plain relative path inside its version's directory."""
     prefix = version_dir(version) + "/"
@@ -174,6 +189,8 @@ class Manifest:
     stats: Stats
     weights_digest: str
     meta: dict[str, str] = field(default_factory=dict)
+    files: tuple[Segment, ...] = ()
+    """The run's attached files (config, tokenizer) at publish time, so the signature covers them."""
     version_hash: str = ""
     signature: Signature | None = None
 
@@ -194,6 +211,7 @@ class Manifest:
             "stats": self.stats.to_dict(),
             "weights_digest": self.weights_digest,
             "meta": dict(self.meta),
+            "files": [f.to_dict("full") | {"tensors": []} for f in self.files],
         }
 
     def compute_hash(self) -> str:
@@ -299,6 +317,7 @@ def _parse(
         raise CorruptError(f"{what}: not valid JSON ({exc})"[:400]) from None
     r = _Reader(what)
     top = {
+        "files",
         "format",
         "version",
         "kind",
@@ -372,6 +391,9 @@ def _parse(
     meta = doc["meta"]
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise r.fail("meta must map strings to strings")
+    files = tuple(_parse_file(r, f, i, max_segment_bytes) for i, f in enumerate(r.list_(doc["files"], "files")))
+    if [f.key for f in files] != sorted({f.key for f in files}):
+        raise r.fail("files must be unique and sorted by key")
     signature = None
     if doc["signature"] is not None:
         s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
@@ -392,6 +414,7 @@ def _parse(
         stats,
         digest,
         dict(meta),
+        files,
         r.str_(doc["version_hash"], "version_hash", _HEX64),
         signature,
     )
@@ -507,3 +530,17 @@ def _gap_width(r: _Reader, v: Any, name: str) -> int:
     if type(v) is not int or v not in (4, 8):
         raise r.fail(f"{name}.gap_width must be 4 or 8, got {v!r}"[:200])
     return v
+
+
+def _parse_file(r: _Reader, raw: Any, i: int, max_bytes: int) -> Segment:
+    f = r.obj(raw, f"files[{i}]", {"key", "size", "sha256", "tensors"})
+    key = r.str_(f["key"], f"files[{i}].key", max_len=512)
+    prefix, _, name = key.partition("/")
+    if prefix != FILES_DIR:
+        raise CorruptError(f"{r.what}: files[{i}] key {key!r} escapes the run prefix (must be {FILES_DIR}/<name>)")
+    check_file_name(name, r.what)
+    if f["tensors"] != []:
+        raise r.fail(f"files[{i}].tensors must be an empty list")
+    return Segment(
+        key, r.int_(f["size"], f"files[{i}].size", 0, max_bytes), r.str_(f["sha256"], f"files[{i}].sha256", _HEX64)
+    )

@@ -49,6 +49,7 @@ class Reader:
         self.limits = limits
         self.verify_key = verify_key
         self._manifests: dict[int, Manifest] = {}
+        self._verified_files: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ manifests
 
@@ -114,6 +115,13 @@ class Reader:
         if got != seg.sha256:
             raise CorruptError(f"{self.store.url(seg.key)}: sha256 {got}, manifest says {seg.sha256}")
         return data
+
+    def verify_files(self, m: Manifest) -> None:
+        """Check the attachments ``m`` vouches for (each distinct file once per reader)."""
+        for f in m.files:
+            if (f.key, f.sha256) not in self._verified_files:
+                self.fetch(f)
+                self._verified_files.add((f.key, f.sha256))
 
     # ------------------------------------------------------------ full versions
 

@@ -8,7 +8,6 @@ built beside the target and renamed into place, so a reader never sees half of i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aurora_store import safetensors_format
-from aurora_store.attachments import get_attachment, list_attachments
 from aurora_store.errors import ConflictError, StoreError
 
 if TYPE_CHECKING:
-    from aurora_store.manifest import TensorSpec
+    from aurora_store.manifest import Manifest, TensorSpec
     from aurora_store.run import Run
     from aurora_store.weights import WeightState
 
@@ -76,7 +74,7 @@ def replay(
     os.makedirs(tmp)
     try:
         shards, total = _write_shards(tmp, state, shard_bytes, step)
-        files, skipped = _write_attachments(run, tmp, set(shards) | {INDEX, PROVENANCE}, step)
+        files, skipped = _write_attachments(run, m, tmp, set(shards) | {INDEX, PROVENANCE}, step)
         record = {
             "format": "aurora-replay/1",
             "run": run.uri,
@@ -152,19 +150,22 @@ def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress
     return names, total
 
 
-def _write_attachments(run: Run, tmp: str, reserved: set[str], step: Progress) -> tuple[dict[str, str], list[str]]:
-    """Copy the run's attached files; returns their SHA-256s (attachments are not signed) and the skipped names."""
-    names = list_attachments(run)
+def _write_attachments(
+    run: Run, m: Manifest, tmp: str, reserved: set[str], step: Progress
+) -> tuple[dict[str, str], list[str]]:
+    """Copy the attachments version ``m`` vouches for, each verified against its manifest entry.
+
+    Returns their SHA-256s and the names skipped because they would clash with replayed weights."""
     files: dict[str, str] = {}
     skipped = []
-    for i, name in enumerate(names):
+    for i, f in enumerate(m.files):
+        name = f.key.split("/", 1)[1]
         if name in reserved or name.endswith((".safetensors", ".safetensors.index.json")):
             skipped.append(name)
         else:
-            data = get_attachment(run, name)
-            _write(tmp, name, data)
-            files[name] = hashlib.sha256(data).hexdigest()
-        step("files", i + 1, len(names))
+            _write(tmp, name, run.reader.fetch(f))
+            files[name] = f.sha256
+        step("files", i + 1, len(m.files))
     return files, skipped
 
 

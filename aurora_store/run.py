@@ -8,6 +8,7 @@ the nearest full version plus deltas, verifying every byte on the way.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from aurora_store.delta import DeltaBuilder, SealedObject
 from aurora_store.errors import ConflictError, LayoutError, StoreError
 from aurora_store.full import build_shards
 from aurora_store.limits import Limits
-from aurora_store.manifest import Manifest, Parent, Stats, TensorSpec, manifest_key
+from aurora_store.manifest import FILES_DIR, Manifest, Parent, Segment, Stats, TensorSpec, manifest_key
 from aurora_store.objectstore import ObjectStore
 from aurora_store.reader import Reader
 from aurora_store.weights import WeightState, full_digest
@@ -82,6 +83,7 @@ class Run:
         vk = signing.load_verify_key(verify_key) if verify_key is not None else None
         self.reader = Reader(self.store, self.config.limits, vk)
         self._base: WeightState | None = None
+        self._file_refs: dict[str, Segment] = {}
 
     @property
     def uri(self) -> str:
@@ -207,6 +209,7 @@ class Run:
             stats=Stats(sum(s.numel for s in specs), changed, nbytes, 0 if full else chain_bytes + nbytes, full_bytes),
             weights_digest=digest.hex(),
             meta=dict(meta or {}),
+            files=self._attached_files(),
         )
         m = _seal(m, self.signing_key)
         if not self.store.put_if_absent(manifest_key(version), m.to_bytes()):
@@ -234,11 +237,23 @@ class Run:
         sha = obj.entry.sha256
 
         def same(existing: bytes) -> bool:
-            import hashlib
-
             return hashlib.sha256(existing).hexdigest() == sha
 
         self.store.put_immutable(obj.entry.key, obj.data, verify=same)
+
+    def _attached_files(self) -> tuple[Segment, ...]:
+        """Size and SHA-256 of every attachment, for the manifest; each file is hashed once per publisher."""
+        from aurora_store.attachments import MAX_BYTES, list_attachments
+
+        refs = []
+        for name in list_attachments(self):
+            key = f"{FILES_DIR}/{name}"
+            ref = self._file_refs.get(key)
+            if ref is None:
+                data = self.store.get(key, max_bytes=MAX_BYTES)
+                ref = self._file_refs[key] = Segment(key, len(data), hashlib.sha256(data).hexdigest())
+            refs.append(ref)
+        return tuple(refs)
 
     def _baseline(self) -> WeightState | None:
         """The last committed version's bits: kept in memory, rebuilt from the store when stale.

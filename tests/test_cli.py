@@ -163,11 +163,12 @@ def load_dir(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("version", [3, 5])
 def test_replay_is_bit_exact(pub: Published, tmp_path: Path, version: int) -> None:
+    # attached after these versions were published: not part of them, so never replayed with them
     put_attachment(pub.run, "config.json", b'{"model_type": "toy"}')
     out = tmp_path / "out"
     r = aurora("replay", pub.uri, "--version", str(version), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["aurora_replay.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["aurora_replay.json", "model.safetensors"]
     got = load_dir(out)
     assert_bits_equal(got, pub.run.materialize(version))
     assert_bits_equal(got, pub.states[version])
@@ -183,9 +184,34 @@ def test_replay_is_bit_exact(pub: Published, tmp_path: Path, version: int) -> No
         m.weights_digest,
         pub.uri,
     )
-    assert (out / "config.json").read_bytes() == b'{"model_type": "toy"}'
-    assert prov["files"] == {"config.json": hashlib.sha256(b'{"model_type": "toy"}').hexdigest()}
+    assert prov["files"] == {}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directory left behind"
+
+
+def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path) -> None:
+    priv, pub_key = signing.generate_keypair()
+    (tmp_path / "k.pub").write_bytes(pub_key)
+    uri = f"file://{tmp_path}/run"
+    run = open_run(uri, signing_key=priv)
+    run.publish({"w": torch.zeros(4, dtype=torch.bfloat16)})
+    put_attachment(run, "config.json", b'{"model_type": "toy"}')
+    run.publish({"w": torch.ones(4, dtype=torch.bfloat16)})
+    assert [f.key for f in run.manifest(0).files] == []
+    assert [f.key for f in run.manifest(1).files] == ["files/config.json"]
+    out = tmp_path / "out"
+    r = aurora("replay", uri, "--version", "1", "--out", str(out), "--verify-key", str(tmp_path / "k.pub"))
+    assert r.returncode == 0, r.stderr
+    assert (out / "config.json").read_bytes() == b'{"model_type": "toy"}'
+    prov = json.loads((out / "aurora_replay.json").read_text())
+    assert prov["files"] == {"config.json": hashlib.sha256(b'{"model_type": "toy"}').hexdigest()}
+    # the file is swapped behind the manifest's back: replay and audit refuse it, naming it
+    run.store.overwrite("files/config.json", b'{"model_type": "evil"}')
+    r = aurora("replay", uri, "--version", "1", "--out", str(tmp_path / "out2"))
+    assert r.returncode == 1 and "files/config.json" in r.stderr, r.stderr
+    r = aurora("audit", uri, "--json")
+    assert r.returncode == 1
+    first = json.loads(r.stdout)["first_error"]
+    assert first["version"] == 1 and first["object"].endswith("files/config.json")
 
 
 def test_replay_sharded_index(pub: Published, tmp_path: Path) -> None:
@@ -240,12 +266,12 @@ def test_replay_qwen3_loads_in_transformers(tmp_path: Path) -> None:
     model = transformers.Qwen3ForCausalLM(config)
     sd = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     run = open_run(f"file://{tmp_path}/qwen", full_every=4)
+    config.save_pretrained(tmp_path / "cfg")
+    put_attachment(run, "config.json", (tmp_path / "cfg" / "config.json").read_bytes())
     run.publish(sd)
     sd1 = {k: v.clone() for k, v in sd.items()}
     sd1["model.layers.1.mlp.up_proj.weight"][3, :5] += 1  # a delta version, with a visible change
     assert run.publish(sd1).kind == "delta"
-    config.save_pretrained(tmp_path / "cfg")
-    put_attachment(run, "config.json", (tmp_path / "cfg" / "config.json").read_bytes())
     out = tmp_path / "hf"
     r = aurora("replay", run.uri, "--version", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr

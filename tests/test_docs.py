@@ -78,7 +78,9 @@ def test_format_spec_has_examples_and_schema_link() -> None:
 def test_fence_parser() -> None:
     text = "x\n```python\na = 1\n```\n```python no-run\nboom()\n```\n```py\nnot python\n```\n"
     assert [(n, line, code, runs) for n, line, code, runs in code_blocks(text)] == [
-        (1, 3, "a = 1\n", True), (2, 6, "boom()\n", False)]
+        (1, 3, "a = 1\n", True),
+        (2, 6, "boom()\n", False),
+    ]
 
 
 # ---------------------------------------------------------------- the manifest schema
@@ -108,10 +110,16 @@ def published_manifests(signed: bool) -> list[bytes]:
     from aurora_store.signing import generate_keypair
 
     private, public = generate_keypair() if signed else (None, None)
-    run = open_run(f"memory://aurora-docs-test/{uuid.uuid4().hex}/run", signing_key=private, verify_key=public,
-                   segment_bytes=64)
-    specs = (TensorSpec("a.bias", "F32", (16,)), TensorSpec("a.weight", "BF16", (8, 32)),
-             TensorSpec("count", "I64", (3,)), TensorSpec("mask", "BOOL", (2, 2)), TensorSpec("scalar", "F16", ()))
+    run = open_run(
+        f"memory://aurora-docs-test/{uuid.uuid4().hex}/run", signing_key=private, verify_key=public, segment_bytes=64
+    )
+    specs = (
+        TensorSpec("a.bias", "F32", (16,)),
+        TensorSpec("a.weight", "BF16", (8, 32)),
+        TensorSpec("count", "I64", (3,)),
+        TensorSpec("mask", "BOOL", (2, 2)),
+        TensorSpec("scalar", "F16", ()),
+    )
     rng = np.random.default_rng(7)
     words = {s.name: _words(rng, s) for s in specs}
     try:
@@ -177,19 +185,27 @@ HOSTILE: dict[str, Mutation] = {
     "unknown-dtype": lambda d: d["tensors"][0].update(dtype="FP32"),
     "unknown-kind": lambda d: d.update(kind="patch"),
     "wrong-format": lambda d: d.update(format="aurora/2"),
-    "delta-with-index": lambda d: d.update(index={"key": "versions/0000000001/i.json", "size": 1,
-                                                  "sha256": "0" * 64, "tensors": []}),
+    "delta-with-index": lambda d: d.update(
+        index={"key": "versions/0000000001/i.json", "size": 1, "sha256": "0" * 64, "tensors": []}
+    ),
     "no-parent": lambda d: d.update(parent=None),
     "two-streams": lambda d: _block(d, "sparse").update(streams=_block(d, "sparse")["streams"][:2]),
     "negative-start": lambda d: _block(d, "sparse").update(start=-1),
     "meta-not-string": lambda d: d.update(meta={"k": 1}),
+    "file-key-escapes": lambda d: d.update(files=[{"key": "files/../x", "size": 1, "sha256": "0" * 64, "tensors": []}]),
+    "file-key-nested": lambda d: d.update(files=[{"key": "files/a/b", "size": 1, "sha256": "0" * 64, "tensors": []}]),
+    "file-hidden-name": lambda d: d.update(
+        files=[{"key": "files/.tmp-x", "size": 1, "sha256": "0" * 64, "tensors": []}]
+    ),
     "gap-width-6": lambda d: _block(d, "sparse").update(gap_width=6),
     "key-trailing-newline": lambda d: d["segments"][0].update(key=d["segments"][0]["key"] + "\n"),
     "sha256-trailing-newline": lambda d: d["segments"][0].update(sha256=d["segments"][0]["sha256"] + "\n"),
-    "index-tensors-on-delta": lambda d: d.update(index={"key": "versions/0000000001/i.json", "size": 1,
-                                                        "sha256": "0" * 64, "tensors": [0]}),
+    "index-tensors-on-delta": lambda d: d.update(
+        index={"key": "versions/0000000001/i.json", "size": 1, "sha256": "0" * 64, "tensors": [0]}
+    ),
     "version-over-ten-digits": lambda d: d.update(version=10**10),
 }
+
 
 def _hostile(manifests: dict[bool, list[bytes]], mutate: Mutation) -> bytes:
     doc = json.loads(manifests[False][1])
@@ -198,8 +214,9 @@ def _hostile(manifests: dict[bool, list[bytes]], mutate: Mutation) -> bytes:
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_hostile_manifest_refused_by_schema_and_parser(validator: Any, manifests: dict[bool, list[bytes]],
-                                                       case: str) -> None:
+def test_hostile_manifest_refused_by_schema_and_parser(
+    validator: Any, manifests: dict[bool, list[bytes]], case: str
+) -> None:
     raw = _hostile(manifests, HOSTILE[case])
     assert not validator.is_valid(load(raw)), f"schema accepts {case}"
     with pytest.raises(StoreError):

@@ -229,6 +229,10 @@ def test_wrong_and_missing_signature(root: Root) -> None:
     assert bits_equal(reopen(root, verify_key=pub).materialize(0), hist[0])
 
 
+BOMB = zstandard.ZstdCompressor(level=3).compress(bytes(1 << 30))
+"""A frame of a few tens of KiB that declares (and would inflate to) 1 GiB."""
+
+
 def _replace_segment(run: aurora_store.Run, version: int, data: bytes, block: dict[str, Any]) -> None:
     """Plant a new segment (correctly hashed) holding one crafted block."""
     key = f"versions/{version:010d}/99999-planted.seg"
@@ -252,7 +256,7 @@ def test_decompression_bomb_declared_size(root: Root) -> None:
     run, hist = make_run(root, versions=2)
     m = run.manifest(1)
     t = next(i for i, s in enumerate(m.tensors) if s.dtype == "I64")
-    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (1 << 30))
+    bomb = BOMB
     assert len(bomb) < 100_000
     _replace_segment(run, 1, bomb, {"tensor": t, "start": 0, "stop": 20, "codec": "dense", "count": 20})
     with pytest.raises(LimitError, match="declares 1073741824 bytes, expected 160"):
