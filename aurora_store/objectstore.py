@@ -57,6 +57,7 @@ class ObjectStore:
         self.protocol = protocol if isinstance(protocol, str) else protocol[0]
         self.concurrency = max(1, int(concurrency))
         self._pool: ThreadPoolExecutor | None = None
+        self._part_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
     # ------------------------------------------------------------ paths
@@ -159,7 +160,7 @@ class ObjectStore:
         Returns exactly ``size`` bytes or raises: a shorter object is truncated, a longer one
         is not the object the manifest describes."""
         parts = [RangeRequest(key, lo, min(lo + part_bytes, size + 1)) for lo in range(0, size + 1, part_bytes)]
-        data = self.get_range(parts[0]) if len(parts) == 1 else b"".join(self.pool.map(self.get_range, parts))
+        data = self.get_range(parts[0]) if len(parts) == 1 else b"".join(self.part_pool.map(self.get_range, parts))
         if len(data) != size:
             what = "truncated" if len(data) < size else "longer than recorded"
             raise CorruptError(f"{self.url(key)} is {what}: {len(data)} bytes, manifest says {size}")
@@ -171,10 +172,20 @@ class ObjectStore:
 
     @property
     def pool(self) -> ThreadPoolExecutor:
+        """Workers for whole-object tasks (fetch, verify, decode), ``concurrency`` of them."""
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="aurora-io")
             return self._pool
+
+    @property
+    def part_pool(self) -> ThreadPoolExecutor:
+        """Workers for ranged-GET parts only. Separate from :attr:`pool`, whose tasks wait on parts:
+        sharing one pool deadlocks once every worker waits on parts queued behind it."""
+        with self._pool_lock:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="aurora-part")
+            return self._part_pool
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every object key under ``prefix`` (recursive), relative to the run root."""
@@ -191,9 +202,10 @@ class ObjectStore:
 
     def close(self) -> None:
         with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            for pool in (self._pool, self._part_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._pool = self._part_pool = None
 
 
 def _local_put_if_absent(path: str, data: bytes | memoryview) -> bool:

@@ -182,8 +182,12 @@ class Run:
             delta_bytes = sum(o.entry.size for o in objects)
             if kind == "auto" and chain_bytes + delta_bytes > full_bytes:
                 full, objects, builder = True, [], None
+        entries: list[Segment] = []
         if full:
-            objects = list(build_shards(version, specs, words, self.config.shard_bytes))
+            # shards are uploaded as they are built: never a second copy of the model in memory
+            for obj in build_shards(version, specs, words, self.config.shard_bytes):
+                self._upload(obj)
+                entries.append(obj.entry)
             digest = full_digest(specs, words)
             changed = _count_changed(base, specs, words)
         else:
@@ -192,11 +196,12 @@ class Run:
             for c in builder.changes:
                 digest.update(base.keys(c.name), c.positions, c.old, c.new)
             changed = builder.changed
-        for obj in objects:
-            self._upload(obj)
-        segments = tuple(o.entry for o in objects if not (full and o is objects[-1]))
-        index = objects[-1].entry if full else None
-        nbytes = sum(o.entry.size for o in objects)
+            for _ in self.store.map(self._upload, objects):
+                pass
+            entries = [o.entry for o in objects]
+        segments = tuple(entries[:-1]) if full else tuple(entries)
+        index = entries[-1] if full else None
+        nbytes = sum(e.size for e in entries)
         m = Manifest(
             version=version,
             kind="full" if full else "delta",

@@ -282,3 +282,13 @@ def test_full_versions_are_standard_safetensors(root: Root) -> None:
     shards = {seg.key.rsplit("/", 1)[1] for seg in m.segments}
     assert set(index["weight_map"]) == set(sd) and set(index["weight_map"].values()) == shards
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in sd.values())
+
+
+def test_many_large_objects_with_few_connections(root: Root) -> None:
+    """Objects larger than a ranged-GET part, more of them than connections: no starvation."""
+    limits = aurora_store.Limits(part_bytes=64)
+    run = open_(root, shard_bytes=1024, concurrency=2, limits=limits)
+    sd = state_dict(scale=4)
+    run.publish(sd)
+    assert len(run.manifest(0).segments) > 2
+    assert bits_equal(open_(root, concurrency=2, limits=limits).materialize(0), sd)
