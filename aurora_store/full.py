@@ -15,32 +15,41 @@ from aurora_store.manifest import Segment, TensorSpec, version_dir
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def build_shards(
-    version: int, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], shard_bytes: int
-) -> Iterator[SealedObject]:
-    """Yield safetensors shards of about ``shard_bytes`` (one tensor never splits), then the index."""
-    groups: list[list[int]] = [[]]
+def plan_shards(specs: tuple[TensorSpec, ...], shard_bytes: int) -> list[list[TensorSpec]]:
+    """Group tensors (in name order) into shards of about ``shard_bytes``; a tensor never splits.
+
+    Within a shard, wider dtypes come first so every tensor's data is aligned to its width
+    (zero-copy mmap loaders need that)."""
+    groups: list[list[TensorSpec]] = [[]]
     fill = 0
-    for i, s in enumerate(specs):
+    for s in specs:
         n = s.numel * s.width
         if groups[-1] and fill + n > shard_bytes:
             groups.append([])
             fill = 0
-        groups[-1].append(i)
+        groups[-1].append(s)
         fill += n
+    return [sorted(g, key=lambda s: (-s.width, s.name)) for g in groups]
+
+
+def build_shards(
+    version: int, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], shard_bytes: int
+) -> Iterator[SealedObject]:
+    """Yield safetensors shards of about ``shard_bytes``, each as it is built, then the index."""
+    position = {s.name: i for i, s in enumerate(specs)}
     weight_map: dict[str, str] = {}
     total = 0
+    groups = plan_shards(specs, shard_bytes)
     for g, members in enumerate(groups):
-        ordered = sorted(members, key=lambda i: (-specs[i].width, specs[i].name))  # aligned for zero-copy mmap
         data = safetensors_format.build(
-            [(specs[i].name, specs[i].dtype, specs[i].shape, words[specs[i].name]) for i in ordered],
+            [(s.name, s.dtype, s.shape, words[s.name]) for s in members],
             metadata={"format": "pt"},
         )
         key, sha = segment_key(version, g, data, "safetensors")
-        for i in members:
-            weight_map[specs[i].name] = key.rsplit("/", 1)[1]
-            total += specs[i].numel * specs[i].width
-        yield SealedObject(Segment(key, len(data), sha, tensors=tuple(members)), data)
+        for s in members:
+            weight_map[s.name] = key.rsplit("/", 1)[1]
+            total += s.numel * s.width
+        yield SealedObject(Segment(key, len(data), sha, tensors=tuple(sorted(position[s.name] for s in members))), data)
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True).encode()
     sha = hashlib.sha256(index).hexdigest()
     key = f"{version_dir(version)}/{INDEX_NAME.removesuffix('.json')}-{sha[:32]}.json"

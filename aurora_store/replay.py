@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from aurora_store import safetensors_format
 from aurora_store.errors import ConflictError, StoreError
+from aurora_store.full import plan_shards
 
 if TYPE_CHECKING:
-    from aurora_store.manifest import Manifest, TensorSpec
+    from aurora_store.manifest import Manifest
     from aurora_store.run import Run
     from aurora_store.weights import WeightState
 
@@ -95,22 +96,6 @@ def replay(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ReplayResult(out, m.version, m.version_hash, m.weights_digest, shards, total, files, skipped)
-
-
-def plan_shards(specs: tuple[TensorSpec, ...], shard_bytes: int) -> list[list[TensorSpec]]:
-    """Group tensors (in name order) into shards of about ``shard_bytes``; a tensor never splits.
-
-    Within a shard, wider dtypes come first so every tensor's data is aligned to its width."""
-    groups: list[list[TensorSpec]] = [[]]
-    fill = 0
-    for s in specs:
-        n = s.numel * s.width
-        if groups[-1] and fill + n > shard_bytes:
-            groups.append([])
-            fill = 0
-        groups[-1].append(s)
-        fill += n
-    return [sorted(g, key=lambda s: (-s.width, s.name)) for g in groups]
 
 
 def _check_target(out: str, force: bool) -> None:
