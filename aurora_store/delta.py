@@ -36,6 +36,12 @@ class Change:
     new: np.ndarray
 
 
+def exponent_of(dtype_name: str) -> sparse.Exponent:
+    """The exponent field of a sparse dtype's words, which contexts its symbol streams."""
+    dt = dtypes.dtype(dtype_name)
+    return sparse.Exponent(dt.exponent_shift, dt.exponent_bits)
+
+
 def segment_key(version: int, index: int, data: bytes, suffix: str) -> tuple[str, str]:
     """Content-addressed key: a retried publish with other bytes never collides with a crashed one."""
     sha = hashlib.sha256(data).hexdigest()
@@ -83,9 +89,9 @@ class DeltaBuilder:
             chunk = positions[lo : lo + per_block]
             stop = spec.numel if lo + per_block >= positions.size else int(chunk[-1]) + 1
             rel = chunk - start if start else chunk
-            enc = sparse.encode(rel, old[chunk], new[chunk], self.level)
+            enc = sparse.encode(rel, old[chunk], new[chunk], exponent_of(spec.dtype), self.level)
             yield from self._append(
-                enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes, enc.streams
+                enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes, enc.split, enc.streams
             )
             start = stop
 
@@ -105,11 +111,14 @@ class DeltaBuilder:
         count: int,
         gap_width: int = 0,
         escapes: int = 0,
+        split: int = 0,
         streams: tuple[int, ...] = (),
     ) -> Iterator[SealedObject]:
         if self._fill and self._fill + len(payload) > self.segment_bytes:
             yield self._seal()
-        self._blocks.append(Block(t, start, stop, codec, self._fill, len(payload), count, gap_width, escapes, streams))
+        self._blocks.append(
+            Block(t, start, stop, codec, self._fill, len(payload), count, gap_width, escapes, split, streams)
+        )
         self._parts.append(payload)
         self._fill += len(payload)
         if self._fill >= self.segment_bytes:

@@ -24,6 +24,9 @@ class DType:
     """Bytes per element."""
     sparse: bool
     """True when changed elements are coded sparsely (floating types the trainer updates)."""
+    exponent_shift: int = 0
+    exponent_bits: int = 0
+    """Where the exponent field sits in a word (sparse dtypes only): it contexts the symbol coding."""
 
     @property
     def word(self) -> np.dtype[np.unsignedinteger]:
@@ -34,9 +37,9 @@ class DType:
 _TABLE = {
     d.name: d
     for d in (
-        DType("BF16", 2, True),
-        DType("F16", 2, True),
-        DType("F32", 4, True),
+        DType("BF16", 2, True, 7, 8),
+        DType("F16", 2, True, 10, 5),
+        DType("F32", 4, True, 23, 8),
         DType("F64", 8, False),
         DType("I64", 8, False),
         DType("I32", 4, False),

@@ -105,6 +105,7 @@ class Block:
     count: int
     gap_width: int = 0
     escapes: int = 0
+    split: int = 0
     streams: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,7 +119,7 @@ class Block:
             "count": self.count,
         }
         if self.codec == "sparse":
-            d.update(gap_width=self.gap_width, escapes=self.escapes, streams=list(self.streams))
+            d.update(gap_width=self.gap_width, escapes=self.escapes, split=self.split, streams=list(self.streams))
         return d
 
 

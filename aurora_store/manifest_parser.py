@@ -260,7 +260,7 @@ def _parse_segment(
     for j, b in enumerate(r.list_(s["blocks"], f"{name}.blocks")):
         bn = f"{name}.blocks[{j}]"
         codec = b.get("codec") if isinstance(b, dict) else None
-        extra = {"gap_width", "escapes", "streams"} if codec == "sparse" else set()
+        extra = {"gap_width", "escapes", "split", "streams"} if codec == "sparse" else set()
         b = r.obj(b, bn, {"tensor", "start", "stop", "codec", "offset", "length", "count"} | extra)
         t = r.int_(b["tensor"], f"{bn}.tensor", 0, len(tensors) - 1)
         spec = tensors[t]
@@ -278,7 +278,7 @@ def _parse_segment(
             if not dtypes.dtype(spec.dtype).sparse:
                 raise r.fail(f"{bn}: sparse coding is not allowed for dtype {spec.dtype}")
             streams = tuple(r.int_(x, f"{bn}.streams", 0, length) for x in r.list_(b["streams"], f"{bn}.streams"))
-            if len(streams) != 3 or sum(streams) != length:
+            if len(streams) != 4 or sum(streams) != length:
                 raise r.fail(f"{bn}: streams {list(streams)} do not tile {length} bytes")
             blocks.append(
                 Block(
@@ -291,6 +291,7 @@ def _parse_segment(
                     count,
                     _gap_width(r, b["gap_width"], bn),
                     r.int_(b["escapes"], f"{bn}.escapes", 0, count),
+                    r.int_(b["split"], f"{bn}.split", 0, 1 << dtypes.dtype(spec.dtype).exponent_bits),
                     streams,
                 )
             )

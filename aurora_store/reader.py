@@ -18,6 +18,7 @@ import numpy as np
 
 from aurora_store import dtypes, safetensors_format, signing
 from aurora_store.codec import dense, sparse
+from aurora_store.delta import exponent_of
 from aurora_store.digest import Digest
 from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError
 from aurora_store.limits import Limits
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from aurora_store.objectstore import ObjectStore
+
+
+OldWords = Callable[[str, np.ndarray], np.ndarray]
+"""``old_at(tensor_name, flat_index) -> words`` before the version being decoded."""
 
 
 @dataclass(slots=True)
@@ -161,13 +166,18 @@ class Reader:
 
     # ------------------------------------------------------------ deltas
 
-    def decode_delta(self, m: Manifest, on_segment: Callable[[Segment], None] | None = None) -> list[DecodedBlock]:
-        """Fetch, verify and decode every segment of a delta (in parallel); nothing is applied."""
+    def decode_delta(
+        self, m: Manifest, old_at: OldWords, on_segment: Callable[[Segment], None] | None = None
+    ) -> list[DecodedBlock]:
+        """Fetch, verify and decode every segment of a delta (in parallel); nothing is applied.
+
+        ``old_at(name, flat_index)`` gives the weights' words before this version (symbol
+        streams are split by the old elements' exponents)."""
 
         def load(seg: Segment) -> list[DecodedBlock]:
             data = memoryview(self.fetch(seg))
             url = self.store.url(seg.key)
-            out = [decode_block(m, seg, b_i, data, url, self.limits) for b_i in range(len(seg.blocks))]
+            out = [decode_block(m, seg, b_i, data, url, self.limits, old_at) for b_i in range(len(seg.blocks))]
             if on_segment is not None:
                 on_segment(seg)
             return out
@@ -187,11 +197,13 @@ class Reader:
         if [s for s in state.specs] != list(m.tensors):
             raise ChainError(f"version {m.version}: tensor table differs from version {state.version}")
         if blocks is None:
-            blocks = self.decode_delta(m)
+            blocks = self.decode_delta(m, state.old_at)
         apply_blocks(state, m, blocks)
 
 
-def decode_block(m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, limits: Limits) -> DecodedBlock:
+def decode_block(
+    m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, limits: Limits, old_at: OldWords
+) -> DecodedBlock:
     b = seg.blocks[b_i]
     spec = m.tensors[b.tensor]
     what = f"{url} block {b_i} ({spec.name}[{b.start}:{b.stop}])"
@@ -206,9 +218,12 @@ def decode_block(m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str
             count=b.count,
             gap_width=b.gap_width,
             escapes=b.escapes,
-            streams=(b.streams[0], b.streams[1], b.streams[2]),
+            split=b.split,
+            streams=b.streams,
             width=width,
             span=b.stop - b.start,
+            exponent=exponent_of(spec.dtype),
+            old_at=lambda rel: old_at(spec.name, rel + b.start),
             what=what,
         )
         return DecodedBlock(spec.name, pos + b.start, delta, None)

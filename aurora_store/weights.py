@@ -30,6 +30,10 @@ class WeightState:
                 return s
         raise KeyError(name)
 
+    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Words of tensor ``name`` at flat ``index`` (what a delta decoder reads)."""
+        return self.words[name][index]
+
     def copy(self) -> WeightState:
         return WeightState(
             self.specs,

@@ -23,6 +23,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from aurora_store.codec import sparse
+from aurora_store.delta import exponent_of
 from bench.baselines import BASELINES
 
 REPEATS = 3
@@ -47,6 +48,9 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
+BF16_EXPONENT = exponent_of("BF16")
+
+
 def scan(old: Arrays, new: Arrays) -> dict[str, np.ndarray]:
     """The floor: find the changed positions of every tensor and nothing else."""
     return {k: np.flatnonzero(a.reshape(-1) != new[k].reshape(-1)) for k, a in old.items()}
@@ -58,7 +62,7 @@ def encode(old: Arrays, new: Arrays) -> dict[str, sparse.SparseBlock]:
     for name, a in old.items():
         o, n = a.reshape(-1), new[name].reshape(-1)
         pos = sparse.changed_positions(o, n)
-        out[name] = sparse.encode(pos, o[pos], n[pos])
+        out[name] = sparse.encode(pos, o[pos], n[pos], BF16_EXPONENT)
     return out
 
 
@@ -71,9 +75,12 @@ def decode_apply(blocks: dict[str, sparse.SparseBlock], target: Arrays) -> None:
             count=b.count,
             gap_width=b.gap_width,
             escapes=b.escapes,
+            split=b.split,
             streams=b.streams,
             width=t.dtype.itemsize,
             span=t.size,
+            exponent=BF16_EXPONENT,
+            old_at=t.take,
             what=name,
         )
         sparse.apply(t, 0, pos, deltas)
@@ -129,7 +136,8 @@ def measure_step(
         **baseline_bytes(positions, new),
         "dense": 2 * elements,
     }
-    streams = [sum(b.streams[i] for b in blocks.values()) for i in range(3)]
+    streams = [sum(b.streams[i] for b in blocks.values()) for i in range(4)]
+    streams = [streams[0], streams[1] + streams[2], streams[3]]
     tick()
 
     def per(x: float) -> float | None:

@@ -273,7 +273,7 @@ def test_decompression_bomb_over_the_block_cap(root: Root) -> None:
     _replace_segment(
         run,
         1,
-        frame * 3,
+        frame * 4,
         {
             "tensor": t,
             "start": 0,
@@ -282,7 +282,8 @@ def test_decompression_bomb_over_the_block_cap(root: Root) -> None:
             "count": n,
             "gap_width": 8,
             "escapes": 0,
-            "streams": [len(frame)] * 3,
+            "split": 0,
+            "streams": [len(frame)] * 4,
         },
     )
     small = aurora_store.Limits(max_block_decoded_bytes=1000)

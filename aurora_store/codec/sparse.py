@@ -1,21 +1,25 @@
 """Sparse coding of changed elements: gap-coded positions plus zigzag ULP steps.
 
 A block covers elements ``[start, stop)`` of one tensor and holds ``count`` changed
-elements as three zstd frames (see docs/FORMAT.md, "Sparse block"):
+elements as four zstd frames (see docs/FORMAT.md, "Sparse block"):
 
 1. gaps: ``pos[0]+1, pos[1]-pos[0], ...`` (positions relative to ``start``) as
    little-endian uint32 (uint64 when a gap needs it), byte-shuffled;
-2. symbols: the zigzag of the signed, wrapping difference ``new - old`` of the
-   element bits, clamped to 15, two 4-bit symbols per byte (low nibble first);
-3. escapes: for each symbol 15, ``zigzag - 15`` as a word, byte-shuffled.
+2. and 3. symbols: the zigzag of the signed, wrapping difference ``new - old`` of the
+   element bits, clamped to 15, two 4-bit symbols per byte (low nibble first), in two
+   streams: elements whose *old* exponent field is below the block's ``split``, then the
+   others. Small weights take multi-ULP steps, large ones single-ULP steps, so each
+   stream gets its own entropy table (measured: about 25% fewer symbol bytes). The
+   reader knows the old weights, so the split costs nothing to transmit;
+4. escapes: for each symbol 15, ``zigzag - 15`` as a word, byte-shuffled.
 
-An RL step moves most changed BF16 elements by one ULP, so the symbols cost about two
-bits; the differences are bit-pattern arithmetic, so the result is exact for every bit
-pattern (signed zeros, NaN payloads, infinities, subnormals). No per-element Python.
+The differences are bit-pattern arithmetic, so the result is exact for every bit pattern
+(signed zeros, NaN payloads, infinities, subnormals). No per-element Python.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +38,19 @@ class SparseBlock:
     count: int
     gap_width: int
     escapes: int
-    streams: tuple[int, int, int]
+    split: int
+    streams: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Exponent:
+    """Where a dtype keeps its exponent: ``(word >> shift) & ((1 << bits) - 1)``."""
+
+    shift: int
+    bits: int
+
+    def of(self, words: np.ndarray) -> np.ndarray:
+        return ((words >> words.dtype.type(self.shift)) & words.dtype.type((1 << self.bits) - 1)).astype(np.int64)
 
 
 def shuffle(words: np.ndarray) -> bytes:
@@ -72,7 +88,41 @@ def _unzigzag(zz: np.ndarray) -> np.ndarray:
     return (zz >> one) ^ (np.zeros_like(zz) - (zz & one))
 
 
-def encode(positions: np.ndarray, old: np.ndarray, new: np.ndarray, level: int = frames.DEFAULT_LEVEL) -> SparseBlock:
+_FRAME_COST_BITS = 48 * 8
+"""Rough cost of one more zstd frame with its entropy table, used to decide whether to split."""
+
+
+def _choose_split(exps: np.ndarray, sym: np.ndarray, bits: int) -> int:
+    """The exponent threshold that minimises the order-0 cost of the two symbol streams."""
+    if sym.size < 512:
+        return 0
+    n_exp = 1 << bits
+    hist = np.bincount(exps * 16 + sym, minlength=n_exp * 16).reshape(n_exp, 16).astype(np.float64)
+    below = np.vstack([np.zeros((1, 16)), np.cumsum(hist, axis=0)])  # row T: counts with exponent < T
+    above = below[-1] - below
+
+    def cost(c: np.ndarray) -> np.ndarray:
+        n = c.sum(axis=1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = np.where(c > 0, c * np.log2(np.where(c > 0, n / c, 1.0)), 0.0).sum(axis=1)
+        return h + _FRAME_COST_BITS * (n[:, 0] > 0)
+
+    return int(np.argmin(cost(below) + cost(above)))
+
+
+def _pack(sym: np.ndarray, level: int) -> bytes:
+    if sym.size % 2:
+        sym = np.append(sym, np.uint8(0))
+    return frames.compress((sym[0::2] | (sym[1::2] << np.uint8(4))).tobytes(), level)
+
+
+def encode(
+    positions: np.ndarray,
+    old: np.ndarray,
+    new: np.ndarray,
+    exponent: Exponent,
+    level: int = frames.DEFAULT_LEVEL,
+) -> SparseBlock:
     """Encode changed elements: ``positions`` relative to the block start, ascending and
     unique; ``old``/``new`` their word values (unsigned, same dtype, all different)."""
     count = int(positions.size)
@@ -82,18 +132,30 @@ def encode(positions: np.ndarray, old: np.ndarray, new: np.ndarray, level: int =
     zz = _zigzag(new - old)
     sym = np.minimum(zz, ESCAPE).astype(np.uint8)
     esc_words = zz[sym == ESCAPE] - zz.dtype.type(ESCAPE)
-    if count % 2:
-        sym = np.append(sym, np.uint8(0))
-    packed = sym[0::2] | (sym[1::2] << np.uint8(4))
-    sym_frame = frames.compress(packed.tobytes(), level)
+    exps = exponent.of(old)
+    split = _choose_split(exps, sym, exponent.bits)
+    below = exps < split
+    low_frame = _pack(sym[below], level)
+    high_frame = _pack(sym[~below], level)
     esc_frame = frames.compress(shuffle(esc_words), level)
     return SparseBlock(
-        payload=gap_frame + sym_frame + esc_frame,
+        payload=gap_frame + low_frame + high_frame + esc_frame,
         count=count,
         gap_width=gap_width,
         escapes=int(esc_words.size),
-        streams=(len(gap_frame), len(sym_frame), len(esc_frame)),
+        split=split,
+        streams=(len(gap_frame), len(low_frame), len(high_frame), len(esc_frame)),
     )
+
+
+def _unpack(raw: bytes, n: int, what: str) -> np.ndarray:
+    packed = np.frombuffer(raw, np.uint8)
+    sym = np.empty(packed.size * 2, np.uint8)
+    sym[0::2] = packed & np.uint8(15)
+    sym[1::2] = packed >> np.uint8(4)
+    if n % 2 and sym[-1] != 0:
+        raise CorruptError(f"{what}: padding nibble is not zero")
+    return sym[:n]
 
 
 def decode(
@@ -102,28 +164,34 @@ def decode(
     count: int,
     gap_width: int,
     escapes: int,
-    streams: tuple[int, int, int],
+    split: int,
+    streams: tuple[int, ...],
     width: int,
     span: int,
+    exponent: Exponent,
+    old_at: Callable[[np.ndarray], np.ndarray],
     what: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decode a block into (positions relative to its start, wrapping word deltas).
 
-    Every length is checked against the caller's expectations before anything is
-    allocated; a payload that decodes to positions outside ``[0, span)``, repeated
-    positions or zero deltas is corrupt."""
+    ``old_at(positions)`` returns the old words at block-relative positions (the reader's
+    weights before this version): the symbol streams are split by their exponents. Every
+    length is checked before anything is allocated; positions outside ``[0, span)``,
+    repeated positions or zero deltas are corrupt."""
     if gap_width not in (4, 8):
         raise CorruptError(f"{what}: gap width {gap_width}, expected 4 or 8")
     if not 0 <= escapes <= count <= span:
         raise CorruptError(f"{what}: {count} changes with {escapes} escapes over {span} elements")
-    if len(streams) != 3 or sum(streams) != len(payload) or min(streams) < 0:
+    if not 0 <= split <= 1 << exponent.bits:
+        raise CorruptError(f"{what}: split {split} outside [0, {1 << exponent.bits}]")
+    if len(streams) != 4 or sum(streams) != len(payload) or min(streams) < 0:
         raise CorruptError(f"{what}: stream lengths {list(streams)} do not tile a {len(payload)}-byte payload")
     view = memoryview(payload)
-    a, b = streams[0], streams[0] + streams[1]
-    gaps = unshuffle(frames.decompress(view[:a], count * gap_width, f"{what} gaps"), gap_width)
-    packed = np.frombuffer(frames.decompress(view[a:b], (count + 1) // 2, f"{what} symbols"), np.uint8)
-    esc_raw = frames.decompress(view[b:], escapes * width, f"{what} escapes")
+    ends = np.cumsum(streams).tolist()
+    gaps = unshuffle(frames.decompress(view[: ends[0]], count * gap_width, f"{what} gaps"), gap_width)
     if count == 0:
+        for i, name in ((1, "symbols"), (2, "symbols"), (3, "escapes")):
+            frames.decompress(view[ends[i - 1] : ends[i]], 0, f"{what} {name}")
         return np.empty(0, np.int64), np.empty(0, f"<u{width}")
     if int(gaps.min()) < 1:
         raise CorruptError(f"{what}: positions are not strictly increasing (a zero gap)")
@@ -132,15 +200,18 @@ def decode(
     positions = np.cumsum(gaps.astype(np.int64)) - 1
     if int(positions[-1]) >= span:
         raise CorruptError(f"{what}: position {int(positions[-1])} outside a block of {span} elements")
-    sym = np.empty(packed.size * 2, np.uint8)
-    sym[0::2] = packed & np.uint8(15)
-    sym[1::2] = packed >> np.uint8(4)
-    if count % 2 and sym[-1] != 0:
-        raise CorruptError(f"{what}: padding nibble is not zero")
-    sym = sym[:count]
+    below = exponent.of(old_at(positions)) < split
+    n_low = int(np.count_nonzero(below))
+    low = _unpack(frames.decompress(view[ends[0] : ends[1]], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
+    n_high = count - n_low
+    high = _unpack(frames.decompress(view[ends[1] : ends[2]], (n_high + 1) // 2, f"{what} symbols"), n_high, what)
+    sym = np.empty(count, np.uint8)
+    sym[below] = low
+    sym[~below] = high
     escaped = sym == ESCAPE
     if int(np.count_nonzero(escaped)) != escapes:
         raise CorruptError(f"{what}: {int(np.count_nonzero(escaped))} escape symbols, manifest says {escapes}")
+    esc_raw = frames.decompress(view[ends[2] :], escapes * width, f"{what} escapes")
     zz = sym.astype(f"<u{width}")
     if escapes:
         esc = unshuffle(esc_raw, width)
