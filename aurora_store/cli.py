@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     b = bench.add_parser("codec", add_help=False, help="size and speed of the sparse BF16 codec; see --help")
     b.set_defaults(handler=cmd_bench_codec)
+
+    for ep in entry_points(group="aurora.commands"):  # the roles' commands (aurora relay, ...)
+        ep.load()(sub)
 
     p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.key (private, 0600) and PREFIX.pub")

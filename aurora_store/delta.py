@@ -60,9 +60,15 @@ class DeltaBuilder:
     _blocks: list[Block] = field(default_factory=list)
     _fill: int = 0
     _sealed: int = 0
+    _sealed_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._index = {s.name: i for i, s in enumerate(self.specs)}
+
+    @property
+    def encoded_bytes(self) -> int:
+        """Bytes of every block encoded so far (sealed or not)."""
+        return self._sealed_bytes + self._fill
 
     @property
     def changed(self) -> int:
@@ -130,6 +136,7 @@ class DeltaBuilder:
         obj = SealedObject(Segment(key, len(data), sha, blocks=tuple(self._blocks)), data)
         self._parts, self._blocks, self._fill = [], [], 0
         self._sealed += 1
+        self._sealed_bytes += len(data)
         return obj
 
     def finish(self) -> Iterator[SealedObject]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -29,6 +30,14 @@ from aurora_store.weights import WeightState, full_digest
 
 if TYPE_CHECKING:
     import torch
+
+
+class Announcer(Protocol):
+    """Where a publisher says what it has uploaded: segments before the manifest, then the commit."""
+
+    def segment(self, version: int, entry: Segment) -> None: ...
+
+    def commit(self, manifest: Manifest) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,8 @@ class Run:
         self.reader = Reader(self.store, self.config.limits, vk)
         self._base: WeightState | None = None
         self._file_refs: dict[str, Segment] = {}
+        self.announcer: Announcer | None = None
+        """Told of each uploaded segment and each commit (cut-through relays listen to it)."""
 
     @property
     def uri(self) -> str:
@@ -170,24 +181,19 @@ class Run:
         chain_bytes = 0 if base is None else self._chain_bytes(base.version)
         full_bytes = sum(s.numel * s.width for s in specs)
         full = base is None or kind == "full" or (kind == "auto" and version % self.config.full_every == 0)
-        objects: list[SealedObject] = []
         builder = None
+        entries: list[Segment] = []
         if not full:
             assert base is not None
-            builder = DeltaBuilder(version, specs, self.config.segment_bytes)
-            for s in specs:
-                for obj in builder.add_tensor(s, base.words[s.name], words[s.name]):
-                    objects.append(obj)
-            objects.extend(builder.finish())
-            delta_bytes = sum(o.entry.size for o in objects)
-            if kind == "auto" and chain_bytes + delta_bytes > full_bytes:
-                full, objects, builder = True, [], None
-        entries: list[Segment] = []
+            builder, entries = self._stream_delta(version, specs, base, words, kind, chain_bytes, full_bytes)
+            full = builder is None
         if full:
             # shards are uploaded as they are built: never a second copy of the model in memory
             for obj in build_shards(version, specs, words, self.config.shard_bytes):
                 self._upload(obj)
                 entries.append(obj.entry)
+                if self.announcer is not None and obj.entry.key.endswith(".safetensors"):
+                    self.announcer.segment(version, obj.entry)
             digest = full_digest(specs, words)
             changed = _count_changed(base, specs, words)
         else:
@@ -196,9 +202,6 @@ class Run:
             for c in builder.changes:
                 digest.update(base.keys(c.name), c.positions, c.old, c.new)
             changed = builder.changed
-            for _ in self.store.map(self._upload, objects):
-                pass
-            entries = [o.entry for o in objects]
         segments = tuple(entries[:-1]) if full else tuple(entries)
         index = entries[-1] if full else None
         nbytes = sum(e.size for e in entries)
@@ -224,6 +227,8 @@ class Run:
                 "another publisher; reload and publish again"
             )
         self._advance(base, m, specs, words, builder, digest)
+        if self.announcer is not None:
+            self.announcer.commit(m)
         return VersionInfo(
             version,
             m.kind,
@@ -232,11 +237,55 @@ class Run:
             m.stats.elements,
             m.version_hash,
             m.weights_digest,
-            len(objects),
+            len(entries),
             time.perf_counter() - t0,
         )
 
     # ------------------------------------------------------------ internals
+
+    def _stream_delta(
+        self,
+        version: int,
+        specs: tuple[TensorSpec, ...],
+        base: WeightState,
+        words: dict[str, np.ndarray],
+        kind: str,
+        chain_bytes: int,
+        full_bytes: int,
+    ) -> tuple[DeltaBuilder | None, list[Segment]]:
+        """Cut-through: each sealed segment uploads (and is announced) on a worker while
+        extraction goes on, so a delta costs about max(extract, upload), not their sum.
+
+        Returns (None, []) when the auto policy finds mid-way that the chain would outgrow a
+        full copy; segments already uploaded then belong to no manifest and are ignored."""
+        builder = DeltaBuilder(version, specs, self.config.segment_bytes)
+        pending: list[Future[None]] = []
+        entries: list[Segment] = []
+
+        def ship(obj: SealedObject) -> None:
+            self._upload(obj)
+            if self.announcer is not None:
+                self.announcer.segment(version, obj.entry)
+
+        def submit(obj: SealedObject) -> None:
+            entries.append(obj.entry)
+            pending.append(self.store.pool.submit(ship, obj))
+
+        abandoned = False
+        try:
+            for s in specs:
+                for obj in builder.add_tensor(s, base.words[s.name], words[s.name]):
+                    submit(obj)
+                if kind == "auto" and chain_bytes + builder.encoded_bytes > full_bytes:
+                    abandoned = True
+                    break
+            if not abandoned:
+                for obj in builder.finish():
+                    submit(obj)
+        finally:
+            for f in pending:
+                f.result()  # re-raises the first upload error
+        return (None, []) if abandoned else (builder, entries)
 
     def _upload(self, obj: SealedObject) -> None:
         sha = obj.entry.sha256

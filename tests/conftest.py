@@ -110,3 +110,52 @@ def root(request: pytest.FixtureRequest, tmp_path: Any) -> Root:
 @pytest.fixture
 def mem_uri() -> str:
     return f"memory://aurora-tests/{uuid.uuid4().hex}/run"
+
+
+@dataclass
+class RedisServer:
+    """A real ``redis-server`` on a free port, that a test can kill and restart (state lost)."""
+
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed")
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                return
+            except redis.RedisError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same port: every key is gone."""
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(free_port())
+    server.start()
+    yield server
+    server.kill()

@@ -1,0 +1,196 @@
+"""Relay worker: one destination region, fed cut-through from a source region.
+
+Segments are copied as soon as they are announced (before their manifest exists), each
+verified at the destination by reading it back; a version's manifest is written last,
+byte for byte the source's, only after every object it names is verified there; then the
+region's version advances in Redis. Crash-safe and idempotent: objects are written with
+put-if-absent and never rewritten, objects already present are verified and skipped, and
+on start the relay backfills every committed version the destination lacks. No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from aurora_store.coord import CoordinationError, Coordinator
+from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
+from aurora_store.limits import Limits
+from aurora_store.manifest import Manifest, Segment, check_key, manifest_key
+from aurora_store.objectstore import ObjectStore
+from aurora_store.reader import Reader
+
+log = logging.getLogger("aurora.relay")
+
+
+@dataclass(slots=True)
+class RelayStats:
+    copied: int = 0
+    """Objects copied source -> destination (the cross-region transfers)."""
+    skipped: int = 0
+    """Objects found already at the destination and verified there."""
+    bytes: int = 0
+    """Bytes copied across regions."""
+    versions: list[int] = field(default_factory=list)
+    """Versions this relay committed at the destination."""
+
+
+class Relay:
+    """Copies a run from ``source`` to ``dest``; ``dest_region`` names the destination in Redis."""
+
+    def __init__(
+        self,
+        source: ObjectStore,
+        dest: ObjectStore,
+        coord: Coordinator | None,
+        *,
+        source_region: str,
+        dest_region: str,
+        limits: Limits | None = None,
+        verify_key: object = None,
+    ) -> None:
+        from aurora_store import signing
+
+        vk = signing.load_verify_key(verify_key) if verify_key is not None else None  # type: ignore[arg-type]
+        self.source, self.dest, self.coord = source, dest, coord
+        self.source_region, self.dest_region = source_region, dest_region
+        self.limits = limits or Limits()
+        self.src = Reader(source, self.limits, vk)
+        self.dst = Reader(dest, self.limits, vk)
+        self.stats = RelayStats()
+        self._verified: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ objects
+
+    def copy_object(self, entry: Segment) -> None:
+        """Make ``entry`` present and verified at the destination; never rewrite an object."""
+        ident = (entry.key, entry.sha256)
+        with self._lock:
+            if ident in self._verified:
+                return
+        if self.dest.exists(entry.key):
+            self._verify_dest(entry)  # a corrupt object here is refused, never overwritten
+            with self._lock:
+                self._verified.add(ident)
+                self.stats.skipped += 1
+            return
+        data = self.src.fetch(entry)  # verified at the source before it crosses the WAN
+        self.dest.put_if_absent(entry.key, data)  # False: a concurrent relay won; verified below either way
+        self._verify_dest(entry)
+        with self._lock:
+            self._verified.add(ident)
+            self.stats.copied += 1
+            self.stats.bytes += entry.size
+
+    def _verify_dest(self, entry: Segment) -> None:
+        try:
+            self.dst.fetch(entry)
+        except CorruptError as exc:
+            if self.coord is not None:
+                self.coord.report("relay", self.dest_region, -1, self.dest.url(entry.key), str(exc))
+            raise
+
+    # ------------------------------------------------------------ versions
+
+    def copy_version(self, version: int) -> bool:
+        """Copy one committed version; True if this call committed it at the destination."""
+        if self.dest.exists(manifest_key(version)):
+            m = self.dst.manifest(version)
+            self._advance(m)
+            return False
+        raw = self.source.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
+        m = self.src.manifest(version)  # parsed, hash- and signature-checked
+        if m.parent is not None and not self.dest.exists(manifest_key(m.parent.version)):
+            raise ChainError(
+                f"{self.dest.url(manifest_key(version))}: parent version {m.parent.version} "
+                "is not at the destination yet; versions are committed in order"
+            )
+        objects = list(m.objects) + list(m.files)
+        for _ in self.dest.map(self.copy_object, objects):
+            pass
+        if self.dest.put_if_absent(manifest_key(version), raw):
+            with self._lock:
+                self.stats.versions.append(version)
+        elif self.dest.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes) != raw:
+            raise CorruptError(f"{self.dest.url(manifest_key(version))} differs from the source's manifest")
+        self._advance(m)
+        return True
+
+    def _advance(self, m: Manifest) -> None:
+        if self.coord is not None:
+            self.coord.commit(self.dest_region, m.version, m.version_hash, m.kind)
+
+    def backfill(self) -> list[int]:
+        """Copy every committed source version the destination lacks, in order; returns them."""
+        have = set(self.dst.versions())
+        done = []
+        for v in self.src.versions():
+            if v not in have:
+                self.copy_version(v)
+                done.append(v)
+        latest = self.dst.versions()
+        if latest and self.coord is not None:
+            self._advance(self.dst.manifest(latest[-1]))
+        return done
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event, *, block_ms: int = 1000, rescan_s: float = 30.0) -> None:
+        """Serve until ``stop`` is set: backfill, then copy announced segments and commits as they come."""
+        coord = self.coord
+        if coord is None:
+            raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
+        wid = coord.register("relay", self.dest_region, info={"source": self.source.uri, "dest": self.dest.uri})
+        after = coord.last_event_id(self.source_region)
+        self.backfill()
+        last_scan, need_scan = time.monotonic(), False
+        while not stop.is_set():
+            try:
+                if need_scan or time.monotonic() - last_scan > rescan_s:
+                    # events may have been lost (Redis restarted, or this relay missed some):
+                    # the buckets are the truth, and Redis is rebuilt from them
+                    self.backfill()
+                    coord.rebuild(self.source_region, self.src)
+                    coord.rebuild(self.dest_region, self.dst)
+                    coord.register(
+                        "relay",
+                        self.dest_region,
+                        worker_id=wid,
+                        info={"source": self.source.uri, "dest": self.dest.uri},
+                    )
+                    last_scan, need_scan = time.monotonic(), False
+                coord.heartbeat(wid)
+                events = coord.events(self.source_region, after, block_ms=block_ms)
+            except CoordinationError as exc:
+                log.warning("relay %s: %s; retrying", self.dest_region, exc)
+                need_scan = True
+                stop.wait(1.0)
+                continue
+            for e in events:
+                after = e.id
+                try:
+                    self._handle(e.type, e.version, e.fields)
+                except (MissingError, ChainError) as exc:
+                    log.info("relay %s: %s; will catch up by scanning", self.dest_region, exc)
+                    need_scan = True
+        coord.unregister(wid)
+
+    def _handle(self, kind: str, version: int, fields: dict[str, str]) -> None:
+        if kind == "segment":
+            # announcements come from Redis, not a signed manifest: the key must still stay in its version
+            entry = Segment(
+                check_key(fields["key"], version, "announced segment"), int(fields["size"]), fields["sha256"]
+            )
+            if entry.size > self.limits.max_segment_bytes:
+                raise CorruptError(f"announced segment {entry.key} is {entry.size} bytes, over the cap")
+            self.copy_object(entry)
+        elif kind == "commit":
+            for v in range(self._next_version(), version + 1):
+                self.copy_version(v)
+
+    def _next_version(self) -> int:
+        have = self.dst.versions()
+        return have[-1] + 1 if have else 0

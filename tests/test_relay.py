@@ -1,0 +1,234 @@
+"""Relays as real `aurora relay` processes: backfill, cut-through, crash safety, two tiers, Redis loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aurora_store
+from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.manifest import manifest_key
+from aurora_store.objectstore import ObjectStore
+from relay.worker import Relay
+from tests.conftest import RedisServer
+from tests.helpers import bits_equal, state_dict, step
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def aurora(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def publish(uri: str, n: int, *, coord: Coordinator | None = None, start: int = 0, **kw: Any) -> list[dict[str, Any]]:
+    run = aurora_store.open_run(uri, full_every=3, segment_bytes=512, **kw)
+    if coord is not None:
+        run.announcer = RegionAnnouncer(coord, "home")
+    hist = []
+    sd = step(state_dict(), 1000 + start) if start else state_dict()
+    for i in range(start, start + n):
+        run.publish(sd)
+        hist.append(sd)
+        sd = step(sd, i)
+    return hist
+
+
+def objects_of(uri: str, version: int) -> list[str]:
+    run = aurora_store.open_run(uri)
+    m = run.manifest(version)
+    return [o.key for o in m.objects]
+
+
+def test_once_backfills_and_is_idempotent(tmp_path: Path) -> None:
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    hist = publish(home, 5)
+    r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["copied_versions"] == [0, 1, 2, 3, 4] and out["objects_skipped"] == 0
+    dest = aurora_store.open_run(eu)
+    assert dest.versions() == [0, 1, 2, 3, 4]
+    for v, sd in enumerate(hist):
+        assert bits_equal(dest.materialize(v), sd)
+        assert dest.store.get(manifest_key(v), max_bytes=1 << 20) == aurora_store.open_run(home).store.get(
+            manifest_key(v), max_bytes=1 << 20
+        )
+    again = json.loads(aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once").stdout)
+    assert again == {"copied_versions": [], "objects_copied": 0, "objects_skipped": 0, "bytes": 0}
+
+
+def test_restart_after_a_crash_mid_copy_reuses_verified_objects(tmp_path: Path) -> None:
+    """A relay died after copying some segments of a version: no manifest there, and the
+    restarted relay copies only what is missing."""
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    hist = publish(home, 3)
+    src, dst = ObjectStore(home), ObjectStore(eu)
+    relay = Relay(src, dst, None, source_region="home", dest_region="eu")
+    relay.copy_version(0)
+    relay.copy_version(1)
+    m2 = aurora_store.open_run(home).manifest(2)
+    assert len(m2.segments) >= 2
+    for seg in m2.segments[: len(m2.segments) // 2]:
+        relay.copy_object(seg)  # ... and then the process died
+    half = len(m2.segments) // 2
+    assert aurora_store.open_run(eu).versions() == [0, 1], "no manifest before all its segments"
+    r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
+    out = json.loads(r.stdout)
+    assert out["copied_versions"] == [2]
+    assert out["objects_skipped"] == half and out["objects_copied"] == len(m2.objects) - half
+    assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
+
+
+def test_corrupt_object_at_the_destination_is_refused_not_overwritten(tmp_path: Path) -> None:
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    publish(home, 2)
+    key = objects_of(home, 1)[0]
+    ObjectStore(eu).overwrite(key, b"garbage")
+    r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
+    assert r.returncode == 1 and key in r.stderr and "Traceback" not in r.stderr
+    assert aurora_store.open_run(eu).versions() == [0]
+    assert ObjectStore(eu).get(key, max_bytes=100) == b"garbage"
+
+
+class RelayProcess:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aurora_store.cli", "relay", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return err
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def relays() -> Iterator[Callable[..., RelayProcess]]:
+    started: list[RelayProcess] = []
+
+    def start(*args: str) -> RelayProcess:
+        started.append(RelayProcess(*args))
+        return started[-1]
+
+    yield start
+    for r in started:
+        if r.proc.poll() is None:
+            r.kill()
+
+
+class ManifestWatcher(threading.Thread):
+    """Checks, while relays run, that every manifest at a destination has all its objects there."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        self.store = ObjectStore(uri)
+        self.stop = threading.Event()
+        self.violations: list[str] = []
+        self.checks = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            keys = set(self.store.list_keys("versions"))
+            for k in [k for k in keys if k.endswith("manifest.json")]:
+                doc = json.loads(self.store.get(k, max_bytes=1 << 24))
+                objs = [s["key"] for s in doc["segments"]] + ([doc["index"]["key"]] if doc["index"] else [])
+                missing = [o for o in objs if o not in keys and not self.store.exists(o)]
+                if missing:
+                    self.violations.append(f"{k} committed before {missing}")
+            self.checks += 1
+            time.sleep(0.01)
+
+
+def test_live_relays_cut_through_and_two_tiers(
+    tmp_path: Path, redis_server: RedisServer, relays: Callable[..., RelayProcess]
+) -> None:
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    home, eu, ap = (f"file://{tmp_path}/{r}/{run_id}" for r in ("home", "eu", "ap"))
+    coord = Coordinator(redis_server.url, run_id)
+    hist = publish(home, 1, coord=coord)  # version 0 exists before the relays start: they backfill it
+    watcher = ManifestWatcher(eu)
+    watcher.start()
+    relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
+    relays("--source", eu, "--dest", ap, "--redis", redis_server.url, "--source-region", "eu", "--dest-region", "ap")
+    wait_for(
+        lambda: (coord.region_version("ap") or aurora_store.coord.RegionVersion(-1, "", "")).version == 0,
+        "version 0 in ap",
+    )
+    hist += publish(home, 4, coord=coord, start=1)
+    home_run = aurora_store.open_run(home)
+    latest = home_run.manifest(4)
+    for region, uri in (("eu", eu), ("ap", ap)):
+        wait_for(
+            lambda r=region: (coord.region_version(r) or aurora_store.coord.RegionVersion(-1, "", "")).version == 4,
+            f"version 4 in {region}",
+        )
+        rv = coord.region_version(region)
+        assert rv is not None and rv.version_hash == latest.version_hash
+        dest = aurora_store.open_run(uri)
+        assert dest.versions() == [0, 1, 2, 3, 4]
+        for v in range(5):
+            assert bits_equal(dest.materialize(v), hist[v])
+    watcher.stop.set()
+    watcher.join()
+    assert watcher.checks > 0 and not watcher.violations
+    workers = coord.workers()
+    assert sorted(w["region"] for w in workers.values() if w["role"] == "relay") == ["ap", "eu"]
+
+
+def test_relay_survives_redis_losing_its_state(
+    tmp_path: Path, redis_server: RedisServer, relays: Callable[..., RelayProcess]
+) -> None:
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    home, eu = f"file://{tmp_path}/home/{run_id}", f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    hist = publish(home, 2, coord=coord)
+    relay = relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
+    wait_for(lambda: aurora_store.open_run(eu).versions() == [0, 1], "versions 0-1 in eu")
+    redis_server.restart()  # every key, stream and registration is gone
+    assert coord.region_version("eu") is None
+    hist += publish(home, 2, coord=coord, start=2)  # the trainer goes on; its events land in an empty Redis
+    wait_for(
+        lambda: aurora_store.open_run(eu).versions() == [0, 1, 2, 3], "versions 2-3 in eu after the restart", timeout=90
+    )
+    wait_for(
+        lambda: (coord.region_version("eu") or aurora_store.coord.RegionVersion(-1, "", "")).version == 3,
+        "eu's version rebuilt in Redis",
+        timeout=90,
+    )
+    assert relay.proc.poll() is None, relay.stop()
+    assert bits_equal(aurora_store.open_run(eu).materialize(3), hist[3])
+
+
+def test_relay_never_imports_torch() -> None:
+    code = "import sys, relay.worker, relay.cli, aurora_store.coord; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=dict(os.environ))
+    assert out.stdout.strip() == "False", out.stderr
