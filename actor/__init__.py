@@ -1,1 +1,1 @@
-"""AuroraRL actor role (arrives with its issue)."""
+"""The actor role: rollout engines, version staging and safe-point apply, the worker loop."""

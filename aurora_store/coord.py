@@ -168,6 +168,12 @@ class Coordinator:
             out[wid] = json.loads(doc)
         return out
 
+    def update_worker(self, worker_id: str, **fields: Any) -> None:
+        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration."""
+        doc = self._call(self.r.hget, self.key("workers"), worker_id)
+        merged = {**(json.loads(doc) if doc else {}), **fields}
+        self._call(self.r.hset, self.key("workers"), worker_id, json.dumps(merged))
+
     def unregister(self, worker_id: str) -> None:
         self._call(self.r.hdel, self.key("workers"), worker_id)
         self._call(self.r.delete, self.key("hb", worker_id))

@@ -1,0 +1,61 @@
+"""``python -m actor.follow``: a weight-sync-only actor that follows its region's versions.
+
+It bootstraps, then stages each new version as soon as Redis announces it and applies it
+at once (there is no engine between batches here). Used by the multi-process tests and as
+the smallest example of the updater; the RL worker loop drives the same Updater.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+
+from actor.updater import Updater
+from aurora_store.coord import Coordinator
+from aurora_store.run import open_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m actor.follow", description=__doc__)
+    p.add_argument("--store", required=True, help="this region's run URI")
+    p.add_argument("--region", required=True)
+    p.add_argument("--redis", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--fallback", help="home run URI to read a version from when the region's copy is bad")
+    p.add_argument("--connections", type=int, default=8, help="parallel ranged GETs")
+    p.add_argument("--storage-options", type=json.loads, default={})
+    args = p.parse_args(argv)
+    coord = Coordinator(args.redis, args.run_id)
+    run = open_run(args.store, storage_options=args.storage_options, concurrency=args.connections)
+    fallback = open_run(args.fallback) if args.fallback else None
+    up = Updater(run, region=args.region, coord=coord, fallback=fallback, worker_id=args.worker_id)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    coord.register("actor", args.region, worker_id=args.worker_id)
+    held = up.bootstrap()
+    coord.update_worker(
+        args.worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest
+    )
+    after = coord.last_event_id(args.region)
+    while not stop.is_set():
+        coord.heartbeat(args.worker_id)
+        events = coord.events(args.region, after, block_ms=500)
+        if events:
+            after = events[-1].id
+        latest = up.latest()
+        if latest is not None and up.held is not None and latest > up.held.version:
+            up.stage(latest)
+            held = up.apply() or held
+            coord.update_worker(
+                args.worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest
+            )
+    coord.unregister(args.worker_id)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Actor-side weight sync: learn of versions, stage them while generating, apply at a safe point.
+
+The updater holds a mapping of HF names to live torch tensors (any device) and the
+version they are at. ``stage()`` fetches the cheapest path to the region's latest
+version (deltas, or the nearest full plus deltas) with parallel ranged GETs, verifies
+every segment and every version's weight digest, and keeps the result in a
+:class:`~actor.staging.Staging` while generation goes on. ``apply()`` then writes it
+into the live tensors in place under the write side of a readers-writer lock: a batch
+(reader) never sees a half-applied model, and if anything fails before the write the
+live weights stay exactly at the old version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from actor.rwlock import ReadWriteLock
+from actor.staging import Staging
+from aurora_store.coord import Coordinator
+from aurora_store.digest import Digest
+from aurora_store.errors import ChainError, CorruptError, LayoutError, MissingError, StoreError
+from aurora_store.manifest import Manifest, TensorSpec
+from aurora_store.run import Run
+from aurora_store.tensors import from_words, to_words
+from aurora_store.weights import full_digest
+
+log = logging.getLogger("aurora.actor")
+
+T = TypeVar("T")
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    version: int
+    version_hash: str
+    weights_digest: str
+
+
+class Updater:
+    """Keeps one actor's live weights in sync with its region's bucket."""
+
+    def __init__(
+        self,
+        run: Run,
+        *,
+        region: str,
+        coord: Coordinator | None = None,
+        fallback: Run | None = None,
+        device: str | torch.device = "cpu",
+        worker_id: str = "actor",
+    ) -> None:
+        self.run = run
+        self.region = region
+        self.coord = coord
+        self.fallback = fallback
+        self.device = torch.device(device)
+        self.worker_id = worker_id
+        self.weights: dict[str, torch.Tensor] = {}
+        self.specs: tuple[TensorSpec, ...] = ()
+        self.held: Held | None = None
+        self.lock = ReadWriteLock()
+        self._digest = Digest()
+        self._staged: Staging | None = None
+        self._stage_lock = threading.Lock()
+
+    # ------------------------------------------------------------ discovery
+
+    def latest(self) -> int | None:
+        """The region's committed version: from Redis, else from the bucket."""
+        if self.coord is not None:
+            try:
+                rv = self.coord.region_version(self.region)
+                if rv is not None:
+                    return rv.version
+            except StoreError as exc:
+                log.warning("actor %s: %s; listing the bucket instead", self.worker_id, exc)
+        return self.run.latest()
+
+    # ------------------------------------------------------------ bootstrap
+
+    def bootstrap(self, version: int | None = None) -> Held:
+        """Load ``version`` (latest when None) as new live tensors: nearest full plus deltas."""
+        state = self.run.materialize_words(version if version is not None else self.latest())
+        with self.lock.write():
+            self.weights = {s.name: from_words(s, state.words[s.name]).to(self.device) for s in state.specs}
+            self.specs = state.specs
+            self._digest = state.digest
+            self.held = Held(state.version, state.version_hash, state.digest.hex())
+        return self.held
+
+    # ------------------------------------------------------------ staging
+
+    def _live(self, name: str, index: np.ndarray) -> np.ndarray:
+        flat = self._flat(self.weights[name])
+        got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
+        return got.view(f"<u{got.dtype.itemsize}")
+
+    @staticmethod
+    def _flat(t: torch.Tensor) -> torch.Tensor:
+        return t.view(-1).view(_INT[t.element_size()])
+
+    def plan(self, target: int) -> list[Manifest]:
+        """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch)."""
+        assert self.held is not None
+        reader = self.run.reader
+        path = [reader.manifest(v) for v in range(self.held.version + 1, target + 1)]
+        fulls = [i for i, m in enumerate(path) if m.kind == "full"]
+        if fulls:
+            via_full = path[fulls[-1] :]
+            if sum(m.stats.bytes for m in via_full) <= sum(m.stats.bytes for m in path) or any(
+                m.tensors != self.specs for m in path[: fulls[-1] + 1]
+            ):
+                return via_full
+        return path
+
+    def stage(self, target: int | None = None) -> Staging | None:
+        """Fetch, verify and decode up to ``target`` (latest when None) without touching live weights."""
+        if self.held is None:
+            raise StoreError("stage() needs a held version: call bootstrap() first")
+        target = self.latest() if target is None else target
+        with self._stage_lock:
+            staged = self._staged
+            start = staged.version if staged is not None else self.held.version
+            if target is None or target <= start:
+                return staged
+            if staged is None:
+                staged = Staging(
+                    self.held.version,
+                    self.held.version_hash,
+                    self.held.version,
+                    self.held.version_hash,
+                    self._digest.copy(),
+                )
+            plan = (
+                self.plan(target)
+                if staged.version == self.held.version
+                else [self.run.reader.manifest(v) for v in range(staged.version + 1, target + 1)]
+            )
+            work = Staging(
+                staged.base_version,
+                staged.base_hash,
+                staged.version,
+                staged.version_hash,
+                staged.digest.copy(),
+                dict(staged.changes),
+                staged.full,
+            )
+            for m in plan:
+                self._stage_one(work, m)
+            self._staged = work
+            return work
+
+    def _stage_one(self, work: Staging, m: Manifest) -> None:
+        if m.kind == "full":
+            if m.tensors != self.specs:
+                raise LayoutError(f"version {m.version} changes the tensor layout; reload the engine to follow it")
+            state = self._with_fallback(m, lambda run: run.reader.load_full(m))
+            work.full, work.changes = state.words, {}
+            work.version, work.version_hash, work.digest = m.version, m.version_hash, state.digest
+            return
+
+        def old_at(name: str, index: np.ndarray) -> np.ndarray:
+            return work.words_at(self._live, name, index)
+
+        blocks = self._with_fallback(m, lambda run: run.reader.decode_delta(m, old_at))
+        work.add_version(m, blocks, self._live)
+
+    def _with_fallback(self, m: Manifest, fn: Callable[[Run], T]) -> T:
+        """Run ``fn`` on the region's bucket; on a corrupt or missing object, report it, retry once,
+        then read the version from the fallback (home) bucket if one is configured."""
+        try:
+            return fn(self.run)
+        except (CorruptError, MissingError) as exc:
+            self._report(m.version, exc)
+            try:
+                return fn(self.run)
+            except (CorruptError, MissingError) as exc2:
+                if self.fallback is None:
+                    raise
+                log.warning("actor %s: %s; reading version %d from the fallback", self.worker_id, exc2, m.version)
+                return fn(self.fallback)
+
+    def _report(self, version: int, exc: StoreError) -> None:
+        if self.coord is not None:
+            with contextlib.suppress(StoreError):
+                self.coord.report(self.worker_id, self.region, version, _object_of(str(exc)), str(exc))
+
+    # ------------------------------------------------------------ apply
+
+    def apply(self) -> Held | None:
+        """Switch the live weights to the staged version, in place, as one transaction."""
+        with self._stage_lock:
+            staged = self._staged
+            if staged is None or self.held is None or staged.version == self.held.version:
+                return None
+            # everything that can fail has been checked while staging; the writes below cannot fail
+            updates = []
+            for name, (idx, words) in staged.changes.items():
+                t = self.weights[name]
+                flat = self._flat(t)
+                updates.append(
+                    (
+                        flat,
+                        torch.from_numpy(idx).to(flat.device),
+                        torch.from_numpy(
+                            words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words
+                        ).to(flat.device),
+                    )
+                )
+            with self.lock.write():
+                if staged.full is not None:
+                    for s in self.specs:
+                        self.weights[s.name].copy_(from_words(s, staged.full[s.name]))
+                for flat, idx_t, val_t in updates:
+                    flat[idx_t] = val_t
+                self._digest = staged.digest
+                self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
+            self._staged = None
+            if self.coord is not None:
+                with contextlib.suppress(StoreError):
+                    self.coord.update_worker(self.worker_id, version=staged.version, version_hash=staged.version_hash)
+            return self.held
+
+    # ------------------------------------------------------------ checks
+
+    def live_digest(self) -> str:
+        """The digest of the live weights, computed from scratch (O(model)); for audits and tests."""
+        with self.lock.read():
+            specs, words = to_words({k: v.detach().cpu() for k, v in self.weights.items()})
+        return full_digest(specs, words).hex()
+
+    @property
+    def staged(self) -> Staging | None:
+        return self._staged
+
+
+def _object_of(message: str) -> str:
+    """The object URL a store error names (its first word ending in a colon), for reports."""
+    head = message.split(" ", 1)[0].rstrip(":")
+    return head if "://" in head else ""
+
+
+__all__ = ["Held", "Updater", "ChainError"]

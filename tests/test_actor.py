@@ -1,0 +1,210 @@
+"""The actor updater: bootstrap, cheapest catch-up, staging while generating, transactional apply."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import aurora_store
+from actor.updater import Updater
+from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.errors import CorruptError
+from aurora_store.tensors import to_words
+from aurora_store.weights import full_digest
+from tests.conftest import RedisServer
+from tests.helpers import bits_equal, state_dict, step
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def publish(run: aurora_store.Run, n: int, start: int = 0, lr: float = 3e-5) -> list[dict[str, torch.Tensor]]:
+    hist = []
+    sd = state_dict(scale=4) if start == 0 else step(state_dict(scale=4), 5000 + start)
+    for i in range(start, start + n):
+        run.publish(sd)
+        hist.append(sd)
+        sd = step(sd, i, lr=lr)
+    return hist
+
+
+def digest_of(weights: dict[str, torch.Tensor]) -> str:
+    specs, words = to_words({k: v.detach().cpu() for k, v in weights.items()})
+    return full_digest(specs, words).hex()
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> aurora_store.Run:
+    return aurora_store.open_run(f"file://{tmp_path}/region/run", full_every=50, segment_bytes=256)
+
+
+def test_bootstrap_stage_apply(run: aurora_store.Run) -> None:
+    hist = publish(run, 6, lr=3e-6)  # a few % of elements change per step, as in RL fine-tuning
+    up = Updater(run, region="eu")
+    held = up.bootstrap(2)
+    assert (held.version, held.version_hash, held.weights_digest) == (
+        2,
+        run.manifest(2).version_hash,
+        run.manifest(2).weights_digest,
+    )
+    assert bits_equal(up.weights, hist[2]) and up.live_digest() == held.weights_digest
+    staged = up.stage()
+    assert staged is not None and staged.version == 5
+    assert bits_equal(up.weights, hist[2]), "staging never touches the live weights"
+    # staging holds the union of the changed elements (position + new word each), not a second model
+    union = 0
+    for name in hist[0]:
+        words = [to_words({name: hist[v][name]})[1][name] for v in (2, 3, 4, 5)]
+        union += int(((words[0] != words[1]) | (words[1] != words[2]) | (words[2] != words[3])).sum())
+    assert staged.changed == union > 0
+    assert staged.nbytes <= union * (8 + 8)
+    held = up.apply()
+    assert held is not None and held.version == 5
+    assert bits_equal(up.weights, hist[5]) and up.live_digest() == run.manifest(5).weights_digest
+    assert up.apply() is None  # nothing staged
+
+
+def test_catch_up_takes_the_cheapest_path(tmp_path: Path) -> None:
+    run = aurora_store.open_run(f"file://{tmp_path}/r", full_every=4, segment_bytes=256)
+    hist = publish(run, 8, lr=3e-3)  # big steps: a full copy is cheaper than a long chain
+    up = Updater(run, region="eu")
+    up.bootstrap(1)
+    plan = up.plan(7)
+    chain = [run.manifest(v) for v in range(2, 8)]
+    last_full = max(m.version for m in chain if m.kind == "full")
+    assert [m.version for m in plan] == list(range(last_full, 8))
+    assert sum(m.stats.bytes for m in plan) <= sum(m.stats.bytes for m in chain)
+    up.stage(7)
+    up.apply()
+    assert bits_equal(up.weights, hist[7])
+    up2 = Updater(run, region="eu")
+    up2.bootstrap(last_full)
+    assert [m.version for m in up2.plan(7)] == list(range(last_full + 1, 8))  # only deltas after a full
+
+
+def test_failed_staging_leaves_live_weights_alone(tmp_path: Path, redis_server: RedisServer) -> None:
+    home = aurora_store.open_run(f"file://{tmp_path}/home/run", segment_bytes=256)
+    hist = publish(home, 4)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aurora_store.cli",
+            "relay",
+            "--source",
+            home.uri,
+            "--dest",
+            f"file://{tmp_path}/eu/run",
+            "--dest-region",
+            "eu",
+            "--once",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    region = aurora_store.open_run(f"file://{tmp_path}/eu/run")
+    seg = region.manifest(3).segments[0]
+    region.store.overwrite(seg.key, b"corrupt" + region.store.get(seg.key, max_bytes=1 << 20)[7:])
+    coord = Coordinator(redis_server.url, "exp")
+    up = Updater(region, region="eu", coord=coord, worker_id="a1")
+    up.bootstrap(1)
+    before = up.live_digest()
+    with pytest.raises(CorruptError, match=seg.key):
+        up.stage(3)
+    assert up.held is not None and up.held.version == 1 and up.live_digest() == before
+    assert up.apply() is None
+    reports = list(coord.reports())
+    assert reports and reports[0]["worker"] == "a1" and seg.key in reports[0]["object"]
+    # with the home bucket as a fallback, the same actor re-fetches and goes on
+    up.fallback = home
+    up.stage(3)
+    up.apply()
+    assert bits_equal(up.weights, hist[3])
+
+
+def test_readers_only_ever_see_whole_versions(run: aurora_store.Run) -> None:
+    hist = publish(run, 12, lr=1e-4)
+    whole = {run.manifest(v).weights_digest for v in range(12)}
+    up = Updater(run, region="eu")
+    up.bootstrap(0)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def checker() -> None:
+        while not stop.is_set():
+            with up.lock.read():  # a generation batch
+                seen.append(digest_of(up.weights))
+
+    t = threading.Thread(target=checker)
+    t.start()
+    try:
+        for v in range(1, 12):
+            up.stage(v)
+            up.apply()
+    finally:
+        stop.set()
+        t.join()
+    assert seen and set(seen) <= whole, "a reader saw a half-applied model"
+    assert bits_equal(up.weights, hist[11])
+
+
+def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: RedisServer) -> None:
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    uri = f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    run = aurora_store.open_run(uri, segment_bytes=256)
+    run.announcer = RegionAnnouncer(coord, "eu")
+    publish(run, 2)
+    args = [
+        sys.executable,
+        "-m",
+        "actor.follow",
+        "--store",
+        uri,
+        "--region",
+        "eu",
+        "--redis",
+        redis_server.url,
+        "--run-id",
+        run_id,
+        "--worker-id",
+        "actor-1",
+        "--connections",
+        "4",
+    ]
+
+    def held() -> Any:
+        return coord.workers().get("actor-1", {}).get("version")
+
+    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: held() == 1, "the actor to hold version 1")
+        hist = publish(run, 3, start=2)
+        proc.kill()  # mid-run: it may be anywhere in fetching, staging or applying
+        proc.wait(10)
+        hist += publish(run, 2, start=5)
+        proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: held() == 6, "the restarted actor to reach version 6")
+        info = coord.workers()["actor-1"]
+        m = run.manifest(6)
+        assert (info["version_hash"], info["digest"]) == (m.version_hash, m.weights_digest)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert hist
