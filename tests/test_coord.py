@@ -1,0 +1,101 @@
+"""Coordination on a real redis-server and on the embedded server: one behaviour, one code path."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from aurora_store.coord import CoordinationError, Coordinator
+from aurora_store.embedded_redis import EmbeddedRedis
+from aurora_store.errors import StoreError
+from aurora_store.manifest import Segment
+from tests.conftest import RedisServer, free_port
+
+
+@pytest.fixture(params=["redis-server", "embedded"])
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "embedded":
+        with EmbeddedRedis() as server:
+            yield server.url
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        yield server.url
+
+
+def test_versions_advance_atomically_and_never_back(redis_url: str) -> None:
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    assert c.region_version("eu") is None
+    assert c.commit("eu", 3, "a" * 64, "delta")
+    assert not c.commit("eu", 2, "b" * 64, "delta")  # stale: ignored, no event
+    assert not c.commit("eu", 3, "c" * 64, "delta")
+    rv = c.region_version("eu")
+    assert rv is not None and (rv.version, rv.version_hash) == (3, "a" * 64)
+    events = c.events("eu", "0-0", block_ms=10)
+    assert [(e.type, e.version) for e in events] == [("commit", 3)]
+
+
+def test_announcements_wake_waiting_workers(redis_url: str) -> None:
+    import threading
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    after = c.last_event_id("home")
+    seg = Segment("versions/0000000004/00000-" + "0" * 32 + ".seg", 123, "f" * 64)
+    threading.Timer(0.2, c.announce_segment, args=("home", 4, seg)).start()
+    t0 = time.monotonic()
+    events = c.events("home", after, block_ms=5000)
+    assert time.monotonic() - t0 < 4, "a blocked reader wakes on the announcement, not on its timeout"
+    assert [(e.type, e.version, e.fields["key"], e.fields["size"]) for e in events] == [("segment", 4, seg.key, "123")]
+
+
+def test_workers_register_heartbeat_and_expire(redis_url: str) -> None:
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    a = c.register("actor", "eu", ttl_s=0.3, info={"gpu": "A10"})
+    b = c.register("relay", "eu", ttl_s=30)
+    c.update_worker(a, version=7)
+    assert c.workers()[a] == {**c.workers()[a], "role": "actor", "gpu": "A10", "version": 7}
+    deadline = time.monotonic() + 10
+    while a in c.workers():
+        assert time.monotonic() < deadline, "heartbeat did not expire"
+        time.sleep(0.05)
+    assert b in c.workers() and a in c.workers(alive_only=False)
+    c.report(b, "eu", 7, "s3://x/versions/0000000007/a.seg", "sha256 mismatch")
+    assert [r["object"] for r in c.reports()] == ["s3://x/versions/0000000007/a.seg"]
+
+
+def test_password_protected_redis() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "s3cret"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ok = Coordinator(f"redis://:s3cret@127.0.0.1:{port}/0", "exp")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                ok.ping()
+                break
+            except CoordinationError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert ok.commit("home", 0, "a" * 64, "full")
+        with pytest.raises(CoordinationError) as err:
+            Coordinator(f"redis://:wrong@127.0.0.1:{port}/0", "exp").ping()
+        assert "wrong" not in str(err.value), "passwords never appear in errors"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_bad_urls_and_unreachable_servers() -> None:
+    with pytest.raises(StoreError, match="run id"):
+        Coordinator("redis://127.0.0.1:1/0", "has space")
+    with pytest.raises(CoordinationError, match="bad Redis URL"):
+        Coordinator("http://nope", "exp")
+    with pytest.raises(CoordinationError, match="127.0.0.1:1"):
+        Coordinator("redis://127.0.0.1:1/0", "exp").ping()
