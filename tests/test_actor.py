@@ -5,9 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +19,9 @@ from aurora_store.errors import CorruptError
 from aurora_store.tensors import to_words
 from aurora_store.weights import full_digest
 from tests.conftest import RedisServer
-from tests.helpers import bits_equal, state_dict, step
+from tests.helpers import bits_equal, state_dict, step, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def publish(run: aurora_store.Run, n: int, start: int = 0, lr: float = 3e-5) -> list[dict[str, torch.Tensor]]:

@@ -22,7 +22,7 @@ from aurora_store.manifest import manifest_key
 from aurora_store.objectstore import ObjectStore
 from relay.worker import Relay
 from tests.conftest import RedisServer
-from tests.helpers import bits_equal, state_dict, step
+from tests.helpers import bits_equal, state_dict, step, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,13 +31,6 @@ def aurora(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def publish(uri: str, n: int, *, coord: Coordinator | None = None, start: int = 0, **kw: Any) -> list[dict[str, Any]]:
