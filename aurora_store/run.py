@@ -9,6 +9,7 @@ the nearest full version plus deltas, verifying every byte on the way.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
@@ -30,6 +31,8 @@ from aurora_store.weights import WeightState, full_digest
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("aurora.store")
 
 
 class Announcer(Protocol):
@@ -165,6 +168,8 @@ class Run:
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
     ) -> VersionInfo:
+        """:meth:`publish` for callers that already hold bit patterns (flat little-endian word
+        arrays, as :func:`aurora_store.tensors.to_words` makes them): benchmarks, sharded ranks."""
         if kind not in ("auto", "full", "delta"):
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
         t0 = time.perf_counter()
@@ -192,8 +197,7 @@ class Run:
             for obj in build_shards(version, specs, words, self.config.shard_bytes):
                 self._upload(obj)
                 entries.append(obj.entry)
-                if self.announcer is not None and obj.entry.key.endswith(".safetensors"):
-                    self.announcer.segment(version, obj.entry)
+                self._announce("segment", version, obj.entry)
             digest = full_digest(specs, words)
             changed = _count_changed(base, specs, words)
         else:
@@ -227,8 +231,7 @@ class Run:
                 "another publisher; reload and publish again"
             )
         self._advance(base, m, specs, words, builder, digest)
-        if self.announcer is not None:
-            self.announcer.commit(m)
+        self._announce("commit", m)
         return VersionInfo(
             version,
             m.kind,
@@ -264,8 +267,7 @@ class Run:
 
         def ship(obj: SealedObject) -> None:
             self._upload(obj)
-            if self.announcer is not None:
-                self.announcer.segment(version, obj.entry)
+            self._announce("segment", version, obj.entry)
 
         def submit(obj: SealedObject) -> None:
             entries.append(obj.entry)
@@ -286,6 +288,16 @@ class Run:
             for f in pending:
                 f.result()  # re-raises the first upload error
         return (None, []) if abandoned else (builder, entries)
+
+    def _announce(self, what: str, *args: Any) -> None:
+        """Best effort: coordination never blocks or fails a publish. Relays and actors that miss
+        an announcement find the version by scanning the buckets."""
+        if self.announcer is None:
+            return
+        try:
+            getattr(self.announcer, what)(*args)
+        except StoreError as exc:
+            log.warning("%s: could not announce %s: %s", self.uri, what, exc)
 
     def _upload(self, obj: SealedObject) -> None:
         sha = obj.entry.sha256

@@ -225,3 +225,16 @@ def test_relay_never_imports_torch() -> None:
     code = "import sys, relay.worker, relay.cli, aurora_store.coord; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_publishing_does_not_depend_on_redis(tmp_path: Path) -> None:
+    """With Redis down the trainer still commits; relays find the versions in the bucket."""
+    from tests.conftest import free_port
+
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    dead = Coordinator(f"redis://127.0.0.1:{free_port()}/0", "exp")
+    hist = publish(home, 3, coord=dead)
+    assert aurora_store.open_run(home).versions() == [0, 1, 2]
+    r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
+    assert json.loads(r.stdout)["copied_versions"] == [0, 1, 2]
+    assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
