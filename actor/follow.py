@@ -8,12 +8,13 @@ the smallest example of the updater; the RL worker loop drives the same Updater.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import threading
 
-from actor.updater import Updater
-from aurora_store.coord import Coordinator
+from actor.updater import Held, Updater
+from aurora_store.coord import CoordinationError, Coordinator
 from aurora_store.run import open_run
 
 
@@ -35,26 +36,34 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    coord.register("actor", args.region, worker_id=args.worker_id)
     held = up.bootstrap()
-    coord.update_worker(
-        args.worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest
-    )
-    after = coord.last_event_id(args.region)
+    after, registered = "0-0", False
     while not stop.is_set():
-        coord.heartbeat(args.worker_id)
-        events = coord.events(args.region, after, block_ms=500)
-        if events:
-            after = events[-1].id
-        latest = up.latest()
-        if latest is not None and up.held is not None and latest > up.held.version:
+        try:
+            if not registered:  # first time, and again after Redis lost its state
+                coord.register("actor", args.region, worker_id=args.worker_id)
+                _report(coord, args.worker_id, held)
+                after, registered = coord.last_event_id(args.region), True
+            coord.heartbeat(args.worker_id)
+            events = coord.events(args.region, after, block_ms=500)
+            if events:
+                after = events[-1].id
+        except CoordinationError:
+            registered = False  # Redis is down or restarted: keep following the bucket meanwhile
+            stop.wait(0.5)
+        latest = up.latest()  # the region's version in Redis, or the bucket's when Redis has none
+        if latest is not None and latest > held.version:
             up.stage(latest)
             held = up.apply() or held
-            coord.update_worker(
-                args.worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest
-            )
-    coord.unregister(args.worker_id)
+            with contextlib.suppress(CoordinationError):
+                _report(coord, args.worker_id, held)
+    with contextlib.suppress(CoordinationError):
+        coord.unregister(args.worker_id)
     return 0
+
+
+def _report(coord: Coordinator, worker_id: str, held: Held) -> None:
+    coord.update_worker(worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest)
 
 
 if __name__ == "__main__":

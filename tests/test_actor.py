@@ -199,3 +199,43 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
         proc.kill()
         proc.wait(10)
     assert hist
+
+
+def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: RedisServer) -> None:
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    uri = f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    run = aurora_store.open_run(uri, segment_bytes=256)
+    run.announcer = RegionAnnouncer(coord, "eu")
+    publish(run, 2)
+    args = [
+        sys.executable,
+        "-m",
+        "actor.follow",
+        "--store",
+        uri,
+        "--region",
+        "eu",
+        "--redis",
+        redis_server.url,
+        "--run-id",
+        run_id,
+        "--worker-id",
+        "actor-2",
+    ]
+    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+    def held() -> Any:
+        return coord.workers().get("actor-2", {}).get("version")
+
+    try:
+        wait_for(lambda: held() == 1, "the actor to hold version 1")
+        redis_server.restart()  # registrations, versions and events are gone
+        publish(run, 2, start=2)  # the region moves on; only the bucket knows everything
+        wait_for(lambda: held() == 3, "the actor to re-register and reach version 3 after the restart")
+        assert coord.workers()["actor-2"]["version_hash"] == run.manifest(3).version_hash
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    assert "Traceback" not in err, err
