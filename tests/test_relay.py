@@ -238,3 +238,74 @@ def test_publishing_does_not_depend_on_redis(tmp_path: Path) -> None:
     r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
     assert json.loads(r.stdout)["copied_versions"] == [0, 1, 2]
     assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
+
+
+def test_relay_process_killed_mid_copy(tmp_path: Path, s3_server: Any) -> None:
+    """A real relay process copying over a slow link is killed with SIGKILL mid-version: the
+    destination has some segments and no manifest; the restarted relay copies only the rest."""
+    from bench.wan import Link, WanProxy
+
+    bucket = s3_server.new_bucket()
+    home = f"s3://{bucket}/run"
+    hist = publish(home, 1, storage_options=s3_server.options())
+    run = aurora_store.open_run(home, storage_options=s3_server.options(), segment_bytes=256)
+    big = step(hist[0], 77, lr=3e-4)  # many changed elements: a delta of many small segments
+    run.publish(big)
+    n_objects = len(run.manifest(1).objects)
+    assert n_objects >= 10
+    eu = f"file://{tmp_path}/eu/run"
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    with WanProxy(host, int(port), Link(rtt_s=0.05, bandwidth_bps=2e5)) as slow:  # 25 kB/s
+        opts = {**s3_server.options(), "client_kwargs": {"endpoint_url": slow.endpoint, "region_name": "us-east-1"}}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "aurora_store.cli",
+                "relay",
+                "--source",
+                home,
+                "--dest",
+                eu,
+                "--dest-region",
+                "eu",
+                "--once",
+                "--concurrency",
+                "2",
+                "--source-options",
+                json.dumps(opts),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        dest = ObjectStore(eu)
+
+        def copied() -> list[str]:
+            return [k for k in dest.list_keys("versions/0000000001") if not k.endswith("manifest.json")]
+
+        try:
+            wait_for(lambda: len(copied()) >= 2 or proc.poll() is not None, "the relay to copy a few segments")
+        finally:
+            proc.kill()
+            proc.wait(10)
+    before = copied()
+    assert 2 <= len(before) < n_objects, "killed mid-version"
+    assert aurora_store.open_run(eu).versions() == [0], "no manifest before all its objects"
+    r = aurora(
+        "relay",
+        "--source",
+        home,
+        "--dest",
+        eu,
+        "--dest-region",
+        "eu",
+        "--once",
+        "--source-options",
+        json.dumps(s3_server.options()),
+    )
+    out = json.loads(r.stdout)
+    assert out["copied_versions"] == [1]
+    assert out["objects_skipped"] >= len(before) and out["objects_copied"] == n_objects - out["objects_skipped"]
+    assert bits_equal(aurora_store.open_run(eu).materialize(1), big)
