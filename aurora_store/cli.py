@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     b = bench.add_parser("codec", add_help=False, help="size and speed of the sparse BF16 codec; see --help")
     b.set_defaults(handler=cmd_bench_codec)
+    b = bench.add_parser(
+        "transfer", add_help=False, help="time to apply a version in every region over emulated WANs; see --help"
+    )
+    b.set_defaults(handler=cmd_bench_transfer)
 
     for ep in entry_points(group="aurora.commands"):  # the roles' commands (aurora relay, ...)
         ep.load()(sub)
@@ -315,6 +319,16 @@ def cmd_bench_codec(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog=f"{PROG} bench codec", description=codec.__doc__)
     codec.add_arguments(parser)
     return int(codec.run(parser.parse_args(args.extra)) or 0)
+
+
+def cmd_bench_transfer(args: argparse.Namespace) -> int:
+    try:
+        from bench import transfer
+    except ImportError as exc:
+        raise CommandError(f"the transfer benchmark is not available ({exc})") from None
+    parser = argparse.ArgumentParser(prog=f"{PROG} bench transfer", description=transfer.__doc__)
+    transfer.add_arguments(parser)
+    return int(transfer.run(parser.parse_args(args.extra)) or 0)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

@@ -6,13 +6,10 @@ Every test that needs a store gets a fresh, unique root on memory://, file:// or
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,59 +17,13 @@ from typing import Any
 
 import pytest
 
+from bench.s3 import S3Server, start_moto
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class S3Server:
-    endpoint: str
-    process: subprocess.Popen[bytes]
-
-    def options(self) -> dict[str, Any]:
-        return {
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
-            "use_listings_cache": False,
-        }
-
-    def new_bucket(self) -> str:
-        import boto3
-
-        name = f"b-{uuid.uuid4().hex[:20]}"
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
-        client.create_bucket(Bucket=name)
-        return name
-
-
-def start_moto() -> S3Server:
-    port = free_port()
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
-            return S3Server(endpoint, proc)
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")
