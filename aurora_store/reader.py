@@ -77,6 +77,10 @@ class Reader:
         """The verified manifest of ``version`` (parsed, hash-checked, signature-checked)."""
         if version in self._manifests:
             return self._manifests[version]
+        return self.manifest_with_bytes(version)[0]
+
+    def manifest_with_bytes(self, version: int) -> tuple[Manifest, bytes]:
+        """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET."""
         key = manifest_key(version)
         data = self.store.get(key, max_bytes=self.limits.max_manifest_bytes)
         m = Manifest.from_bytes(
@@ -89,7 +93,7 @@ class Reader:
         if self.verify_key is not None:
             signing.verify(m, self.verify_key, self.store.url(key))
         self._manifests[version] = m
-        return m
+        return m, data
 
     def chain(self, version: int) -> list[Manifest]:
         """Manifests from the nearest full version up to ``version``, parent hashes checked."""

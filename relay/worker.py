@@ -101,8 +101,7 @@ class Relay:
             m = self.dst.manifest(version)
             self._advance(m)
             return False
-        raw = self.source.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
-        m = self.src.manifest(version)  # parsed, hash- and signature-checked
+        m, raw = self.src.manifest_with_bytes(version)  # one GET: parsed, hash- and signature-checked
         if m.parent is not None and not self.dest.exists(manifest_key(m.parent.version)):
             raise ChainError(
                 f"{self.dest.url(manifest_key(version))}: parent version {m.parent.version} "
