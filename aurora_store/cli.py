@@ -72,12 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (print JSON with --json)")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    b = bench.add_parser("codec", add_help=False, help="size and speed of the sparse BF16 codec; see --help")
-    b.set_defaults(handler=cmd_bench_codec)
-    b = bench.add_parser(
-        "transfer", add_help=False, help="time to apply a version in every region over emulated WANs; see --help"
-    )
-    b.set_defaults(handler=cmd_bench_transfer)
+    for name, about in (
+        ("codec", "size and speed of the sparse BF16 codec; see --help"),
+        ("transfer", "time to apply a version in every region over emulated WANs; see --help"),
+    ):
+        bench.add_parser(name, add_help=False, help=about).set_defaults(handler=cmd_bench)
 
     for ep in entry_points(group="aurora.commands"):  # the roles' commands (aurora relay, ...)
         ep.load()(sub)
@@ -311,24 +310,17 @@ def _audit_table(result: Any) -> None:
 # ---------------------------------------------------------------- bench, keygen
 
 
-def cmd_bench_codec(args: argparse.Namespace) -> int:
-    try:
-        from bench import codec
-    except ImportError as exc:
-        raise CommandError(f"the codec benchmark is not available ({exc})") from None
-    parser = argparse.ArgumentParser(prog=f"{PROG} bench codec", description=codec.__doc__)
-    codec.add_arguments(parser)
-    return int(codec.run(parser.parse_args(args.extra)) or 0)
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``bench.<name>``: each benchmark module adds its own arguments and runs them."""
+    import importlib
 
-
-def cmd_bench_transfer(args: argparse.Namespace) -> int:
     try:
-        from bench import transfer
+        module = importlib.import_module(f"bench.{args.bench}")
     except ImportError as exc:
-        raise CommandError(f"the transfer benchmark is not available ({exc})") from None
-    parser = argparse.ArgumentParser(prog=f"{PROG} bench transfer", description=transfer.__doc__)
-    transfer.add_arguments(parser)
-    return int(transfer.run(parser.parse_args(args.extra)) or 0)
+        raise CommandError(f"the {args.bench} benchmark is not available ({exc})") from None
+    parser = argparse.ArgumentParser(prog=f"{PROG} bench {args.bench}", description=module.__doc__)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(args.extra)) or 0)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
