@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +156,27 @@ def test_readers_only_ever_see_whole_versions(run: aurora_store.Run) -> None:
     assert bits_equal(up.weights, hist[11])
 
 
-def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: RedisServer) -> None:
+@dataclass
+class FollowedRegion:
+    """A region bucket with an announcing publisher, and the command of an `actor.follow` process for it."""
+
+    run: aurora_store.Run
+    coord: Coordinator
+    args: list[str]
+    worker_id: str
+
+    def held(self) -> Any:
+        return self.coord.workers().get(self.worker_id, {}).get("version")
+
+    def start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+
+def followed_region(tmp_path: Path, redis_url: str, worker_id: str, *extra: str) -> FollowedRegion:
+    """Versions 0-1 published to a region, announced in Redis, ready for an actor to follow."""
     run_id = f"exp-{uuid.uuid4().hex[:6]}"
     uri = f"file://{tmp_path}/eu/{run_id}"
-    coord = Coordinator(redis_server.url, run_id)
+    coord = Coordinator(redis_url, run_id)
     run = aurora_store.open_run(uri, segment_bytes=256)
     run.announcer = RegionAnnouncer(coord, "eu")
     publish(run, 2)
@@ -171,27 +189,28 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
         "--region",
         "eu",
         "--redis",
-        redis_server.url,
+        redis_url,
         "--run-id",
         run_id,
         "--worker-id",
-        "actor-1",
-        "--connections",
-        "4",
+        worker_id,
+        *extra,
     ]
+    return FollowedRegion(run, coord, args, worker_id)
 
-    def held() -> Any:
-        return coord.workers().get("actor-1", {}).get("version")
 
-    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
+def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: RedisServer) -> None:
+    region = followed_region(tmp_path, redis_server.url, "actor-1", "--connections", "4")
+    run, coord = region.run, region.coord
+    proc = region.start()
     try:
-        wait_for(lambda: held() == 1, "the actor to hold version 1")
+        wait_for(lambda: region.held() == 1, "the actor to hold version 1")
         hist = publish(run, 3, start=2)
         proc.kill()  # mid-run: it may be anywhere in fetching, staging or applying
         proc.wait(10)
         hist += publish(run, 2, start=5)
-        proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: held() == 6, "the restarted actor to reach version 6")
+        proc = region.start()
+        wait_for(lambda: region.held() == 6, "the restarted actor to reach version 6")
         info = coord.workers()["actor-1"]
         m = run.manifest(6)
         assert (info["version_hash"], info["digest"]) == (m.version_hash, m.weights_digest)
@@ -202,37 +221,14 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
 
 
 def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: RedisServer) -> None:
-    run_id = f"exp-{uuid.uuid4().hex[:6]}"
-    uri = f"file://{tmp_path}/eu/{run_id}"
-    coord = Coordinator(redis_server.url, run_id)
-    run = aurora_store.open_run(uri, segment_bytes=256)
-    run.announcer = RegionAnnouncer(coord, "eu")
-    publish(run, 2)
-    args = [
-        sys.executable,
-        "-m",
-        "actor.follow",
-        "--store",
-        uri,
-        "--region",
-        "eu",
-        "--redis",
-        redis_server.url,
-        "--run-id",
-        run_id,
-        "--worker-id",
-        "actor-2",
-    ]
-    proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True)
-
-    def held() -> Any:
-        return coord.workers().get("actor-2", {}).get("version")
-
+    region = followed_region(tmp_path, redis_server.url, "actor-2")
+    run, coord = region.run, region.coord
+    proc = region.start()
     try:
-        wait_for(lambda: held() == 1, "the actor to hold version 1")
+        wait_for(lambda: region.held() == 1, "the actor to hold version 1")
         redis_server.restart()  # registrations, versions and events are gone
         publish(run, 2, start=2)  # the region moves on; only the bucket knows everything
-        wait_for(lambda: held() == 3, "the actor to re-register and reach version 3 after the restart")
+        wait_for(lambda: region.held() == 3, "the actor to re-register and reach version 3 after the restart")
         assert coord.workers()["actor-2"]["version_hash"] == run.manifest(3).version_hash
         assert proc.poll() is None
     finally:
