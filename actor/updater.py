@@ -22,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from actor.live import LiveWeights, TensorWeights
 from actor.rwlock import ReadWriteLock
 from actor.staging import Staging
 from aurora_store.coord import Coordinator
@@ -29,13 +30,11 @@ from aurora_store.digest import Digest
 from aurora_store.errors import ChainError, CorruptError, LayoutError, MissingError, StoreError
 from aurora_store.manifest import Manifest, TensorSpec
 from aurora_store.run import Run
-from aurora_store.tensors import from_words, to_words
 from aurora_store.weights import full_digest
 
 log = logging.getLogger("aurora.actor")
 
 T = TypeVar("T")
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +56,7 @@ class Updater:
         fallback: Run | None = None,
         device: str | torch.device = "cpu",
         worker_id: str = "actor",
+        live: LiveWeights | None = None,
     ) -> None:
         self.run = run
         self.region = region
@@ -64,7 +64,7 @@ class Updater:
         self.fallback = fallback
         self.device = torch.device(device)
         self.worker_id = worker_id
-        self.weights: dict[str, torch.Tensor] = {}
+        self.live: LiveWeights = live if live is not None else TensorWeights(device=self.device)
         self.specs: tuple[TensorSpec, ...] = ()
         self.held: Held | None = None
         self.lock = ReadWriteLock()
@@ -91,7 +91,7 @@ class Updater:
         """Load ``version`` (latest when None) as new live tensors: nearest full plus deltas."""
         state = self.run.materialize_words(version if version is not None else self.latest())
         with self.lock.write():
-            self.weights = {s.name: from_words(s, state.words[s.name]).to(self.device) for s in state.specs}
+            self.live.load(state.specs, state.words)
             self.specs = state.specs
             self._digest = state.digest
             self.held = Held(state.version, state.version_hash, state.digest.hex())
@@ -99,14 +99,15 @@ class Updater:
 
     # ------------------------------------------------------------ staging
 
-    def _live(self, name: str, index: np.ndarray) -> np.ndarray:
-        flat = self._flat(self.weights[name])
-        got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
-        return got.view(f"<u{got.dtype.itemsize}")
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The live tensors by HF name, when they are held as plain tensors."""
+        if not isinstance(self.live, TensorWeights):
+            raise StoreError("this updater's live weights are an engine's own layout, not HF-named tensors")
+        return self.live.tensors
 
-    @staticmethod
-    def _flat(t: torch.Tensor) -> torch.Tensor:
-        return t.view(-1).view(_INT[t.element_size()])
+    def _live(self, name: str, index: np.ndarray) -> np.ndarray:
+        return self.live.read(name, index)
 
     def plan(self, target: int) -> list[Manifest]:
         """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch)."""
@@ -202,26 +203,12 @@ class Updater:
             staged = self._staged
             if staged is None or self.held is None or staged.version == self.held.version:
                 return None
-            # everything that can fail has been checked while staging; the writes below cannot fail
-            updates = []
-            for name, (idx, words) in staged.changes.items():
-                t = self.weights[name]
-                flat = self._flat(t)
-                updates.append(
-                    (
-                        flat,
-                        torch.from_numpy(idx).to(flat.device),
-                        torch.from_numpy(
-                            words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words
-                        ).to(flat.device),
-                    )
-                )
+            # everything that can fail has been checked while staging or is done by prepare()
+            prepared = self.live.prepare(staged.changes)
             with self.lock.write():
                 if staged.full is not None:
-                    for s in self.specs:
-                        self.weights[s.name].copy_(from_words(s, staged.full[s.name]))
-                for flat, idx_t, val_t in updates:
-                    flat[idx_t] = val_t
+                    self.live.load(self.specs, staged.full)
+                self.live.commit(prepared)
                 self._digest = staged.digest
                 self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
             self._staged = None
@@ -235,7 +222,7 @@ class Updater:
     def live_digest(self) -> str:
         """The digest of the live weights, computed from scratch (O(model)); for audits and tests."""
         with self.lock.read():
-            specs, words = to_words({k: v.detach().cpu() for k, v in self.weights.items()})
+            specs, words = self.live.snapshot()
         return full_digest(specs, words).hex()
 
     @property

@@ -59,10 +59,16 @@ def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, 
     return tuple(specs), words
 
 
-def from_words(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
-    """A torch tensor sharing memory with ``words`` (flat little-endian words)."""
+def torch_dtype(spec: TensorSpec) -> torch.dtype:
+    """The torch dtype of a tensor spec."""
     dt = _FROM_NAME.get(spec.dtype)
     if dt is None:
         raise UnsupportedError(f"{spec.name!r}: dtype {spec.dtype} has no torch equivalent here")
+    return dt
+
+
+def from_words(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing memory with ``words`` (flat little-endian words)."""
+    dt = torch_dtype(spec)
     signed = torch.from_numpy(words.view(f"<i{words.dtype.itemsize}"))
     return signed.view(dt).reshape(spec.shape)

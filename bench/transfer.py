@@ -404,7 +404,9 @@ def _follow(
             continue
         seen = time.perf_counter()
         if reload:
-            up.weights = {}  # drop the old copy first: one model per actor, not two
+            from actor.live import TensorWeights
+
+            up.live = TensorWeights(device=up.device)  # drop the old copy first: one model per actor, not two
             up.bootstrap(latest)
         else:
             up.stage(latest)
@@ -550,7 +552,7 @@ def _run_mode(mode: str, world: _World, work: Workload, cfg: Config, tick: Calla
 def _bootstrap(phase: _Phase) -> tuple[list[_Actor], dict[str, float]]:
     """Version 0 everywhere, untimed and around the links (only timed versions cross them): relays backfill
     it into every region, then every actor loads it."""
-    from actor.updater import Updater  # torch
+    from actor.updater import Updater
 
     world, cfg, mode = phase.world, phase.cfg, phase.mode
     direct = mode == "delta_direct"

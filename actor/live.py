@@ -1,0 +1,90 @@
+"""Live weights as the updater sees them: HF names, read and written as raw words in place.
+
+The updater never touches an engine's tensors directly. It reads the words at given flat
+positions of an HF-named tensor (to decode a delta against its parent), and at a safe point
+writes staged words back in place. :class:`TensorWeights` serves a plain mapping of HF
+names to torch tensors (the torch engine's parameters, or tensors of its own); the vLLM
+engine serves its fused, possibly tensor-parallel parameters through the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from aurora_store.errors import LayoutError
+from aurora_store.manifest import TensorSpec
+from aurora_store.tensors import from_words, to_words, torch_dtype
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class LiveWeights(Protocol):
+    """What the updater needs from an engine's weights."""
+
+    def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
+        """Overwrite every tensor with ``words`` (bootstrap, or a staged full version)."""
+
+    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Little-endian words of tensor ``name`` at sorted flat positions ``index``."""
+
+    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+        """Everything a write needs (device copies of positions and words); may fail."""
+
+    def commit(self, prepared: object) -> None:
+        """Scatter what :meth:`prepare` made into the live tensors; must not fail."""
+
+    def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
+        """Specs and words of every tensor (an O(model) copy; audits and tests only)."""
+
+
+class TensorWeights:
+    """Live weights held as a mapping of HF names to torch tensors, on any device."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, *, device: str | torch.device = "cpu") -> None:
+        self.tensors: dict[str, torch.Tensor] = tensors if tensors is not None else {}
+        self.device = torch.device(device)
+
+    def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
+        if not self.tensors:  # no engine tensors given: own them
+            self.tensors = {s.name: from_words(s, words[s.name]).to(self.device) for s in specs}
+            return
+        have = {n: (tuple(t.shape), t.dtype) for n, t in self.tensors.items()}
+        want = {s.name: (s.shape, torch_dtype(s)) for s in specs}
+        if have != want:
+            missing = sorted(set(want) - set(have))[:3]
+            extra = sorted(set(have) - set(want))[:3]
+            raise LayoutError(f"the engine's tensors do not match the version's: missing {missing}, extra {extra}")
+        with torch.no_grad():
+            for s in specs:
+                self.tensors[s.name].copy_(from_words(s, words[s.name]))
+
+    def _flat(self, name: str) -> torch.Tensor:
+        t = self.tensors[name]
+        return t.view(-1).view(_INT[t.element_size()])
+
+    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+        flat = self._flat(name)
+        got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
+        return got.view(f"<u{got.dtype.itemsize}")
+
+    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+        out = []
+        for name, (idx, words) in changes.items():
+            flat = self._flat(name)
+            signed = words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words
+            out.append((flat, torch.from_numpy(idx).to(flat.device), torch.from_numpy(signed).to(flat.device)))
+        return out
+
+    def commit(self, prepared: object) -> None:
+        assert isinstance(prepared, list)
+        with torch.no_grad():
+            for flat, idx_t, val_t in prepared:
+                flat[idx_t] = val_t
+
+    def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
+        specs, words = to_words({k: v.detach().cpu() for k, v in self.tensors.items()})
+        return specs, {k: w.copy() for k, w in words.items()}
