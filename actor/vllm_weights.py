@@ -1,0 +1,343 @@
+"""Live weights held in vLLM's own parameters: fused, possibly tensor-parallel, written in place.
+
+:class:`VllmWeights` serves the :class:`~actor.live.LiveWeights` protocol under HF names and
+translates every position through :class:`~actor.vllm_layout.VllmLayout`; nothing but the
+changed elements ever moves. The tensors are touched only by the small worker ops below,
+which a *runner* executes on every TP rank: :class:`LocalRunner` loops over rank dicts in
+this process (tests; tp=1 with the model in hand), and on vLLM ``LLM.collective_rpc(
+"aurora_op", ...)`` reaches :class:`AuroraWorkerExtension`, mixed into each worker through
+``worker_extension_cls``. Payloads are lists, strings and numpy arrays only, so they cross
+vLLM's msgpack channel without its pickle fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
+from aurora_store.errors import LayoutError, StoreError
+from aurora_store.manifest import TensorSpec
+from aurora_store.tensors import torch_dtype
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+Runner = Callable[[str, tuple[Any, ...]], list[Any]]
+"""``runner(op, args)``: run worker op ``op`` with ``args`` on every TP rank; one result per rank."""
+
+Params = Mapping[str, torch.Tensor]
+
+
+# ---------------------------------------------------------------- worker ops (run on each rank)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """Signed-integer torch view of little-endian words (copied only when read-only)."""
+    a = np.asarray(a)
+    a = a.view(f"<i{a.dtype.itemsize}") if a.dtype.itemsize > 1 else a.view(np.uint8)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def _ints(p: torch.Tensor) -> torch.Tensor:
+    return p.detach().view(_INT[p.element_size()])
+
+
+def op_describe(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
+    """Every parameter's shape, dtype and contiguity."""
+    info = {n: [list(p.shape), str(p.dtype).removeprefix("torch."), p.is_contiguous()] for n, p in params.items()}
+    return rank, info
+
+
+def op_gather(rank: int, params: Params, stash: dict[str, Any], plan: list[list[Any]]) -> tuple[int, list[np.ndarray]]:
+    """Words at ``(param, flat positions)`` for this rank's entries of ``plan``."""
+    out = []
+    for name, idx in plan[rank]:
+        flat = _ints(params[name]).view(-1)
+        got = flat[_tensor(idx).to(flat.device)].cpu().numpy()
+        out.append(got.view(f"<u{got.dtype.itemsize}"))
+    return rank, out
+
+
+def op_stage(rank: int, params: Params, stash: dict[str, Any], token: str, plan: list[list[Any]]) -> tuple[int, None]:
+    """Copy this rank's ``(param, positions, words)`` to the parameters' device, under ``token``."""
+    staged = []
+    for name, idx, words in plan[rank]:
+        flat = _ints(params[name]).view(-1)
+        staged.append((flat, _tensor(idx).to(flat.device), _tensor(words).to(flat.device)))
+    stash[token] = staged
+    return rank, None
+
+
+def op_commit(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
+    """Scatter what :func:`op_stage` put under ``token``."""
+    staged = stash.pop(token, None)
+    if staged is None:
+        raise StoreError(f"rank {rank} holds no staged write {token}")
+    with torch.no_grad():
+        for flat, idx, val in staged:
+            flat[idx] = val
+    if any(flat.is_cuda for flat, _, _ in staged):
+        torch.cuda.synchronize()
+    return rank, None
+
+
+def op_drop(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
+    stash.pop(token, None)
+    return rank, None
+
+
+def op_write(rank: int, params: Params, stash: dict[str, Any], batch: list[list[Any]]) -> tuple[int, None]:
+    """Copy slabs ``[target rank or -1, param, dim, start, length, words or None (zeros), shape]``."""
+    with torch.no_grad():
+        for target, name, dim, start, length, words, shape in batch:
+            if target not in (-1, rank):
+                continue
+            dst = _ints(params[name])
+            if dst.dim():
+                dst = dst.narrow(dim, start, length)
+            if words is None:
+                dst.zero_()
+            else:
+                dst.copy_(_tensor(words).reshape(shape))
+    return rank, None
+
+
+def op_dump(rank: int, params: Params, stash: dict[str, Any], plan: list[list[str]]) -> tuple[int, dict[str, Any]]:
+    """Words of this rank's listed parameters (an O(model) copy: audits only)."""
+    out = {}
+    for name in plan[rank]:
+        got = _ints(params[name]).reshape(-1).cpu().numpy()
+        out[name] = got.view(f"<u{got.dtype.itemsize}")
+    return rank, out
+
+
+OPS: dict[str, Callable[..., tuple[int, Any]]] = {
+    "describe": op_describe,
+    "gather": op_gather,
+    "stage": op_stage,
+    "commit": op_commit,
+    "drop": op_drop,
+    "write": op_write,
+    "dump": op_dump,
+}
+
+
+class LocalRunner:
+    """Runs worker ops in this process over one parameter dict per rank."""
+
+    def __init__(self, ranks: Sequence[Params]) -> None:
+        self.ranks = [dict(r) for r in ranks]
+        self.stash: list[dict[str, Any]] = [{} for _ in ranks]
+
+    def __call__(self, op: str, args: tuple[Any, ...]) -> list[Any]:
+        return [OPS[op](r, params, self.stash[r], *args) for r, params in enumerate(self.ranks)]
+
+
+_ND = "__aurora_ndarray__"
+
+
+def pack(obj: Any) -> Any:
+    """``obj`` with every numpy array as ``{_ND: [dtype, shape, bytes]}`` and tuples as lists:
+    only types msgpack carries natively, so nothing depends on vLLM's own array encoding."""
+    if isinstance(obj, np.ndarray):
+        return {_ND: [obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes()]}
+    if isinstance(obj, list | tuple):
+        return [pack(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: pack(v) for k, v in obj.items()}
+    return obj
+
+
+def unpack(obj: Any) -> Any:
+    """The inverse of :func:`pack`."""
+    if isinstance(obj, dict):
+        if set(obj) == {_ND}:
+            dtype, shape, data = obj[_ND]
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        return {k: unpack(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [unpack(x) for x in obj]
+    return obj
+
+
+class AuroraWorkerExtension:
+    """Mixed into vLLM's workers (``worker_extension_cls="actor.vllm_weights.AuroraWorkerExtension"``);
+    reached by ``LLM.collective_rpc("aurora_op", args=(op, *pack(args)))``."""
+
+    def aurora_op(self, op: str, *args: Any) -> Any:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        getter = getattr(self, "get_model", None)
+        model = getter() if getter is not None else self.model_runner.model  # type: ignore[attr-defined]
+        cache = self.__dict__.setdefault("_aurora", {})
+        if cache.get("model") is not model:
+            cache.update(model=model, params=dict(model.named_parameters()), stash={})
+        rank = get_tensor_model_parallel_rank()
+        return pack(OPS[op](rank, cache["params"], cache["stash"], *unpack(list(args))))
+
+
+# ---------------------------------------------------------------- the LiveWeights side
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    token: str | None
+
+
+class VllmWeights:
+    """:class:`~actor.live.LiveWeights` over vLLM-layout parameters on ``tp_size`` ranks.
+
+    Give ``ranks`` (one dict of vLLM parameter name -> tensor per rank, e.g. a worker's
+    ``model.named_parameters()``) or a ``runner`` and ``tp_size``. ``after_write`` runs after
+    every load and commit (the vLLM engine resets its prefix cache there)."""
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        *,
+        ranks: Sequence[Params] | None = None,
+        runner: Runner | None = None,
+        tp_size: int | None = None,
+        vocab_padding: int = VOCAB_PADDING,
+        after_write: Callable[[], None] | None = None,
+        batch_bytes: int = 256 << 20,
+    ) -> None:
+        if (ranks is None) == (runner is None):
+            raise StoreError("VllmWeights needs exactly one of ranks= or runner=")
+        if ranks is not None:
+            runner, tp_size = LocalRunner(ranks), len(ranks)
+        if tp_size is None or tp_size < 1:
+            raise StoreError(f"VllmWeights needs tp_size >= 1, got {tp_size}")
+        assert runner is not None
+        self.geometry = geometry
+        self.runner = runner
+        self.tp_size = tp_size
+        self.vocab_padding = vocab_padding
+        self.after_write = after_write
+        self.batch_bytes = batch_bytes
+        self.layout: VllmLayout | None = None
+
+    def _run(self, op: str, *args: Any) -> list[Any]:
+        """Results of ``op`` in rank order, checked to come from each rank exactly once."""
+        results = sorted(self.runner(op, args), key=lambda r: int(r[0]))
+        if [int(r[0]) for r in results] != list(range(self.tp_size)):
+            got = [int(r[0]) for r in results]
+            raise LayoutError(f"worker op {op!r} answered from ranks {got}, expected 0..{self.tp_size - 1}")
+        return [r[1] for r in results]
+
+    def _need(self) -> VllmLayout:
+        if self.layout is None:
+            raise StoreError("vLLM live weights hold no version yet: load() one first")
+        return self.layout
+
+    def _check_live(self, layout: VllmLayout) -> None:
+        want = {}
+        for name, (shape, dt) in layout.params.items():
+            torch_dt = torch_dtype(TensorSpec(name, dt, shape))
+            want[name] = [list(shape), str(torch_dt).removeprefix("torch."), True]
+        for rank, have in enumerate(self._run("describe")):
+            if have != want:
+                missing = sorted(set(want) - set(have))[:3]
+                extra = sorted(set(have) - set(want))[:3]
+                wrong = [f"{n}: {have[n]} != {want[n]}" for n in sorted(set(have) & set(want)) if have[n] != want[n]]
+                raise LayoutError(
+                    f"vLLM rank {rank}'s parameters do not match the version's layout: missing {missing}, "
+                    f"extra {extra}, mismatched {wrong[:3]} ([shape, dtype, contiguous])"
+                )
+
+    def _written(self) -> None:
+        if self.after_write is not None:
+            self.after_write()
+
+    # ------------------------------------------------------------ LiveWeights
+
+    def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
+        layout = VllmLayout(specs, self.geometry, self.tp_size, vocab_padding=self.vocab_padding)
+        for s in layout.specs:
+            w = words.get(s.name)
+            if w is None or w.size != s.numel or w.dtype.itemsize != s.width:
+                raise LayoutError(f"{s.name!r}: expected {s.numel} words of {s.width} bytes")
+        self._check_live(layout)
+        batch: list[list[Any]] = [[r.rank, r.param, 0, r.param_start, r.length, None, []] for r in layout.padding()]
+        size = 0
+        for s in layout.specs:
+            arr = np.asarray(words[s.name]).reshape(s.shape)
+            replicated = layout.rule(s.name).dim is None
+            for reg in layout.regions(s.name, write=not replicated):  # replicated: one slab for all ranks
+                slab = np.ascontiguousarray(narrow(arr, reg.dim, reg.hf_start, reg.length))
+                target = -1 if replicated else reg.rank
+                batch.append([target, reg.param, reg.dim, reg.param_start, reg.length, slab, list(slab.shape)])
+                size += slab.nbytes
+                if size >= self.batch_bytes:
+                    self._run("write", batch)
+                    batch, size = [], 0
+        if batch:
+            self._run("write", batch)
+        self.layout = layout
+        self._written()
+
+    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+        layout = self._need()
+        width = layout.rule(name).spec.width
+        pieces = layout.pieces(name, index, write=False)
+        out = np.empty(np.asarray(index).shape, dtype=f"<u{width}")
+        if not pieces:
+            return out
+        plan: list[list[Any]] = [[] for _ in range(self.tp_size)]
+        for p in pieces:
+            plan[p.rank].append([p.param, p.local])
+        got = self._run("gather", plan)
+        seen = [0] * self.tp_size
+        for p in pieces:
+            out[p.select] = got[p.rank][seen[p.rank]]
+            seen[p.rank] += 1
+        return out
+
+    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+        layout = self._need()
+        plan: list[list[Any]] = [[] for _ in range(self.tp_size)]
+        for name, (idx, words) in changes.items():
+            width = layout.rule(name).spec.width
+            if np.shape(words) != np.shape(idx) or np.asarray(words).dtype.itemsize != width:
+                raise LayoutError(f"{name!r}: expected one {width}-byte word per position")
+            for p in layout.pieces(name, idx, write=True):
+                plan[p.rank].append([p.param, p.local, words if p.select.size == words.size else words[p.select]])
+        if not any(plan):
+            return _Prepared(None)
+        token = uuid.uuid4().hex
+        try:
+            self._run("stage", token, plan)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._run("drop", token)
+            raise
+        return _Prepared(token)
+
+    def commit(self, prepared: object) -> None:
+        assert isinstance(prepared, _Prepared)
+        if prepared.token is not None:
+            self._run("commit", prepared.token)
+            self._written()
+
+    def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
+        layout = self._need()
+        plan: list[list[str]] = [[] for _ in range(self.tp_size)]
+        for s in layout.specs:
+            for reg in layout.regions(s.name, write=False):
+                if reg.param not in plan[reg.rank]:
+                    plan[reg.rank].append(reg.param)
+        dumps = self._run("dump", plan)
+        words = {}
+        for s in layout.specs:
+            out = np.empty(s.shape, dtype=f"<u{s.width}")
+            for reg in layout.regions(s.name, write=False):
+                src = dumps[reg.rank][reg.param].reshape(layout.params[reg.param][0])
+                narrow(out, reg.dim, reg.hf_start, reg.length)[...] = narrow(src, reg.dim, reg.param_start, reg.length)
+            words[s.name] = out.reshape(-1)
+        return layout.specs, words
