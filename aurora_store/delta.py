@@ -15,6 +15,7 @@ import numpy as np
 
 from aurora_store import dtypes
 from aurora_store.codec import dense, frames, sparse
+from aurora_store.errors import StoreError
 from aurora_store.manifest import Block, Segment, TensorSpec, version_dir
 
 
@@ -54,6 +55,11 @@ class DeltaBuilder:
     specs: tuple[TensorSpec, ...]
     segment_bytes: int = 4 << 20
     level: int = frames.DEFAULT_LEVEL
+    first_ordinal: int = 0
+    """Ordinal (in the key) of the first sealed segment."""
+    ordinal_step: int = 1
+    """Ordinal increment between segments: a sharded publisher's rank r of W numbers its segments
+    r, r + W, r + 2W, ... so keys from different ranks of one version never collide."""
     changes: list[Change] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)
     _parts: list[bytes] = field(default_factory=list)
@@ -74,38 +80,56 @@ class DeltaBuilder:
     def changed(self) -> int:
         return sum(int(c.positions.size) for c in self.changes)
 
-    def add_tensor(self, spec: TensorSpec, old: np.ndarray, new: np.ndarray) -> Iterator[SealedObject]:
-        """Diff one tensor (flat word arrays) and yield any segments this fills."""
+    def add_tensor(self, spec: TensorSpec, old: np.ndarray, new: np.ndarray, start: int = 0) -> Iterator[SealedObject]:
+        """Diff one tensor (flat word arrays) and yield any segments this fills.
+
+        ``old`` and ``new`` may be a slice of the tensor, flat elements [start, start + len(new))
+        (a rank's shard): the blocks then tile that range only, and ``changes`` hold flat positions
+        in the whole tensor."""
+        if start < 0 or old.size != new.size or start + new.size > spec.numel:
+            raise StoreError(f"{spec.name}: elements [{start}, {start + new.size}) are not inside [0, {spec.numel})")
         positions = sparse.changed_positions(old, new)
         if positions.size == 0:
             return
-        self.changes.append(Change(spec.name, positions, old[positions], new[positions]))
+        self.changes.append(Change(spec.name, positions + start, old[positions], new[positions]))
         t = self._index[spec.name]
         if dtypes.dtype(spec.dtype).sparse:
-            yield from self._add_sparse(t, spec, positions, old, new)
+            yield from self._add_sparse(t, spec, positions, old, new, start)
         else:
-            yield from self._add_dense(t, spec, new)
+            yield from self._add_dense(t, spec, new, start)
 
     def _add_sparse(
-        self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray, new: np.ndarray
+        self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray, new: np.ndarray, base: int
     ) -> Iterator[SealedObject]:
+        """Sparse blocks tiling [base, base + len(new)); ``positions`` are relative to ``base``."""
         per_block = max(1, self.segment_bytes)
         start = 0
         for lo in range(0, positions.size, per_block):
             chunk = positions[lo : lo + per_block]
-            stop = spec.numel if lo + per_block >= positions.size else int(chunk[-1]) + 1
+            stop = new.size if lo + per_block >= positions.size else int(chunk[-1]) + 1
             rel = chunk - start if start else chunk
             enc = sparse.encode(rel, old[chunk], new[chunk], exponent_of(spec.dtype), self.level)
             yield from self._append(
-                enc.payload, t, start, stop, "sparse", enc.count, enc.gap_width, enc.escapes, enc.split, enc.streams
+                enc.payload,
+                t,
+                base + start,
+                base + stop,
+                "sparse",
+                enc.count,
+                enc.gap_width,
+                enc.escapes,
+                enc.split,
+                enc.streams,
             )
             start = stop
 
-    def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray) -> Iterator[SealedObject]:
+    def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray, base: int) -> Iterator[SealedObject]:
         per_block = max(1, self.segment_bytes // spec.width)
-        for start in range(0, spec.numel, per_block):
-            stop = min(spec.numel, start + per_block)
-            yield from self._append(dense.encode(new[start:stop], self.level), t, start, stop, "dense", stop - start)
+        for start in range(0, new.size, per_block):
+            stop = min(new.size, start + per_block)
+            yield from self._append(
+                dense.encode(new[start:stop], self.level), t, base + start, base + stop, "dense", stop - start
+            )
 
     def _append(
         self,
@@ -132,7 +156,7 @@ class DeltaBuilder:
 
     def _seal(self) -> SealedObject:
         data = b"".join(self._parts)
-        key, sha = segment_key(self.version, self._sealed, data, "seg")
+        key, sha = segment_key(self.version, self.first_ordinal + self._sealed * self.ordinal_step, data, "seg")
         obj = SealedObject(Segment(key, len(data), sha, blocks=tuple(self._blocks)), data)
         self._parts, self._blocks, self._fill = [], [], 0
         self._sealed += 1

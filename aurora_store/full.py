@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -32,25 +32,40 @@ def plan_shards(specs: tuple[TensorSpec, ...], shard_bytes: int) -> list[list[Te
     return [sorted(g, key=lambda s: (-s.width, s.name)) for g in groups]
 
 
+def build_shard(
+    version: int, ordinal: int, specs: tuple[TensorSpec, ...], members: list[TensorSpec], words: dict[str, np.ndarray]
+) -> SealedObject:
+    """One safetensors shard holding ``members`` (a group of :func:`plan_shards`), as object ``ordinal``."""
+    position = {s.name: i for i, s in enumerate(specs)}
+    data = safetensors_format.build(
+        [(s.name, s.dtype, s.shape, words[s.name]) for s in members],
+        metadata={"format": "pt"},
+    )
+    key, sha = segment_key(version, ordinal, data, "safetensors")
+    return SealedObject(Segment(key, len(data), sha, tensors=tuple(sorted(position[s.name] for s in members))), data)
+
+
+def build_index(version: int, specs: tuple[TensorSpec, ...], shards: Iterable[Segment]) -> SealedObject:
+    """The HF-style index of a full version's shards."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in shards:
+        for i in shard.tensors:
+            weight_map[specs[i].name] = shard.key.rsplit("/", 1)[1]
+            total += specs[i].numel * specs[i].width
+    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True).encode()
+    sha = hashlib.sha256(index).hexdigest()
+    key = f"{version_dir(version)}/{INDEX_NAME.removesuffix('.json')}-{sha[:32]}.json"
+    return SealedObject(Segment(key, len(index), sha), index)
+
+
 def build_shards(
     version: int, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], shard_bytes: int
 ) -> Iterator[SealedObject]:
     """Yield safetensors shards of about ``shard_bytes``, each as it is built, then the index."""
-    position = {s.name: i for i, s in enumerate(specs)}
-    weight_map: dict[str, str] = {}
-    total = 0
-    groups = plan_shards(specs, shard_bytes)
-    for g, members in enumerate(groups):
-        data = safetensors_format.build(
-            [(s.name, s.dtype, s.shape, words[s.name]) for s in members],
-            metadata={"format": "pt"},
-        )
-        key, sha = segment_key(version, g, data, "safetensors")
-        for s in members:
-            weight_map[s.name] = key.rsplit("/", 1)[1]
-            total += s.numel * s.width
-        yield SealedObject(Segment(key, len(data), sha, tensors=tuple(sorted(position[s.name] for s in members))), data)
-    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True).encode()
-    sha = hashlib.sha256(index).hexdigest()
-    key = f"{version_dir(version)}/{INDEX_NAME.removesuffix('.json')}-{sha[:32]}.json"
-    yield SealedObject(Segment(key, len(index), sha), index)
+    entries = []
+    for g, members in enumerate(plan_shards(specs, shard_bytes)):
+        obj = build_shard(version, g, specs, members, words)
+        entries.append(obj.entry)
+        yield obj
+    yield build_index(version, specs, entries)

@@ -195,9 +195,8 @@ class Run:
         if full:
             # shards are uploaded as they are built: never a second copy of the model in memory
             for obj in build_shards(version, specs, words, self.config.shard_bytes):
-                self._upload(obj)
+                self.upload(version, obj)
                 entries.append(obj.entry)
-                self._announce("segment", version, obj.entry)
             digest = full_digest(specs, words)
             changed = _count_changed(base, specs, words)
         else:
@@ -207,30 +206,90 @@ class Run:
                 digest.update(base.keys(c.name), c.positions, c.old, c.new)
             changed = builder.changed
         segments = tuple(entries[:-1]) if full else tuple(entries)
-        index = entries[-1] if full else None
-        nbytes = sum(e.size for e in entries)
+        info = self.commit(
+            version,
+            specs,
+            parent=None if base is None else Parent(base.version, base.version_hash),
+            segments=segments,
+            index=entries[-1] if full else None,
+            changed=changed,
+            weights_digest=digest.hex(),
+            chain_bytes=chain_bytes,
+            step=step,
+            meta=meta,
+            started=t0,
+        )
+        self._advance(base, info, specs, words, builder, digest)
+        return info
+
+    def upload(self, version: int, obj: SealedObject) -> None:
+        """Put one object of ``version`` (put-if-absent; a retry with the same bytes is a success)
+        and announce it: for publishers that build segments themselves (sharded ranks)."""
+        self._upload(obj)
+        self._announce("segment", version, obj.entry)
+
+    def commit(
+        self,
+        version: int,
+        specs: tuple[TensorSpec, ...],
+        *,
+        parent: Parent | None,
+        segments: tuple[Segment, ...],
+        index: Segment | None,
+        changed: int,
+        weights_digest: str,
+        chain_bytes: int,
+        step: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        started: float | None = None,
+        check: bool = False,
+    ) -> VersionInfo:
+        """Write the manifest of ``version`` whose objects are all uploaded: the commit.
+
+        A full version when ``index`` is given, else a delta. ``chain_bytes`` is the parent's
+        (0 when it is full). With ``check`` the manifest is parsed back with the readers' rules
+        before it is written (for manifests assembled from other processes' entries). Raises
+        ConflictError if the version is already committed."""
+        t0 = time.perf_counter() if started is None else started
+        full = index is not None
+        objects = segments + ((index,) if index is not None else ())
+        nbytes = sum(e.size for e in objects)
         m = Manifest(
             version=version,
             kind="full" if full else "delta",
-            parent=None if base is None else Parent(base.version, base.version_hash),
+            parent=parent,
             created=datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             step=step,
             tensors=specs,
             segments=segments,
             index=index,
-            stats=Stats(sum(s.numel for s in specs), changed, nbytes, 0 if full else chain_bytes + nbytes, full_bytes),
-            weights_digest=digest.hex(),
+            stats=Stats(
+                sum(s.numel for s in specs),
+                changed,
+                nbytes,
+                0 if full else chain_bytes + nbytes,
+                sum(s.numel * s.width for s in specs),
+            ),
+            weights_digest=weights_digest,
             meta=dict(meta or {}),
             files=self._attached_files(),
         )
         m = _seal(m, self.signing_key)
-        if not self.store.put_if_absent(manifest_key(version), m.to_bytes()):
+        data = m.to_bytes()
+        if check:
+            Manifest.from_bytes(
+                data,
+                expect_version=version,
+                max_bytes=self.config.limits.max_manifest_bytes,
+                max_segment_bytes=self.config.limits.max_segment_bytes,
+                what=f"{self.store.url(manifest_key(version))} (before commit)",
+            )
+        if not self.store.put_if_absent(manifest_key(version), data):
             self._base = None
             raise ConflictError(
                 f"{self.store.url(manifest_key(version))}: version {version} was committed by "
                 "another publisher; reload and publish again"
             )
-        self._advance(base, m, specs, words, builder, digest)
         self._announce("commit", m)
         return VersionInfo(
             version,
@@ -240,7 +299,7 @@ class Run:
             m.stats.elements,
             m.version_hash,
             m.weights_digest,
-            len(entries),
+            len(objects),
             time.perf_counter() - t0,
         )
 
@@ -265,13 +324,9 @@ class Run:
         pending: list[Future[None]] = []
         entries: list[Segment] = []
 
-        def ship(obj: SealedObject) -> None:
-            self._upload(obj)
-            self._announce("segment", version, obj.entry)
-
         def submit(obj: SealedObject) -> None:
             entries.append(obj.entry)
-            pending.append(self.store.pool.submit(ship, obj))
+            pending.append(self.store.pool.submit(self.upload, version, obj))
 
         abandoned = False
         try:
@@ -348,7 +403,7 @@ class Run:
     def _advance(
         self,
         base: WeightState | None,
-        m: Manifest,
+        info: VersionInfo,
         specs: tuple[TensorSpec, ...],
         words: dict[str, np.ndarray],
         builder: DeltaBuilder | None,
@@ -360,7 +415,7 @@ class Run:
             for c in builder.changes:
                 base.words[c.name][c.positions] = c.new
             self._base = base
-        self._base.version, self._base.version_hash, self._base.digest = m.version, m.version_hash, digest
+        self._base.version, self._base.version_hash, self._base.digest = info.version, info.version_hash, digest
 
     def close(self) -> None:
         self.store.close()
