@@ -1,0 +1,141 @@
+"""The job board on a real redis-server: leases, fencing, admission exactly once, throughput."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from aurora_store.coord import Coordinator
+from aurora_store.jobs import JobBoard, JobError, Lease, Result
+from aurora_store.tasks import Prompt
+
+HASHES = {0: "h0", 1: "h1"}
+
+
+@pytest.fixture
+def board(redis_server: Any) -> JobBoard:
+    return JobBoard(Coordinator(redis_server.url, "jobs-test"))
+
+
+def prompt(i: int) -> Prompt:
+    return Prompt(f"p{i}", f"{i}+1=", str(i + 1))
+
+
+def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = "h0") -> Result:
+    board.submit(lease, actor=actor, version=version, version_hash=vhash, payload={"completions": []})
+    return board.results("0-0", block_ms=10)[-1]
+
+
+def test_post_take_submit_admit_once(board: JobBoard) -> None:
+    jobs = board.post(1, 0, [prompt(i) for i in range(5)], {"a": 3, "b": 2}, lease_s=30, tag="t")
+    assert Counter(jobs.values()) == {"a": 3, "b": 2}
+    got = board.take("a", max_jobs=10, block_s=0.1)
+    assert [le.prompt for le in got] == [prompt(0), prompt(1), prompt(2)] and all(le.version == 0 for le in got)
+    res = submit(board, got[0], "a")
+    assert board.admit(res, HASHES) == "ok"
+    assert board.admit(res, HASHES) == "duplicate", "a result is admitted once, however often it arrives"
+    assert {j.job for j in board.open_jobs()} == set(jobs) - {got[0].job}
+
+
+def test_reassigned_lease_fences_out_the_old_holder(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    old = board.take("a", max_jobs=1, block_s=0.1)[0]
+    board.lease(old.job, "b", version=0, lease_s=30)  # the trainer moved it to b
+    new = board.take("b", max_jobs=1, block_s=0.1)[0]
+    assert new.token > old.token
+    assert board.admit(submit(board, old, "a"), HASHES) == "stale_lease"
+    assert board.admit(submit(board, new, "b"), HASHES) == "ok"
+
+
+def test_revoked_entries_are_not_handed_out(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    board.lease("t:1:0", "b", version=0, lease_s=30)  # re-leased before a took it
+    assert board.take("a", max_jobs=5, block_s=0.05) == []
+    assert len(board.take("b", max_jobs=5, block_s=0.05)) == 1
+
+
+def test_expired_wrong_version_and_wrong_hash_are_refused(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0), prompt(1)], {"a": 2}, lease_s=0.05, tag="t")
+    late, other = board.take("a", max_jobs=2, block_s=0.1)
+    time.sleep(0.1)  # let the 50 ms lease run out (the condition under test is the clock itself)
+    assert board.admit(submit(board, late, "a"), HASHES) == "expired"
+    board.lease(other.job, "a", version=0, lease_s=30)
+    fresh = board.take("a", max_jobs=1, block_s=0.1)[0]
+    assert board.admit(submit(board, fresh, "a", version=1, vhash="h1"), HASHES) == "wrong_version"
+    assert board.admit(submit(board, fresh, "a", version=0, vhash="forged"), HASHES) == "wrong_version_hash"
+    assert board.admit(submit(board, fresh, "a"), HASHES) == "ok", "refusals change nothing"
+
+
+def test_admitted_job_cannot_be_leased_again(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    lease = board.take("a", max_jobs=1, block_s=0.1)[0]
+    assert board.admit(submit(board, lease, "a"), HASHES) == "ok"
+    assert board.lease(lease.job, "b", version=0, lease_s=30) == 0
+    with pytest.raises(JobError):
+        board.lease("t:9:9", "b", version=0, lease_s=30)  # unknown job without a prompt
+
+
+def test_release_hands_the_job_back(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    lease = board.take("a", max_jobs=1, block_s=0.1)[0]
+    assert board.release(lease)
+    assert board.open_jobs()[0].deadline_ms == 0
+    assert board.release(lease) and board.open_jobs()[0].deadline_ms == 0, "a second release changes nothing"
+    assert board.admit(submit(board, lease, "a"), HASHES) == "expired"
+
+
+def test_concurrent_admission_admits_once(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    lease = board.take("a", max_jobs=1, block_s=0.1)[0]
+    res = submit(board, lease, "a")
+    outcomes: list[str] = []
+    threads = [threading.Thread(target=lambda: outcomes.append(board.admit(res, HASHES))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["duplicate"] * 7 + ["ok"]
+
+
+def test_malformed_results_are_refused(board: JobBoard, redis_server: Any) -> None:
+    board.r.xadd(board.coord.key("results"), {"job": "x", "token": "not-a-number"})
+    board.r.xadd(board.coord.key("results"), {"nothing": "here"})
+    board.r.xadd(
+        board.coord.key("results"),
+        {"job": "x", "token": "1", "actor": "a", "version": "0", "version_hash": "h0", "payload": "{not json"},
+    )
+    results = board.results("0-0", block_ms=10)
+    assert [board.admit(r, HASHES) for r in results] == ["malformed"] * 3
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "a|b", "x" * 300, "{a}"])
+def test_bad_actor_ids_are_refused(board: JobBoard, bad: str) -> None:
+    with pytest.raises(JobError):
+        board.take(bad, max_jobs=1, block_s=0.01)
+
+
+def test_throughput_ema_and_probation(board: JobBoard) -> None:
+    assert not board.joined("a"), "a new actor is not rejoining"
+    assert board.report_throughput("a", 100, 1.0, beta=0.5) == 100
+    assert board.report_throughput("a", 300, 1.0, beta=0.5) == 200
+    assert board.joined("a"), "an actor with a measured throughput that registers again is rejoining"
+    taus, probation = board.throughputs()
+    assert taus == {"a": 200} and probation == {"a"}
+    board.report_throughput("a", 200, 1.0, beta=0.5)
+    assert board.throughputs()[1] == set(), "finishing a batch ends probation"
+    with pytest.raises(JobError):
+        board.report_throughput("a", 10, 0.0, beta=0.5)
+
+
+def test_a_result_too_large_is_refused_before_redis(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    lease = board.take("a", max_jobs=1, block_s=0.1)[0]
+    with pytest.raises(JobError):
+        board.submit(lease, actor="a", version=0, version_hash="h0", payload={"x": "y" * (9 << 20)})
+    with pytest.raises(JobError):
+        board.submit(lease, actor="a", version=0, version_hash="h0", payload={"x": float("nan")})
+    assert board.results("0-0", block_ms=10) == []
