@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, about in (
         ("codec", "size and speed of the sparse BF16 codec; see --help"),
         ("transfer", "time to apply a version in every region over emulated WANs; see --help"),
+        ("schedule", "step makespan of the EMA batch split vs uniform and ideal; see --help"),
+        ("e2e", "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help"),
     ):
         bench.add_parser(name, add_help=False, help=about).set_defaults(handler=cmd_bench)
 

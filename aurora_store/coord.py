@@ -189,6 +189,17 @@ class Coordinator:
         for _eid, fields in self._call(self.r.xrange, self.key("reports")):
             yield fields
 
+    # ------------------------------------------------------------ telemetry
+
+    def note(self, stream: str, **fields: Any) -> None:
+        """Append a telemetry record (step metrics, applied versions) to stream ``stream``."""
+        self._call(self.r.xadd, self.key("log", stream), {"doc": json.dumps(fields)}, maxlen=100_000, approximate=True)
+
+    def notes(self, stream: str, after: str = "0-0", *, count: int = 10_000) -> list[tuple[str, dict[str, Any]]]:
+        """Records of ``stream`` after id ``after``, oldest first."""
+        reply = self._call(self.r.xread, {self.key("log", stream): after}, count=count)
+        return [(eid, json.loads(f["doc"])) for _s, entries in reply or [] for eid, f in entries]
+
     def close(self) -> None:
         self.r.close()
 

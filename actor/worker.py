@@ -1,0 +1,245 @@
+"""``python -m actor.worker``: the rollout actor process.
+
+Registers, keeps a heartbeat, takes the jobs leased to it, generates on exactly the version
+each job names, scores completions with the task's reward, and submits results tagged with
+lease token, version and version hash. A background thread stages the next version while
+the engine generates; the main loop applies it between batches, never during one. An
+actor with no work applies whatever is staged, so one that fell behind catches up by deltas
+and becomes eligible again once it holds the latest version or the one before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+import zlib
+from collections import defaultdict
+
+import torch
+
+from actor.torch_engine import TorchEngine
+from actor.updater import Updater
+from aurora_store.attachments import get_attachment
+from aurora_store.coord import CoordinationError, Coordinator
+from aurora_store.errors import StoreError
+from aurora_store.jobs import JobBoard, Lease
+from aurora_store.models import CharTokenizer, build_model
+from aurora_store.run import Run, open_run
+from aurora_store.tasks import load_task
+
+log = logging.getLogger("aurora.actor")
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.wid = args.worker_id
+        self.coord = Coordinator(args.redis, args.run_id)
+        self.board = JobBoard(self.coord)
+        self.run: Run = open_run(args.store, storage_options=args.storage_options, concurrency=args.connections)
+        self.fallback = open_run(args.fallback) if args.fallback else None
+        self.stop = threading.Event()
+        self.busy = threading.Event()
+        self.version_hash: dict[int, str] = {}
+
+    def _wait_for_version(self) -> int:
+        while not self.stop.is_set():
+            with contextlib.suppress(StoreError):
+                latest = self.run.latest()
+                if latest is not None:
+                    return latest
+            self.stop.wait(0.2)
+        raise SystemExit(0)
+
+    def setup(self) -> None:
+        self._wait_for_version()
+        config = json.loads(get_attachment(self.run, "config.json"))
+        self.tok = CharTokenizer.from_json(get_attachment(self.run, "tokenizer.json"))
+        self.task = load_task(json.loads(get_attachment(self.run, "task.json"))["task"])
+        model = build_model(config, dtype=torch.bfloat16)
+        self.engine = TorchEngine(model)
+        self.up = Updater(
+            self.run,
+            region=self.args.region,
+            coord=self.coord,
+            fallback=self.fallback,
+            worker_id=self.wid,
+            live=self.engine.live,
+        )
+        held = self.up.bootstrap()
+        self.coord.register("actor", self.args.region, worker_id=self.wid, ttl_s=self.args.heartbeat_s)
+        rejoined = self.board.joined(self.wid)
+        self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
+        self._applied(held.version)
+        log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+
+    def _applied(self, version: int) -> None:
+        with contextlib.suppress(StoreError):
+            self.coord.note(
+                "applied", actor=self.wid, region=self.args.region, version=version, ms=int(time.time() * 1000)
+            )
+
+    def _stager(self) -> None:
+        """Stage ahead while the engine generates: one version ahead when busy, the latest when idle."""
+        while not self.stop.is_set():
+            try:
+                latest = self.up.latest()
+                held = self.up.held
+                if latest is not None and held is not None and latest > held.version:
+                    target = held.version + 1 if self.busy.is_set() else latest
+                    staged = self.up.staged
+                    if staged is None or staged.version < target:
+                        self.up.stage(target)
+                        continue
+            except StoreError as exc:
+                log.warning("actor %s: staging failed: %s", self.wid, exc)
+            self.stop.wait(0.05)
+
+    def _advance_to(self, version: int, *, wait_s: float) -> bool:
+        """Hold exactly ``version``: wait for it to reach this region, stage it, apply it. False if
+        it did not arrive in ``wait_s``."""
+        assert self.up.held is not None
+        if version > self.up.held.version:
+            give_up = time.monotonic() + wait_s
+            while (self.up.latest() or -1) < version:  # the relay is still copying it to this region
+                if time.monotonic() > give_up or self.stop.wait(0.02):
+                    return False
+            staged = self.up.staged
+            if staged is None or staged.version != version:
+                self.up.stage(version)
+            held = self.up.apply()
+            if held is not None:
+                self._applied(held.version)
+        return True
+
+    def serve(self, leases: list[Lease]) -> None:
+        by_version: dict[int, list[Lease]] = defaultdict(list)
+        for lease in leases:
+            by_version[lease.version].append(lease)
+        for version in sorted(by_version):
+            batch = by_version[version]
+            assert self.up.held is not None
+            if version < self.up.held.version:  # the weights moved past it: let the trainer lease it again
+                for lease in batch:
+                    self.board.release(lease)
+                continue
+            wait_s = max(0.0, min(lease.deadline_ms for lease in batch) / 1000 - time.time())
+            try:
+                ready = self._advance_to(version, wait_s=wait_s)
+            except StoreError as exc:
+                log.warning("actor %s: cannot reach version %d: %s", self.wid, version, exc)
+                ready = False
+            if not ready:
+                for lease in batch:
+                    self.board.release(lease)
+                continue
+            self._generate(batch)
+
+    def _generate(self, batch: list[Lease]) -> None:
+        held = self.up.held
+        assert held is not None
+        t0 = time.perf_counter()
+        with self.up.lock.read():  # a batch runs on one whole version
+            outs = self.engine.generate(
+                [self.tok.encode(lease.prompt.text) for lease in batch],
+                samples=self.args.group,
+                max_new_tokens=self.args.max_new_tokens,
+                temperature=self.args.temperature,
+                seed=zlib.crc32(f"{self.wid}|{batch[0].job}".encode()),
+            )
+        elapsed = time.perf_counter() - t0
+        if self.args.slowdown > 1:  # emulated slower hardware: documented, not hidden
+            time.sleep(elapsed * (self.args.slowdown - 1))
+        tokens = 0
+        for lease, comps in zip(batch, outs, strict=True):
+            payload = {
+                "completions": [
+                    {
+                        "tokens": list(c.token_ids),
+                        "logprobs": list(c.logprobs),
+                        "finish": c.finish_reason,
+                        "reward": self.task.reward(lease.prompt, self.tok.decode(c.token_ids)),
+                    }
+                    for c in comps
+                ],
+            }
+            tokens += sum(len(c.token_ids) for c in comps)
+            self.board.submit(
+                lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload
+            )
+        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.args.beta)
+
+    def _heartbeat(self) -> None:
+        """Beat on a thread of its own, so a long batch does not look like a dead actor."""
+        while not self.stop.wait(self.args.heartbeat_s / 3):
+            with contextlib.suppress(CoordinationError):
+                self.coord.heartbeat(self.wid, self.args.heartbeat_s)
+
+    def loop(self) -> None:
+        threading.Thread(target=self._stager, name="stager", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        registered = True
+        while not self.stop.is_set():
+            try:
+                if not registered:  # Redis lost its state: register again
+                    self.coord.register("actor", self.args.region, worker_id=self.wid, ttl_s=self.args.heartbeat_s)
+                    assert self.up.held is not None
+                    self.coord.update_worker(
+                        self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash
+                    )
+                    registered = True
+                self.coord.heartbeat(self.wid, self.args.heartbeat_s)
+                leases = self.board.take(self.wid, max_jobs=self.args.batch, block_s=0.2)
+                if leases:
+                    self.busy.set()
+                    self.serve(leases)
+                    self.busy.clear()
+                elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
+                    held = self.up.apply()
+                    if held is not None:
+                        self._applied(held.version)
+            except CoordinationError as exc:
+                log.warning("actor %s: %s", self.wid, exc)
+                registered = False
+                self.busy.clear()
+                self.stop.wait(0.5)
+        with contextlib.suppress(CoordinationError):
+            self.coord.unregister(self.wid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m actor.worker", description=__doc__)
+    p.add_argument("--store", required=True, help="this region's run URI")
+    p.add_argument("--region", required=True)
+    p.add_argument("--redis", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--fallback", help="home run URI, read when the region's copy is bad")
+    p.add_argument("--connections", type=int, default=8, help="parallel ranged GETs")
+    p.add_argument("--storage-options", type=json.loads, default={})
+    p.add_argument("--batch", type=int, default=8, help="prompts per generate() call")
+    p.add_argument("--group", type=int, default=8, help="completions per prompt (must match the trainer)")
+    p.add_argument("--max-new-tokens", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--beta", type=float, default=0.5, help="throughput EMA smoothing")
+    p.add_argument("--heartbeat-s", type=float, default=5.0)
+    p.add_argument("--slowdown", type=float, default=1.0, help="emulate hardware this many times slower")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    w = Worker(args)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: w.stop.set())
+    w.setup()
+    w.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

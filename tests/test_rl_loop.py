@@ -1,0 +1,223 @@
+"""The RL loop with real processes: a trainer (``aurora train``), actors (``python -m actor.worker``),
+a real redis-server and a bucket on disk. Faults: an actor killed mid-batch, a rogue actor
+submitting under a forged version hash, a trainer killed and restarted, an actor paused
+until it falls behind."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aurora_store.audit import audit
+from aurora_store.coord import Coordinator
+from aurora_store.jobs import JobBoard
+from aurora_store.run import open_run
+from tests.helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP = 8, 4
+pytestmark = pytest.mark.slow
+
+
+class Loop:
+    """One run's processes; every one is stopped at the end of the test."""
+
+    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+        self.tmp = tmp_path
+        self.store = (tmp_path / "home").as_uri()
+        self.redis = redis_url
+        self.run_id = "rl"
+        self.coord = Coordinator(redis_url, self.run_id)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs.append(p)
+        return p
+
+    def trainer(self, *extra: str) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            "trainer",
+            [
+                "-m",
+                "aurora_store.cli",
+                "train",
+                "--store",
+                self.store,
+                "--redis",
+                self.redis,
+                "--run-id",
+                self.run_id,
+                "--sft-steps",
+                "40",
+                "--prompts",
+                str(PROMPTS),
+                "--group",
+                str(GROUP),
+                "--lease-s",
+                "20",
+                "--state-every",
+                "1",
+                *extra,
+            ],
+        )
+
+    def actor(self, wid: str, *extra: str) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            wid,
+            [
+                "-m",
+                "actor.worker",
+                "--store",
+                self.store,
+                "--region",
+                "home",
+                "--redis",
+                self.redis,
+                "--run-id",
+                self.run_id,
+                "--worker-id",
+                wid,
+                "--group",
+                str(GROUP),
+                "--heartbeat-s",
+                "2",
+                *extra,
+            ],
+        )
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [doc for _id, doc in self.coord.notes("steps")]
+
+    def jobs(self) -> dict[str, dict[str, str]]:
+        keys = self.coord.r.keys(self.coord.key("job", "*"))
+        return {k.rsplit(":job:", 1)[1]: self.coord.r.hgetall(k) for k in keys}
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def finish(self, proc: subprocess.Popen[bytes], name: str, timeout: float = 180) -> None:
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} did not finish in {timeout} s:\n{self.log(name)}")
+        assert rc == 0, f"{name} exited {rc}:\n{self.log(name)}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait(10)
+
+
+@pytest.fixture
+def loop(tmp_path: Path, redis_server: Any) -> Iterator[Loop]:
+    world = Loop(tmp_path, redis_server.url)
+    yield world
+    world.stop()
+
+
+def _check_exactly_once(loop: Loop, steps: int) -> None:
+    reports = loop.steps()
+    assert [r["step"] for r in reports] == list(range(1, steps + 1))
+    assert all(r["admitted"] == PROMPTS for r in reports), "every prompt of every step admitted once"
+    jobs = loop.jobs()
+    trained = {j for j, h in jobs.items() if int(h["step"]) <= steps}
+    assert all(jobs[j]["state"] == "admitted" for j in trained)
+    assert len(trained) == PROMPTS * steps
+
+
+def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
+    rogue = "rogue"
+    loop.coord.register("actor", "home", worker_id=rogue, ttl_s=120)
+    loop.coord.update_worker(rogue, version=0)
+    trainer = loop.trainer("--steps", "5")
+    loop.actor("fast")
+    slow = loop.actor("slow", "--slowdown", "400", "--batch", "2")
+    board = JobBoard(loop.coord)
+    # the rogue takes what it is given and answers with a forged version hash, then leaves
+    leases = []
+    wait_for(
+        lambda: bool(leases.extend(board.take(rogue, max_jobs=64, block_s=0.2)) or leases), "the rogue's jobs", 120
+    )
+    for lease in leases:
+        board.submit(
+            lease,
+            actor=rogue,
+            version=lease.version,
+            version_hash="0" * 64,
+            payload={"completions": [{"tokens": [3], "logprobs": [-0.1], "reward": 1.0}] * GROUP},
+        )
+    loop.coord.unregister(rogue)
+
+    # kill the slow actor while it holds jobs it has taken and not answered
+    def slow_busy() -> bool:
+        return any(
+            h.get("actor") == "slow" and h.get("state") == "leased" and h.get("taken_token") == h.get("token")
+            for h in loop.jobs().values()
+        )
+
+    wait_for(slow_busy, "the slow actor to be mid-batch", 120)
+    slow.kill()
+    loop.finish(trainer, "trainer")
+    _check_exactly_once(loop, 5)
+    dropped = loop.steps()[-1]["dropped"]
+    assert dropped.get("wrong_version_hash", 0) == len(leases), dropped
+    assert dropped.get("lease_lost", 0) >= 1, "the killed actor's leases were taken back"
+    jobs = loop.jobs().values()
+    moved = [h for h in jobs if int(h["leases"]) >= 2]
+    assert moved and all(h["actor"] == "fast" for h in moved), "redone by the live actor"
+
+
+def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) -> None:
+    loop.actor("a")
+    first = loop.trainer("--steps", "7")
+    run = open_run(loop.store)
+    wait_for(lambda: (run.latest() or 0) >= 3, "version 3", 180)
+    first.kill()
+    first.wait(10)
+    at_kill = open_run(loop.store).latest()
+    assert at_kill is not None
+    second = loop.trainer("--steps", "7")
+    loop.finish(second, "trainer")
+    run = open_run(loop.store)
+    assert run.versions() == list(range(8)), "no version skipped, none published twice"
+    result = audit(run)
+    assert result.ok and len(result.versions) == 8
+    after = [r["step"] for r in loop.steps() if r["step"] > at_kill]
+    assert after == list(range(at_kill + 1, 8)), "the restarted trainer continued right after the last commit"
+    assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
+
+
+def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
+    trainer = loop.trainer("--steps", "16", "--full-every", "100")  # fulls only where a chain outgrows one
+    loop.actor("steady")
+    lag = loop.actor("lag")
+    run = open_run(loop.store)
+    wait_for(lambda: (run.latest() or 0) >= 2, "version 2", 180)
+    lag.send_signal(signal.SIGSTOP)  # a preempted host: no heartbeat, no progress
+    paused_at = run.latest() or 0
+    wait_for(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 180)
+    lag.send_signal(signal.SIGCONT)
+    loop.finish(trainer, "trainer")
+    applied = [d["version"] for _id, d in loop.coord.notes("applied") if d["actor"] == "lag"]
+    jumps = [b - a for a, b in itertools.pairwise(applied)]
+    assert max(jumps) >= 3, f"one apply carried it over several versions (delta catch-up): {applied}"
+    caught_up = applied[jumps.index(max(jumps)) + 1]
+    reports = loop.steps()
+    behind = [r["shares"].get("lag", 0) for r in reports if paused_at + 3 <= r["step"] <= caught_up]
+    after = [r["shares"].get("lag", 0) for r in reports if r["step"] > caught_up + 2]
+    assert sum(behind) == 0, "no work while it was more than one version behind"
+    assert after and sum(after) > 0, f"once it held v or v-1 again it got work: {applied}, {reports}"
+    _check_exactly_once(loop, 16)

@@ -1,0 +1,321 @@
+"""The GRPO trainer: warm start, publish, post leased jobs, admit results, train, repeat.
+
+One-step asynchrony: the jobs of step t+2 are posted (tagged with version t) as soon as
+version t is published, so actors generate them while step t+1 trains on rollouts of
+version t-1. Jobs are leased to eligible actors (alive, holding the latest version or the
+one before) in proportion to their throughput EMAs; expired or orphaned leases are
+re-leased with a new fencing token. Every prompt of a step is admitted exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from aurora_store.attachments import get_attachment, put_attachment
+from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.errors import StoreError
+from aurora_store.jobs import JobBoard, Result, now_ms
+from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
+from aurora_store.run import Run, open_run
+from aurora_store.schedule import effective, split
+from aurora_store.tasks import Prompt, load_task
+from trainer.grpo import GRPOConfig, Sample, advantages, loss, sft_loss
+from trainer.state import load_state, save_state, saved_versions
+
+log = logging.getLogger("aurora.trainer")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    store: str
+    """The home run's URI."""
+    redis: str
+    run_id: str
+    region: str = "home"
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    task: str = "arith"
+    """Built-in task name or ``package.module:factory``."""
+    steps: int = 40
+    """The last version to publish (version t is the policy after step t)."""
+    prompts_per_step: int = 32
+    group: int = 8
+    """Completions sampled per prompt (the GRPO group)."""
+    max_new_tokens: int = 4
+    lr: float = 5e-4
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sft_steps: int = 60
+    sft_lr: float = 3e-3
+    sft_batch: int = 64
+    hidden: int = 64
+    layers: int = 2
+    full_every: int = 10
+    state_every: int = 5
+    """Save the resumable trainer state every this many versions."""
+    lease_s: float = 30.0
+    alpha: float = 0.5
+    """Share multiplier for an actor that rejoined, until it finishes a batch."""
+    seed: int = 0
+    sweep_s: float = 0.25
+
+
+@dataclass(slots=True)
+class StepReport:
+    step: int
+    version: int
+    reward_mean: float
+    delta_bytes: int
+    full_bytes: int
+    density: float
+    publish_s: float
+    train_s: float
+    wait_s: float
+    published_ms: int
+    admitted: int
+    shares: dict[str, int]
+    dropped: dict[str, int]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, *, on_step: Callable[[StepReport], None] | None = None) -> None:
+        self.cfg = cfg
+        self.task = load_task(cfg.task)
+        self.tok = CharTokenizer()
+        self.coord = Coordinator(cfg.redis, cfg.run_id)
+        self.board = JobBoard(self.coord)
+        self.run: Run = open_run(cfg.store, storage_options=cfg.storage_options, full_every=cfg.full_every)
+        self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
+        self.on_step = on_step
+        self.rng = random.Random(cfg.seed)
+        self.tag = uuid.uuid4().hex[:8]
+        self.published: dict[int, str] = {}
+        self.pending: dict[str, tuple[int, Prompt]] = {}
+        """Jobs waiting for a lease: job id -> (step, prompt)."""
+        self.step_jobs: dict[int, set[str]] = defaultdict(set)
+        self.admitted: dict[int, dict[str, Result]] = defaultdict(dict)
+        self.dropped: Counter[str] = Counter()
+        self._after = "0-0"
+        self._last_sweep = 0.0
+
+    # ------------------------------------------------------------ start
+
+    def _model_config(self) -> dict[str, Any]:
+        return tiny_config(self.tok.vocab_size, hidden=self.cfg.hidden, layers=self.cfg.layers)
+
+    def start(self) -> int:
+        """Build or restore the model; returns the version the policy is at."""
+        latest = self.run.latest()
+        if latest is not None:
+            config = json.loads(get_attachment(self.run, "config.json"))
+            self.model = build_model(config, seed=self.cfg.seed)
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
+            saved = [v for v in saved_versions(self.run) if v <= latest]
+            if not saved:
+                raise StoreError(f"{self.run.uri}: version {latest} is published but no trainer state was saved")
+            load_state(self.run, saved[-1], self.model, self.opt, self.rng)
+            if saved[-1] != latest:
+                log.warning(
+                    "resuming from the state of version %d; versions %d..%d were published from state that "
+                    "was not saved, so version %d continues from version %d's optimizer state",
+                    saved[-1],
+                    saved[-1] + 1,
+                    latest,
+                    latest + 1,
+                    saved[-1],
+                )
+            for v in range(max(0, latest - 2), latest + 1):
+                self.published[v] = self.run.manifest(v).version_hash
+            self.board.forget(
+                [j.job for j in self.board.open_jobs()]
+            )  # a predecessor's jobs: their results are not ours
+            self._after = self.board.last_result_id()
+            return latest
+        self.model = build_model(self._model_config(), seed=self.cfg.seed)
+        self._warm_start()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
+        put_attachment(self.run, "config.json", json.dumps(self._model_config(), indent=1).encode())
+        put_attachment(self.run, "tokenizer.json", self.tok.to_json())
+        put_attachment(self.run, "task.json", json.dumps({"task": self.cfg.task}).encode())
+        info = self.run.publish(self._bf16(), step=0, kind="full", meta={"task": self.cfg.task})
+        self.published[0] = info.version_hash
+        save_state(self.run, 0, self.model, self.opt, self.rng)
+        return 0
+
+    def _warm_start(self) -> None:
+        """A short supervised phase so the policy's first rewards are not all zero."""
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.sft_lr)
+        rng = random.Random(self.cfg.seed + 1)
+        for _ in range(self.cfg.sft_steps):
+            demos = self.task.demos(rng, self.cfg.sft_batch)
+            prompts = [self.tok.encode(p) for p, _ in demos]
+            answers = [[*self.tok.encode(a, bos=False), EOS] for _, a in demos]
+            opt.zero_grad()
+            sft_loss(self.model, prompts, answers).backward()
+            opt.step()
+
+    def _bf16(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()}
+
+    # ------------------------------------------------------------ jobs
+
+    def _eligible(self) -> dict[str, float]:
+        """Actors that may get work now, with their split weights."""
+        latest = max(self.published)
+        taus, probation = self.board.throughputs()
+        ok = {}
+        for wid, doc in self.coord.workers().items():
+            if doc.get("role") == "actor" and doc.get("version") in (latest, latest - 1):
+                ok[wid] = taus.get(wid)
+        return effective(ok, probation, self.cfg.alpha)
+
+    def post(self, step: int) -> None:
+        prompts = self.task.prompts(random.Random(f"{self.cfg.seed}:{step}"), self.cfg.prompts_per_step)
+        for i, p in enumerate(prompts):
+            job = f"{self.tag}:{step}:{i}"
+            self.step_jobs[step].add(job)
+            self.pending[job] = (step, p)
+        self._assign(turn=step)
+
+    def _assign(self, *, turn: int) -> None:
+        if not self.pending:
+            return
+        weights = self._eligible()
+        if not weights:
+            return
+        version = max(self.published)
+        shares = split(len(self.pending), weights, turn=turn)
+        todo, self.pending = self.pending, {}
+        it = iter(todo.items())
+        for actor, n in shares.items():
+            for _ in range(n):
+                job, (step, prompt) = next(it)
+                self.board.lease(job, actor, version=version, lease_s=self.cfg.lease_s, step=step, prompt=prompt)
+
+    def _sweep(self) -> None:
+        """Re-lease jobs whose lease expired or whose actor is gone; place pending prompts."""
+        alive = set(self.coord.workers())
+        now = now_ms()
+        for j in self.board.open_jobs():
+            if j.job in self.pending or j.job not in self.step_jobs[j.step]:
+                continue
+            if j.deadline_ms < now or j.actor not in alive:
+                self.pending[j.job] = (j.step, self.board.prompt_of(j.job))
+                self.dropped["lease_lost"] += 1
+        self._assign(turn=int(now // 1000))
+
+    def collect(self, step: int) -> list[Result]:
+        """Block until every prompt of ``step`` has one admitted result."""
+        while len(self.admitted[step]) < len(self.step_jobs[step]):
+            for res in self.board.results(self._after, block_ms=int(self.cfg.sweep_s * 1000)):
+                self._after = res.id
+                self._consider(res)
+            if time.monotonic() - self._last_sweep >= self.cfg.sweep_s:
+                self._last_sweep = time.monotonic()
+                self._sweep()
+        return list(self.admitted.pop(step).values())
+
+    def _consider(self, res: Result) -> None:
+        step = next((s for s, jobs in self.step_jobs.items() if res.job in jobs), None)
+        if step is None:
+            self.dropped["unknown_job"] += 1
+            return
+        why = self._check_payload(res)
+        if why is None:
+            why = self.board.admit(res, self.published)
+        if why == "ok":
+            self.admitted[step][res.job] = res
+            return
+        self.dropped[why] += 1
+        if why in ("malformed", "wrong_version", "wrong_version_hash", "bad_payload"):
+            # the holder produced something unusable: lease the prompt again now
+            self.pending[res.job] = (step, self.board.prompt_of(res.job))
+
+    def _check_payload(self, res: Result) -> str | None:
+        comps = res.payload.get("completions")
+        if not isinstance(comps, list) or len(comps) != self.cfg.group:
+            return "bad_payload"
+        vocab = self.tok.vocab_size
+        for c in comps:
+            if not isinstance(c, dict):
+                return "bad_payload"
+            toks, lps, r = c.get("tokens"), c.get("logprobs"), c.get("reward")
+            if not (isinstance(toks, list) and isinstance(lps, list) and len(toks) == len(lps) >= 1):
+                return "bad_payload"
+            if len(toks) > self.cfg.max_new_tokens or not all(isinstance(t, int) and 0 <= t < vocab for t in toks):
+                return "bad_payload"
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 0 for x in lps):
+                return "bad_payload"
+            if not isinstance(r, (int, float)) or not math.isfinite(r):
+                return "bad_payload"
+        return None
+
+    # ------------------------------------------------------------ training
+
+    def train_step(self, results: list[Result]) -> tuple[float, float]:
+        samples: list[Sample] = []
+        adv: list[float] = []
+        rewards: list[float] = []
+        for res in results:
+            prompt = self.board.prompt_of(res.job)
+            ids = tuple(self.tok.encode(prompt.text))
+            rs = [float(c["reward"]) for c in res.payload["completions"]]
+            rewards += rs
+            for c, a in zip(res.payload["completions"], advantages(rs), strict=True):
+                samples.append(Sample(ids, tuple(c["tokens"]), tuple(c["logprobs"]), float(c["reward"])))
+                adv.append(a)
+        t0 = time.perf_counter()
+        if any(a != 0 for a in adv):
+            value, _ = loss(self.model, samples, adv, self.cfg.grpo)
+            self.opt.zero_grad()
+            value.backward()
+            self.opt.step()
+        return sum(rewards) / max(len(rewards), 1), time.perf_counter() - t0
+
+    def train(self) -> int:
+        """Run to ``cfg.steps``; returns the last published version."""
+        at = self.start()
+        self.post(at + 1)
+        self.post(at + 2)
+        full_bytes = sum(p.numel() * 2 for p in self.model.parameters())
+        for step in range(at + 1, self.cfg.steps + 1):
+            t0 = time.perf_counter()
+            results = self.collect(step)
+            wait = time.perf_counter() - t0
+            reward, train_s = self.train_step(results)
+            t1 = time.perf_counter()
+            info = self.run.publish(self._bf16(), step=step)
+            publish_s = time.perf_counter() - t1
+            self.published[info.version] = info.version_hash
+            if step % self.cfg.state_every == 0 or step == self.cfg.steps:
+                save_state(self.run, step, self.model, self.opt, self.rng)
+            if step + 2 <= self.cfg.steps:
+                self.post(step + 2)
+            rep = StepReport(
+                step,
+                info.version,
+                reward,
+                info.bytes,
+                full_bytes,
+                info.density,
+                publish_s,
+                train_s,
+                wait,
+                now_ms(),
+                len(results),
+                dict(Counter(r.actor for r in results)),
+                dict(self.dropped),
+            )
+            self.coord.note("steps", **asdict(rep))
+            if self.on_step is not None:
+                self.on_step(rep)
+        return self.cfg.steps

@@ -1,0 +1,138 @@
+"""The trainer's resumable state in the home bucket: FP32 masters, optimizer, RNG, position.
+
+Saved every K versions under ``trainer/state-<version>/``: ``tensors.safetensors`` (master
+weights and AdamW moments, by HF name) and ``state.json`` (the version it belongs to, the
+optimizer's step counts and hyper-parameters, RNG states), written last: its existence is
+the commit, as a manifest is for a version. Objects are immutable like everything else in
+the store. No pickle: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from aurora_store.errors import CorruptError, StoreError
+from aurora_store.run import Run
+
+PREFIX = "trainer"
+MAX_JSON_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    version: int
+    extra: dict[str, Any]
+
+
+def _dir(version: int) -> str:
+    return f"{PREFIX}/state-{version:010d}"
+
+
+def save_state(
+    run: Run,
+    version: int,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: random.Random,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write the state that produced ``version`` (after its optimizer step)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {
+        f"model/{n}": p.detach().float().contiguous() for n, p in model.named_parameters()
+    }
+    steps: dict[str, float] = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            n = names[id(p)]
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    tensors[f"opt/{n}/{k}"] = st[k].detach().contiguous()
+            if "step" in st:
+                steps[n] = float(st["step"])
+    doc = {
+        "format": "aurora-trainer-state/1",
+        "version": version,
+        "opt_steps": steps,
+        "opt_groups": [{k: v for k, v in g.items() if k != "params" and _jsonable(v)} for g in opt.param_groups],
+        "python_rng": _encode_rng(rng.getstate()),
+        "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "extra": extra or {},
+    }
+    blob = st_save(tensors)
+    run.store.put_immutable(f"{_dir(version)}/tensors.safetensors", blob, verify=lambda b: b == blob)
+    body = json.dumps(doc, sort_keys=True).encode()
+    run.store.put_immutable(f"{_dir(version)}/state.json", body, verify=lambda b: b == body)
+
+
+def saved_versions(run: Run) -> list[int]:
+    """Versions with a committed trainer state, ascending."""
+    out = []
+    for key in run.store.list_keys(PREFIX):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == "state.json" and parts[1].startswith("state-") and parts[1][6:].isdigit():
+            out.append(int(parts[1][6:]))
+    return sorted(out)
+
+
+def load_state(
+    run: Run, version: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
+) -> SavedState:
+    """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place)."""
+    where = f"{run.uri}/{_dir(version)}"
+    try:
+        doc = json.loads(run.store.get(f"{_dir(version)}/state.json", max_bytes=MAX_JSON_BYTES))
+        if doc.get("format") != "aurora-trainer-state/1" or doc.get("version") != version:
+            raise CorruptError(f"{where}/state.json: not the trainer state of version {version}")
+        cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
+        tensors = st_load(run.store.get(f"{_dir(version)}/tensors.safetensors", max_bytes=cap))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptError(f"{where}: unreadable trainer state: {exc}") from None
+    params = dict(model.named_parameters())
+    expected = {f"model/{n}" for n in params}
+    if not expected <= set(tensors):
+        raise CorruptError(f"{where}: state lacks {sorted(expected - set(tensors))[:3]}")
+    with torch.no_grad():
+        for n, p in params.items():
+            src = tensors[f"model/{n}"]
+            if src.shape != p.shape:
+                raise CorruptError(f"{where}: {n} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
+            p.copy_(src)
+    for n, p in params.items():
+        if n in doc["opt_steps"]:
+            opt.state[p] = {
+                "step": torch.tensor(doc["opt_steps"][n]),
+                "exp_avg": tensors[f"opt/{n}/exp_avg"].clone(),
+                "exp_avg_sq": tensors[f"opt/{n}/exp_avg_sq"].clone(),
+            }
+    rng.setstate(_decode_rng(doc["python_rng"]))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(doc["torch_rng"])), dtype=torch.uint8))
+    return SavedState(version, dict(doc.get("extra", {})))
+
+
+def _jsonable(v: object) -> bool:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _encode_rng(state: tuple[Any, ...]) -> list[Any]:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _decode_rng(doc: list[Any]) -> tuple[Any, ...]:
+    if not isinstance(doc, list) or len(doc) != 3:
+        raise StoreError("trainer state: bad python_rng")
+    return (doc[0], tuple(doc[1]), doc[2])
