@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/aurora bench codec --quick
+	$(VENV)/bin/aurora demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -1,0 +1,312 @@
+"""The RL step loop of ``aurora bench e2e``: a trainer and actors with stand-in durations, real weight sync.
+
+The trainer's step s waits until every actor has finished its batch for step s, "trains" for a fixed
+time, then publishes version s. With one-step asynchrony (``async_level`` 1) the batch for step s may
+run on any version >= s - 2: while the trainer trains step s - 1 on batch s - 1, actors generate batch
+s on version s - 2. At each batch boundary an actor applies what it has staged and, if it still lacks
+the version the next batch needs, waits for it (a stall); then it "generates" for a fixed time. How an
+actor gets versions is the mode: `Synced` stages them from its region's bucket in the background (a
+real `actor.updater.Updater`), `Instant` has them the moment the trainer publishes (no transfer cost).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from actor.updater import Updater
+    from aurora_store.coord import Coordinator
+
+POLL_S = 0.2
+"""Longest a waiting thread goes without checking for a failure elsewhere or the stop signal."""
+BLOCK_MS = 200
+"""How long a stager blocks on Redis for its region's next event."""
+
+
+class LoopError(RuntimeError):
+    """A thread of the loop failed, or a step did not complete in time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timing:
+    """The stand-ins' fixed durations and the step schedule."""
+
+    generation_s: float
+    """One actor's batch ("generation" stand-in: a sleep)."""
+    training_s: float
+    """One trainer step before it publishes ("training" stand-in: a sleep)."""
+    warmup_steps: int
+    """Steps before the timed ones (their batches need only version 0)."""
+    timed_steps: int
+    async_level: int = 1
+    """Off-policy steps allowed: the batch for step s runs on a version >= s - 1 - async_level."""
+    step_timeout_s: float = 1800.0
+    """Longest wait for one step's batches before the run fails."""
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.timed_steps
+
+    def need(self, step: int) -> int:
+        """The oldest version the batch for ``step`` may run on."""
+        return max(0, step - 1 - self.async_level)
+
+
+class Weights(Protocol):
+    """How one actor holds and advances its weights."""
+
+    def held(self) -> int:
+        """The version the next batch would run on."""
+
+    def boundary(self, need: int, stop: threading.Event) -> None:
+        """At a safe point between batches: apply what is staged, and wait until ``held() >= need``."""
+
+    def threads(self, stop: threading.Event) -> list[tuple[str, Callable[[], None]]]:
+        """Background work to run beside the actor (a stager) until ``stop`` is set."""
+
+
+class _Failures:
+    """The first failure of any thread the loop started."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.error: tuple[str, BaseException] | None = None
+
+    def failed(self, who: str, exc: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = (who, exc)
+
+    def check(self) -> None:
+        if self.error is not None:
+            who, exc = self.error
+            raise LoopError(f"{who} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class VersionBox:
+    """The newest version the trainer has published, for `Instant` actors."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.version = 0
+
+    def publish(self, version: int) -> None:
+        with self._cond:
+            self.version = version
+            self._cond.notify_all()
+
+    def wait_for(self, version: int, stop: threading.Event) -> int:
+        with self._cond:
+            while self.version < version and not stop.is_set():
+                self._cond.wait(POLL_S)
+            return self.version
+
+
+class Instant:
+    """Ideal: an actor holds every version the moment it is published; no byte moves, nothing is applied."""
+
+    def __init__(self, box: VersionBox) -> None:
+        self._box = box
+        self._held = 0
+
+    def held(self) -> int:
+        return self._held
+
+    def boundary(self, need: int, stop: threading.Event) -> None:
+        self._held = self._box.wait_for(need, stop)
+
+    def threads(self, stop: threading.Event) -> list[tuple[str, Callable[[], None]]]:
+        return []
+
+
+class Synced:
+    """A real actor's weights: a stager thread fetches, verifies and decodes the region's newest version
+    while the actor generates; the actor applies it at the next batch boundary.
+
+    The stager stages only while nothing staged waits to be applied, so an apply never waits on a fetch
+    in flight; a version that appears meanwhile is staged right after the apply (a full version skips
+    those in between: the updater plans the cheapest path to the newest)."""
+
+    def __init__(self, up: Updater, coord: Coordinator, region: str) -> None:
+        self.up, self.coord, self.region = up, coord, region
+        self._staged = threading.Event()
+        self._applied = threading.Event()
+        self.applied: list[tuple[int, float]] = []
+        """(version, when) of every apply."""
+
+    def held(self) -> int:
+        assert self.up.held is not None
+        return self.up.held.version
+
+    def boundary(self, need: int, stop: threading.Event) -> None:
+        while True:
+            staged = self.up.staged
+            if staged is not None and staged.version > self.held():
+                held = self.up.apply()
+                if held is not None:
+                    self.applied.append((held.version, time.perf_counter()))
+                self._applied.set()
+            if self.held() >= need or stop.is_set():
+                return
+            self._staged.wait(POLL_S)
+            self._staged.clear()
+
+    def threads(self, stop: threading.Event) -> list[tuple[str, Callable[[], None]]]:
+        return [("stager", functools.partial(self._stage_loop, stop))]
+
+    def _stage_loop(self, stop: threading.Event) -> None:
+        after = self.coord.last_event_id(self.region)
+        while not stop.is_set():
+            latest = self.up.latest()
+            held = self.held()
+            if latest is not None and latest > held:
+                staged = self.up.staged
+                if staged is None or staged.version <= held:
+                    self.up.stage(latest)
+                    self._staged.set()
+                else:  # wait for the actor to apply what is staged, then stage what came since
+                    self._applied.wait(POLL_S)
+                    self._applied.clear()
+                continue
+            events = self.coord.events(self.region, after, block_ms=BLOCK_MS)
+            if events:
+                after = events[-1].id
+
+
+@dataclass(slots=True)
+class Batch:
+    actor: str
+    step: int
+    version: int
+    """The version it ran on."""
+    stall_s: float
+    """Time at the boundary before it: applying and waiting for the version it needed."""
+    start: float
+    end: float
+
+
+class _Board:
+    """Which actors have finished their batch for each step."""
+
+    def __init__(self, actors: int) -> None:
+        self._cond = threading.Condition()
+        self._actors = actors
+        self.batches: dict[int, list[Batch]] = {}
+
+    def done(self, batch: Batch) -> None:
+        with self._cond:
+            self.batches.setdefault(batch.step, []).append(batch)
+            self._cond.notify_all()
+
+    def wait(self, step: int, timeout_s: float, check: Callable[[], None]) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while len(self.batches.get(step, ())) < self._actors:
+                check()
+                if time.monotonic() > deadline:
+                    raise LoopError(f"the batches of step {step} were not done within {timeout_s:.0f} s")
+                self._cond.wait(POLL_S)
+
+
+def _actor(name: str, w: Weights, timing: Timing, board: _Board, stop: threading.Event) -> None:
+    for step in range(1, timing.total_steps + 1):
+        t0 = time.perf_counter()
+        w.boundary(timing.need(step), stop)
+        start = time.perf_counter()
+        if stop.is_set():
+            return
+        version = w.held()
+        if stop.wait(timing.generation_s):  # the generation stand-in
+            return
+        board.done(Batch(name, step, version, start - t0, start, time.perf_counter()))
+
+
+def run_steps(
+    weights: dict[str, Weights],
+    publish: Callable[[int], dict[str, Any]],
+    timing: Timing,
+    check: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Run the loop: actors in threads, the trainer here. ``publish(step)`` makes version ``step`` available
+    and returns what to record about it; ``check`` raises if something outside the loop failed."""
+    failures = _Failures()
+    stop = threading.Event()
+    board = _Board(len(weights))
+    threads: list[threading.Thread] = []
+
+    def start(name: str, fn: Callable[[], None]) -> None:
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # reported to the trainer, which raises it
+                failures.failed(name, exc)
+                stop.set()
+
+        t = threading.Thread(target=body, name=name, daemon=True)
+        t.start()
+        threads.append(t)
+
+    def check_all() -> None:
+        failures.check()
+        check()
+
+    steps: list[dict[str, Any]] = []
+    try:
+        for name, w in weights.items():
+            for what, fn in w.threads(stop):
+                start(f"{what} {name}", fn)
+        t_start = time.perf_counter()
+        for name, w in weights.items():
+            start(f"actor {name}", functools.partial(_actor, name, w, timing, board, stop))
+        for step in range(1, timing.total_steps + 1):
+            t0 = time.perf_counter()
+            board.wait(step, timing.step_timeout_s, check_all)
+            t1 = time.perf_counter()
+            time.sleep(timing.training_s)  # the training stand-in
+            t2 = time.perf_counter()
+            info = publish(step)
+            t3 = time.perf_counter()
+            steps.append({"step": step, "trainer_waited_s": t1 - t0, "publish_s": t3 - t2, "end": t3 - t_start, **info})
+        check_all()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    return _summary(steps, board.batches, timing)
+
+
+def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timing: Timing) -> dict[str, Any]:
+    """Per step: time since the previous step's end, stalls, versions used; means over the timed steps."""
+    out = []
+    for i, s in enumerate(steps):
+        bs = batches[s["step"]]
+        prev_end = steps[i - 1]["end"] if i else 0.0
+        out.append(
+            {
+                **s,
+                "step_time_s": s["end"] - prev_end,
+                "stall_max_s": max(b.stall_s for b in bs),
+                "stall_mean_s": sum(b.stall_s for b in bs) / len(bs),
+                "versions_used": sorted({b.version for b in bs}),
+                "staleness_max": max(s["step"] - 1 - b.version for b in bs),
+            }
+        )
+    timed = out[timing.warmup_steps :]
+
+    def mean(key: str) -> float:
+        return sum(s[key] for s in timed) / len(timed)
+
+    return {
+        "step_time_s": mean("step_time_s"),
+        "stall_max_s": mean("stall_max_s"),
+        "stall_fraction": sum(s["stall_max_s"] for s in timed) / sum(s["step_time_s"] for s in timed),
+        "trainer_waited_s": mean("trainer_waited_s"),
+        "publish_s": mean("publish_s"),
+        "staleness_max": max(s["staleness_max"] for s in timed),
+        "steps": out,
+    }
