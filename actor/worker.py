@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import random
 import signal
 import threading
 import time
@@ -74,9 +75,30 @@ class Worker:
         held = self.up.bootstrap()
         self.coord.register("actor", self.args.region, worker_id=self.wid, ttl_s=self.args.heartbeat_s)
         rejoined = self.board.joined(self.wid)
+        if not rejoined:
+            self._calibrate()
         self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
         self._applied(held.version)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+
+    def _calibrate(self) -> None:
+        """One batch on the task's demo prompts, so the first split already knows this actor's speed."""
+        demos = self.task.demos(random.Random(self.wid), self.args.batch)
+        t0 = time.perf_counter()
+        outs = self.engine.generate(
+            [self.tok.encode(p) for p, _ in demos],
+            samples=self.args.group,
+            max_new_tokens=self.args.max_new_tokens,
+            temperature=self.args.temperature,
+            seed=0,
+        )
+        self._emulate_slowdown(time.perf_counter() - t0)
+        tokens = sum(len(c.token_ids) for comps in outs for c in comps)
+        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.args.beta)
+
+    def _emulate_slowdown(self, elapsed: float) -> None:
+        if self.args.slowdown > 1:  # emulated slower hardware: documented, not hidden
+            time.sleep(elapsed * (self.args.slowdown - 1))
 
     def _applied(self, version: int) -> None:
         with contextlib.suppress(StoreError):
@@ -152,9 +174,7 @@ class Worker:
                 temperature=self.args.temperature,
                 seed=zlib.crc32(f"{self.wid}|{batch[0].job}".encode()),
             )
-        elapsed = time.perf_counter() - t0
-        if self.args.slowdown > 1:  # emulated slower hardware: documented, not hidden
-            time.sleep(elapsed * (self.args.slowdown - 1))
+        self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
         for lease, comps in zip(batch, outs, strict=True):
             payload = {

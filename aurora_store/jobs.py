@@ -101,6 +101,8 @@ class OpenJob:
     version: int
     actor: str
     deadline_ms: int
+    taken: bool
+    """Whether the holder has taken it from its inbox (started it)."""
 
 
 def now_ms() -> int:
@@ -159,11 +161,12 @@ class JobBoard:
         """Jobs leased and not yet admitted."""
         out = []
         for job in sorted(self._call(self.r.smembers, self._k("open"))):
-            h = self._call(self.r.hmget, self._k("job", job), "step", "version", "actor", "deadline_ms", "state")
+            fields = ("step", "version", "actor", "deadline_ms", "state", "token", "taken_token")
+            h = self._call(self.r.hmget, self._k("job", job), *fields)
             if h[4] != "leased":
                 self._call(self.r.srem, self._k("open"), job)
                 continue
-            out.append(OpenJob(job, int(h[0]), int(h[1]), h[2], int(h[3])))
+            out.append(OpenJob(job, int(h[0]), int(h[1]), h[2], int(h[3]), h[6] is not None and h[6] == h[5]))
         return out
 
     def prompt_of(self, job: str) -> Prompt:

@@ -81,7 +81,7 @@ class Config:
 
 
 DEFAULT = Config()
-QUICK = Config(layers=1, vocab=8192, steps=3, actors=1, full_part_bytes=2 * MIB, verify_live=True)
+QUICK = Config(layers=1, vocab=8192, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
 
 
 def world_config(cfg: Config) -> Any:
@@ -124,15 +124,26 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         def tick(what: str | None = None) -> None:
             bar.update(task, advance=1, description=what)
 
+        phases: dict[str, float] = {}
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name], mark = now - mark, now
+
         versions = max(cfg.total_steps, cfg.calibration_versions if cfg.generation_s is None else 0)
         work = make_workload(cfg.layers, cfg.vocab, cfg.seed, cfg.first_step, versions, tick)
+        lap("trace")
         tick("starting S3 servers, WAN links, Redis")
         world = _World(wcfg, stack)
+        lap("world")
         calibration: dict[str, Any] = {"source": "given"}
         if cfg.generation_s is None:
             tick("calibrating: full syncs")
             calibration = e2e_modes.calibrate(world, work, cfg.calibration_versions)
             gen = calibration["full_sync_s"] / cfg.sync_over_generation
+            lap("calibration")
         else:
             gen = cfg.generation_s
         timing = Timing(
@@ -150,6 +161,7 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
                 modes[mode] = e2e_modes.ideal(world, timing)
             else:
                 modes[mode] = e2e_modes.synced(mode, world, work, timing)
+            lap(mode)
         rss = {
             "bench": _peak_rss_mb(),
             "s3_servers": {"home": world.home.peak_rss_mb(), **{r.name: r.server.peak_rss_mb() for r in world.regions}},
@@ -187,6 +199,7 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         "modes": modes,
         "peak_rss_mb": rss,
         "seconds": time.perf_counter() - started,
+        "phase_seconds": phases,
     }
     return summarize(result)
 

@@ -19,7 +19,10 @@ pytestmark = pytest.mark.slow
 def demo(*args: str, timeout: float = 600) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", "demo", "--json", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -43,7 +46,19 @@ def test_default_demo_learns_and_every_region_verifies(tmp_path: Path) -> None:
 
 def test_demo_against_a_real_redis_and_given_stores(tmp_path: Path, redis_server: Any) -> None:
     stores = [(tmp_path / r).as_uri() for r in ("a", "b", "c")]
-    summary = demo("--redis", redis_server.url, "--store", *stores, "--steps", "4", "--prompts", "8",
-                   "--sft-steps", "20", "--workdir", str(tmp_path / "work"))
+    summary = demo(
+        "--redis",
+        redis_server.url,
+        "--store",
+        *stores,
+        "--steps",
+        "4",
+        "--prompts",
+        "8",
+        "--sft-steps",
+        "20",
+        "--workdir",
+        str(tmp_path / "work"),
+    )
     assert summary["steps"] == 4 and summary["versions_verified"] == 15
     assert all((tmp_path / r / "versions").is_dir() for r in ("a", "b", "c"))

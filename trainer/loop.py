@@ -25,7 +25,7 @@ import torch
 from aurora_store.attachments import get_attachment, put_attachment
 from aurora_store.coord import Coordinator, RegionAnnouncer
 from aurora_store.errors import StoreError
-from aurora_store.jobs import JobBoard, Result, now_ms
+from aurora_store.jobs import JobBoard, OpenJob, Result, now_ms
 from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
 from aurora_store.run import Run, open_run
 from aurora_store.schedule import effective, split
@@ -67,6 +67,8 @@ class TrainerConfig:
     """Share multiplier for an actor that rejoined, until it finishes a batch."""
     seed: int = 0
     sweep_s: float = 0.25
+    steal: bool = True
+    """Idle eligible actors take over half of the not-yet-started jobs of the most loaded actor."""
 
 
 @dataclass(slots=True)
@@ -84,6 +86,7 @@ class StepReport:
     admitted: int
     shares: dict[str, int]
     dropped: dict[str, int]
+    stolen: int
 
 
 class Trainer:
@@ -104,6 +107,7 @@ class Trainer:
         self.step_jobs: dict[int, set[str]] = defaultdict(set)
         self.admitted: dict[int, dict[str, Result]] = defaultdict(dict)
         self.dropped: Counter[str] = Counter()
+        self.stolen = 0
         self._after = "0-0"
         self._last_sweep = 0.0
 
@@ -202,16 +206,39 @@ class Trainer:
                 self.board.lease(job, actor, version=version, lease_s=self.cfg.lease_s, step=step, prompt=prompt)
 
     def _sweep(self) -> None:
-        """Re-lease jobs whose lease expired or whose actor is gone; place pending prompts."""
+        """Re-lease jobs whose lease expired or whose actor is gone; place pending prompts; let idle
+        actors take over half of the not-yet-started jobs of the actor with the most of them."""
         alive = set(self.coord.workers())
         now = now_ms()
-        for j in self.board.open_jobs():
+        jobs = self.board.open_jobs()
+        for j in jobs:
             if j.job in self.pending or j.job not in self.step_jobs[j.step]:
                 continue
             if j.deadline_ms < now or j.actor not in alive:
                 self.pending[j.job] = (j.step, self.board.prompt_of(j.job))
                 self.dropped["lease_lost"] += 1
         self._assign(turn=int(now // 1000))
+        if self.cfg.steal:
+            self._rebalance([j for j in jobs if j.job not in self.pending and j.actor in alive])
+
+    def _rebalance(self, jobs: list[OpenJob]) -> None:
+        busy = {j.actor for j in jobs}
+        untaken: dict[str, list[OpenJob]] = defaultdict(list)
+        for j in jobs:
+            if not j.taken and j.deadline_ms > 0:
+                untaken[j.actor].append(j)
+        version = max(self.published)
+        for thief in sorted(set(self._eligible()) - busy):
+            if not untaken:
+                return
+            donor = max(sorted(untaken), key=lambda a: len(untaken[a]))
+            n = (len(untaken[donor]) + 1) // 2
+            moved, untaken[donor] = untaken[donor][-n:], untaken[donor][:-n]
+            if not untaken[donor]:
+                del untaken[donor]
+            for j in moved:
+                if self.board.lease(j.job, thief, version=version, lease_s=self.cfg.lease_s):
+                    self.stolen += 1
 
     def collect(self, step: int) -> list[Result]:
         """Block until every prompt of ``step`` has one admitted result."""
@@ -314,6 +341,7 @@ class Trainer:
                 len(results),
                 dict(Counter(r.actor for r in results)),
                 dict(self.dropped),
+                self.stolen,
             )
             self.coord.note("steps", **asdict(rep))
             if self.on_step is not None:

@@ -53,7 +53,9 @@ def save_state(
     for group in opt.param_groups:
         for p in group["params"]:
             st = opt.state.get(p, {})
-            n = names[id(p)]
+            n = names.get(id(p))
+            if n is None:
+                raise StoreError("trainer state: the optimizer holds a parameter the model does not have")
             for k in ("exp_avg", "exp_avg_sq"):
                 if k in st:
                     tensors[f"opt/{n}/{k}"] = st[k].detach().contiguous()

@@ -1,0 +1,241 @@
+"""Trainer pieces on real Redis and real tensors: gating, rebalancing, payload checks, GRPO math,
+resumable state, and that the actor's log-probabilities are the trainer's."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actor.torch_engine import TorchEngine
+from aurora_store.errors import CorruptError, StoreError
+from aurora_store.jobs import Result
+from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
+from aurora_store.run import open_run
+from aurora_store.tasks import Prompt, TaskError, load_task
+from trainer.grpo import GRPOConfig, Sample, advantages, batch, loss, token_logprobs
+from trainer.loop import Trainer, TrainerConfig
+from trainer.state import load_state, save_state, saved_versions
+
+TOK = CharTokenizer()
+
+
+def tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return build_model(tiny_config(TOK.vocab_size, hidden=32, layers=1, heads=2, kv_heads=1), seed=seed, dtype=dtype)
+
+
+@pytest.fixture
+def trainer(redis_server: Any) -> Trainer:
+    cfg = TrainerConfig(
+        store=f"memory://trainer-{uuid.uuid4().hex}/run", redis=redis_server.url, run_id="t", group=2, max_new_tokens=4
+    )
+    t = Trainer(cfg)
+    t.published = {0: "h0", 1: "h1", 2: "h2"}
+    return t
+
+
+def actor(t: Trainer, wid: str, version: int, *, alive: bool = True, role: str = "actor") -> None:
+    t.coord.register(role, "home", worker_id=wid, ttl_s=30)
+    t.coord.update_worker(wid, version=version)
+    if not alive:
+        t.coord.r.delete(t.coord.key("hb", wid))
+
+
+def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Trainer) -> None:
+    actor(trainer, "latest", 2)
+    actor(trainer, "one-behind", 1)
+    actor(trainer, "two-behind", 0)
+    actor(trainer, "dead", 2, alive=False)
+    actor(trainer, "relay-eu", 2, role="relay")
+    assert set(trainer._eligible()) == {"latest", "one-behind"}
+
+
+def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Trainer) -> None:
+    actor(trainer, "busy", 2)
+    actor(trainer, "idle", 2)
+    prompts = {f"j{i}": Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)}
+    for job, p in prompts.items():
+        trainer.step_jobs[3].add(job)
+        trainer.board.lease(job, "busy", version=2, lease_s=30, step=3, prompt=p)
+    started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
+    trainer._sweep()
+    holders = {j.job: j.actor for j in trainer.board.open_jobs()}
+    assert sorted(holders.values()).count("idle") == 2, "half of the four unstarted ones"
+    assert all(holders[lease.job] == "busy" for lease in started), "started work is never taken away"
+    assert trainer.stolen == 2
+
+
+def result(payload: dict[str, Any]) -> Result:
+    return Result("1-0", "j", 1, "a", 0, "h0", payload)
+
+
+GOOD = {"tokens": [5, EOS], "logprobs": [-0.5, -0.1], "reward": 1.0}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"completions": "no"},
+        {"completions": [GOOD]},  # one completion, group is 2
+        {"completions": [GOOD, "x"]},
+        {"completions": [GOOD, {**GOOD, "tokens": []}]},
+        {"completions": [GOOD, {**GOOD, "tokens": [5], "logprobs": [-1.0, -1.0]}]},
+        {"completions": [GOOD, {**GOOD, "tokens": [5] * 5, "logprobs": [-1.0] * 5}]},  # over max_new_tokens
+        {"completions": [GOOD, {**GOOD, "tokens": [TOK.vocab_size], "logprobs": [-1.0]}]},
+        {"completions": [GOOD, {**GOOD, "tokens": [-1], "logprobs": [-1.0]}]},
+        {"completions": [GOOD, {**GOOD, "tokens": [1.5], "logprobs": [-1.0]}]},
+        {"completions": [GOOD, {**GOOD, "logprobs": [0.5, -0.1]}]},
+        {"completions": [GOOD, {**GOOD, "logprobs": [math.nan, -0.1]}]},
+        {"completions": [GOOD, {**GOOD, "reward": math.inf}]},
+        {"completions": [GOOD, {**GOOD, "reward": "1"}]},
+    ],
+)
+def test_hostile_payloads_are_refused(trainer: Trainer, bad: dict[str, Any]) -> None:
+    assert trainer._check_payload(result(bad)) == "bad_payload"
+    assert trainer._check_payload(result({"completions": [GOOD, GOOD]})) is None
+
+
+def test_advantages() -> None:
+    assert advantages([1, 1, 1, 1]) == [0.0] * 4, "no signal in a group that all agrees"
+    a = advantages([1, 0, 0, 0])
+    assert a[0] > 0 > a[1] and abs(sum(a)) < 1e-9
+    assert advantages([0.5]) == [0.0]
+
+
+def test_grpo_step_raises_the_logprob_of_a_rewarded_completion() -> None:
+    torch.manual_seed(0)
+    model = tiny()
+    prompt = tuple(TOK.encode("3+4="))
+    good, bad = (10, EOS), (11, EOS)
+    ids, attn, _comp, _ = batch([Sample(prompt, good, (0.0, 0.0), 1.0), Sample(prompt, bad, (0.0, 0.0), 0.0)])
+    with torch.no_grad():
+        before = token_logprobs(model, ids, attn, 1.0)
+    samples = [
+        Sample(prompt, t, tuple(before[i, len(prompt) - 1 : len(prompt) + 1].tolist()), r)
+        for i, (t, r) in enumerate(((good, 1.0), (bad, 0.0)))
+    ]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    value, info = loss(model, samples, advantages([1.0, 0.0]), GRPOConfig())
+    assert info["logprob_drift"] < 1e-6, "on-policy: the ratio starts at 1"
+    value.backward()
+    opt.step()
+    with torch.no_grad():
+        after = token_logprobs(model, ids, attn, 1.0)
+    p = len(prompt) - 1
+    assert after[0, p] > before[0, p] and after[1, p] < before[1, p]
+
+
+def test_clipped_ratio_gives_no_gradient_past_the_clip() -> None:
+    model = tiny()
+    prompt = tuple(TOK.encode("1+1="))
+    ids, attn, _, _ = batch([Sample(prompt, (5,), (0.0,), 1.0)])
+    with torch.no_grad():
+        lp = float(token_logprobs(model, ids, attn, 1.0)[0, len(prompt) - 1])
+    stale = Sample(prompt, (5,), (lp - 1.0,), 1.0)  # ratio e ≈ 2.7, beyond 1 + 0.2, advantage > 0
+    value, info = loss(model, [stale, Sample(prompt, (6,), (lp,), 0.0)], [1.0, 0.0], GRPOConfig())
+    value.backward()
+    assert info["clip_frac"] > 0
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in model.parameters())
+
+
+def test_actor_logprobs_are_the_trainers() -> None:
+    """The engine's sampled-token log-probabilities equal the trainer's for the same weights, so an
+    on-policy importance ratio is 1 (prompts of different lengths, so several buckets)."""
+    model = tiny(seed=3)
+    engine = TorchEngine(model)
+    prompts = [TOK.encode(t) for t in ("1+2=", "12+30=", "7+8=")]
+    outs = engine.generate(prompts, samples=3, max_new_tokens=4, temperature=0.7, seed=1)
+    samples = [Sample(tuple(p), c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, outs, strict=True) for c in cs]
+    assert all(len(cs) == 3 for cs in outs)
+    assert all(c.finish_reason == ("stop" if c.token_ids[-1] == EOS else "length") for cs in outs for c in cs)
+    _, info = loss(model, samples, [0.0] * len(samples), GRPOConfig(temperature=0.7))
+    assert info["logprob_drift"] < 1e-5
+
+
+def test_state_round_trip_and_refusals() -> None:
+    run = open_run(f"memory://state-{uuid.uuid4().hex}/run")
+    model, rng = tiny(seed=1), random.Random(5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(input_ids=torch.tensor([[1, 5, 6]])).logits.sum().backward()
+    opt.step()
+    rng.random()
+    save_state(run, 7, model, opt, rng, {"note": "x"})
+    expect_next = rng.random()
+    assert saved_versions(run) == [7]
+
+    model2, rng2 = tiny(seed=2), random.Random(0)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    saved = load_state(run, 7, model2, opt2, rng2)
+    assert saved.extra == {"note": "x"} and rng2.random() == expect_next
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters(), strict=True):
+        assert torch.equal(a, b), n
+        assert torch.equal(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"])
+    other = tiny(seed=9)
+    with pytest.raises(StoreError):
+        save_state(run, 7, other, torch.optim.AdamW(other.parameters()), rng)  # a saved state is immutable
+    with pytest.raises(StoreError):
+        save_state(run, 9, other, opt, rng)  # an optimizer of another model
+    run.store.put_immutable("trainer/state-0000000008/state.json", b"{not json", verify=lambda b: True)
+    with pytest.raises(CorruptError):
+        load_state(run, 8, model2, opt2, rng2)
+    with pytest.raises(CorruptError):
+        load_state(run, 7, build_model(tiny_config(TOK.vocab_size, hidden=64)), opt2, rng2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40))
+def test_tokenizer_round_trip(text: str) -> None:
+    assert TOK.decode(TOK.encode(text)) == text
+    assert TOK.decode([*TOK.encode(text, bos=False), EOS, 7, 8]) == text
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"[]",
+        b"{",
+        b'{"type": "x"}',
+        b'{"type": "aurora-char", "chars": 5}',
+        b'{"type": "aurora-char", "chars": "aa", "specials": ["<pad>", "<bos>", "<eos>"]}',
+        b'{"type": "aurora-char", "chars": "ab", "specials": []}',
+        b"\xff\xfe",
+    ],
+)
+def test_hostile_tokenizer_files(blob: bytes) -> None:
+    with pytest.raises(StoreError):
+        CharTokenizer.from_json(blob)
+
+
+def test_tokenizer_refuses_unknown_characters() -> None:
+    with pytest.raises(StoreError):
+        TOK.encode("é")
+    assert json.loads(TOK.to_json())["type"] == "aurora-char"
+
+
+@pytest.mark.parametrize("spec", ["", "nope", "os:", ":x", "no.such.module:f", "json:nothing", "json:dumps"])
+def test_bad_task_specs(spec: str) -> None:
+    with pytest.raises((TaskError, TypeError)):
+        load_task(spec)
+
+
+@pytest.mark.parametrize("doc", [None, [], {"id": "a", "text": "b"}, {"id": 1, "text": "b", "answer": "c"}])
+def test_bad_prompt_documents(doc: Any) -> None:
+    with pytest.raises(TaskError):
+        Prompt.from_dict(doc)
+
+
+def test_builtin_tasks_reward_exact_answers() -> None:
+    for name in ("arith", "reverse"):
+        task = load_task(name)
+        for p in task.prompts(random.Random(0), 20):
+            assert task.reward(p, p.answer) == 1.0 and task.reward(p, p.answer + "0") == 0.0
+            TOK.encode(p.text)
