@@ -143,8 +143,7 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     loop.coord.register("actor", "home", worker_id=rogue, ttl_s=120)
     loop.coord.update_worker(rogue, version=0)
     trainer = loop.trainer("--steps", "5")
-    loop.actor("fast")
-    slow = loop.actor("slow", "--slowdown", "400", "--batch", "2")
+    slow = loop.actor("slow", "--slowdown", "100", "--batch", "2")  # alone at first: it must get work
     board = JobBoard(loop.coord)
     # the rogue takes what it is given and answers with a forged version hash, then leaves
     leases = []
@@ -170,6 +169,7 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
 
     wait_for(slow_busy, "the slow actor to be mid-batch", 120)
     slow.kill()
+    loop.actor("fast")
     loop.finish(trainer, "trainer")
     _check_exactly_once(loop, 5)
     dropped = loop.steps()[-1]["dropped"]
@@ -221,3 +221,46 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     assert sum(behind) == 0, "no work while it was more than one version behind"
     assert after and sum(after) > 0, f"once it held v or v-1 again it got work: {applied}, {reports}"
     _check_exactly_once(loop, 16)
+
+
+def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
+    """Two gloo ranks: FSDP2 shards the model, rank 0 runs the jobs, both publish their shards."""
+    trainer = loop._spawn(
+        "trainer",
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "aurora_store.cli",
+            "train",
+            "--store",
+            loop.store,
+            "--redis",
+            loop.redis,
+            "--run-id",
+            loop.run_id,
+            "--sft-steps",
+            "20",
+            "--prompts",
+            str(PROMPTS),
+            "--group",
+            str(GROUP),
+            "--steps",
+            "3",
+            "--state-every",
+            "1",
+        ],
+    )
+    loop.actor("a")
+    loop.finish(trainer, "trainer", timeout=300)
+    run = open_run(loop.store)
+    assert run.versions() == [0, 1, 2, 3] and audit(run).ok
+    _check_exactly_once(loop, 3)
+    deltas = [run.manifest(v) for v in (1, 2, 3) if run.manifest(v).kind == "delta"]
+    assert deltas, "at least one delta version"
+    for m in deltas:
+        ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in m.segments}
+        assert ordinals == {0, 1}, f"version {m.version}: segments from both ranks ({[s.key for s in m.segments]})"

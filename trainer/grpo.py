@@ -74,8 +74,11 @@ def loss(
     adv: Sequence[float],
     cfg: GRPOConfig,
     reference: torch.nn.Module | None = None,
+    *,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO loss over ``samples`` (token-mean) and diagnostics."""
+    """The GRPO loss over ``samples`` (token-mean, or token-sum over ``normalizer``: a data-parallel
+    rank passes the global token count over the world size) and diagnostics."""
     ids, attn, comp, old = batch(samples)
     new = token_logprobs(model, ids, attn, cfg.temperature)
     a = torch.tensor(adv, dtype=torch.float32)[:, None]
@@ -91,7 +94,7 @@ def loss(
         per_token = per_token + cfg.kl_coef * k3
         kl = (k3 * comp).sum() / comp.sum().clamp(min=1)
     n = comp.sum().clamp(min=1)
-    total = (per_token * comp).sum() / n
+    total = (per_token * comp).sum() / (n if normalizer is None else max(normalizer, 1e-9))
     with torch.no_grad():
         clipped = (((ratio - 1).abs() > cfg.clip).float() * comp).sum() / n
         drift = ((new - old).abs() * comp).sum() / n

@@ -30,7 +30,9 @@ from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
 from aurora_store.run import Run, open_run
 from aurora_store.schedule import effective, split
 from aurora_store.tasks import Prompt, load_task
+from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, loss, sft_loss
+from trainer.sharded import ShardedPublisher
 from trainer.state import load_state, save_state, saved_versions
 
 log = logging.getLogger("aurora.trainer")
@@ -99,6 +101,8 @@ class Trainer:
         self.run: Run = open_run(cfg.store, storage_options=cfg.storage_options, full_every=cfg.full_every)
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
         self.on_step = on_step
+        self.dist = Dist()
+        self.reference: torch.nn.Module | None = None
         self.rng = random.Random(cfg.seed)
         self.tag = uuid.uuid4().hex[:8]
         self.published: dict[int, str] = {}
@@ -117,11 +121,12 @@ class Trainer:
         return tiny_config(self.tok.vocab_size, hidden=self.cfg.hidden, layers=self.cfg.layers)
 
     def start(self) -> int:
-        """Build or restore the model; returns the version the policy is at."""
-        latest = self.run.latest()
+        """Build or restore the model on every rank; returns the version the policy is at."""
+        latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
+        config = self._model_config() if latest is None else json.loads(get_attachment(self.run, "config.json"))
+        self.model = self.dist.shard(build_model(config, seed=self.cfg.seed))
+        self.publisher = ShardedPublisher(self.run, self.model)
         if latest is not None:
-            config = json.loads(get_attachment(self.run, "config.json"))
-            self.model = build_model(config, seed=self.cfg.seed)
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
             saved = [v for v in saved_versions(self.run) if v <= latest]
             if not saved:
@@ -129,31 +134,45 @@ class Trainer:
             load_state(self.run, saved[-1], self.model, self.opt, self.rng)
             if saved[-1] != latest:
                 log.warning(
-                    "resuming from the state of version %d; versions %d..%d were published from state that "
-                    "was not saved, so version %d continues from version %d's optimizer state",
+                    "resuming from the state of version %d; versions %d..%d were published from state that was "
+                    "not saved, so version %d continues from version %d's optimizer state",
                     saved[-1],
                     saved[-1] + 1,
                     latest,
                     latest + 1,
                     saved[-1],
                 )
-            for v in range(max(0, latest - 2), latest + 1):
-                self.published[v] = self.run.manifest(v).version_hash
-            self.board.forget(
-                [j.job for j in self.board.open_jobs()]
-            )  # a predecessor's jobs: their results are not ours
-            self._after = self.board.last_result_id()
-            return latest
-        self.model = build_model(self._model_config(), seed=self.cfg.seed)
+            self._load_reference(config)
+            if self.dist.main:
+                for v in range(max(0, latest - 2), latest + 1):
+                    self.published[v] = self.run.manifest(v).version_hash
+                # a predecessor's jobs: their results are not ours
+                self.board.forget([j.job for j in self.board.open_jobs()])
+                self._after = self.board.last_result_id()
+            return int(latest)
         self._warm_start()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
-        put_attachment(self.run, "config.json", json.dumps(self._model_config(), indent=1).encode())
-        put_attachment(self.run, "tokenizer.json", self.tok.to_json())
-        put_attachment(self.run, "task.json", json.dumps({"task": self.cfg.task}).encode())
-        info = self.run.publish(self._bf16(), step=0, kind="full", meta={"task": self.cfg.task})
+        if self.dist.main:
+            put_attachment(self.run, "config.json", json.dumps(config, indent=1).encode())
+            put_attachment(self.run, "tokenizer.json", self.tok.to_json())
+            put_attachment(self.run, "task.json", json.dumps({"task": self.cfg.task}).encode())
+        self.dist.barrier()
+        info = self.publisher.publish(step=0, kind="full", meta={"task": self.cfg.task})
         self.published[0] = info.version_hash
-        save_state(self.run, 0, self.model, self.opt, self.rng)
+        save_state(self.run, 0, self.model, self.opt, self.rng, write=self.dist.main)
+        self._load_reference(config)
         return 0
+
+    def _load_reference(self, config: dict[str, Any]) -> None:
+        """The frozen KL reference: version 0 exactly as published (BF16 weights, computed in FP32)."""
+        if self.cfg.grpo.kl_coef <= 0:
+            return
+        ref = build_model(config, seed=self.cfg.seed)
+        weights = self.run.materialize(0)
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                p.copy_(weights[n].float())
+        self.reference = self.dist.shard(ref.eval().requires_grad_(False))
 
     def _warm_start(self) -> None:
         """A short supervised phase so the policy's first rewards are not all zero."""
@@ -166,9 +185,6 @@ class Trainer:
             opt.zero_grad()
             sft_loss(self.model, prompts, answers).backward()
             opt.step()
-
-    def _bf16(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()}
 
     # ------------------------------------------------------------ jobs
 
@@ -288,43 +304,55 @@ class Trainer:
 
     # ------------------------------------------------------------ training
 
-    def train_step(self, results: list[Result]) -> tuple[float, float]:
-        samples: list[Sample] = []
+    def _batch(self, results: list[Result]) -> dict[str, Any]:
+        """A step's training batch as plain JSON (rank 0 broadcasts it under torchrun)."""
+        rows: list[list[Any]] = []
         adv: list[float] = []
-        rewards: list[float] = []
         for res in results:
-            prompt = self.board.prompt_of(res.job)
-            ids = tuple(self.tok.encode(prompt.text))
-            rs = [float(c["reward"]) for c in res.payload["completions"]]
-            rewards += rs
-            for c, a in zip(res.payload["completions"], advantages(rs), strict=True):
-                samples.append(Sample(ids, tuple(c["tokens"]), tuple(c["logprobs"]), float(c["reward"])))
-                adv.append(a)
+            ids = self.tok.encode(self.board.prompt_of(res.job).text)
+            comps = res.payload["completions"]
+            rs = [float(c["reward"]) for c in comps]
+            adv += advantages(rs)
+            rows += [[ids, c["tokens"], c["logprobs"], float(c["reward"])] for c in comps]
+        return {"rows": rows, "adv": adv}
+
+    def train_step(self, batch: dict[str, Any]) -> tuple[float, float]:
+        """One optimizer step on ``batch``; each rank takes its slice (data parallel)."""
+        samples = [Sample(tuple(p), tuple(t), tuple(lp), r) for p, t, lp, r in batch["rows"]]
+        adv = batch["adv"]
         t0 = time.perf_counter()
-        if any(a != 0 for a in adv):
-            value, _ = loss(self.model, samples, adv, self.cfg.grpo)
+        if any(a != 0 for a in adv):  # every rank decides alike: the batch is the same everywhere
+            w, r = self.dist.world, self.dist.rank
+            tokens = sum(len(s.token_ids) for s in samples)
+            value, _ = loss(self.model, samples[r::w], adv[r::w], self.cfg.grpo, self.reference, normalizer=tokens / w)
             self.opt.zero_grad()
             value.backward()
             self.opt.step()
-        return sum(rewards) / max(len(rewards), 1), time.perf_counter() - t0
+        reward = sum(s.reward for s in samples) / max(len(samples), 1)
+        return reward, time.perf_counter() - t0
 
     def train(self) -> int:
-        """Run to ``cfg.steps``; returns the last published version."""
+        """Run to ``cfg.steps``; returns the last published version. Collective under torchrun."""
+        main = self.dist.main
         at = self.start()
-        self.post(at + 1)
-        self.post(at + 2)
+        if main:
+            self.post(at + 1)
+            self.post(at + 2)
         full_bytes = sum(p.numel() * 2 for p in self.model.parameters())
         for step in range(at + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
-            results = self.collect(step)
+            results = self.collect(step) if main else []
+            batch = self.dist.broadcast(self._batch(results) if main else None)
             wait = time.perf_counter() - t0
-            reward, train_s = self.train_step(results)
+            reward, train_s = self.train_step(batch)
             t1 = time.perf_counter()
-            info = self.run.publish(self._bf16(), step=step)
+            info = self.publisher.publish(step=step)
             publish_s = time.perf_counter() - t1
             self.published[info.version] = info.version_hash
             if step % self.cfg.state_every == 0 or step == self.cfg.steps:
-                save_state(self.run, step, self.model, self.opt, self.rng)
+                save_state(self.run, step, self.model, self.opt, self.rng, write=main)
+            if not main:
+                continue
             if step + 2 <= self.cfg.steps:
                 self.post(step + 2)
             rep = StepReport(

@@ -122,7 +122,7 @@ def _flat_range(name: str, t: Any) -> tuple[int, int] | None:
     return lo, lo + numel
 
 
-class _Comm:
+class Collectives:
     """The few collectives a publish needs, on ``group``; JSON travels as uint8 tensors."""
 
     def __init__(self, group: Any) -> None:
@@ -224,7 +224,7 @@ class ShardedPublisher:
             }
             return self.run.publish(state, kind=kind, step=step, meta=meta)
         t0 = time.perf_counter()
-        comm = _Comm(self.group)
+        comm = Collectives(self.group)
         local, failure = _attempt(lambda: local_words(self.model, dtype=self.dtype, group=self.group))
         plan = None
         if comm.rank == 0 and local is not None:
@@ -322,7 +322,7 @@ class ShardedPublisher:
         }
 
     def _resync(
-        self, comm: _Comm, local: LocalShards, table: dict[str, list[tuple[int, int, int]]], parent: Any
+        self, comm: Collectives, local: LocalShards, table: dict[str, list[tuple[int, int, int]]], parent: Any
     ) -> None:
         """Rank 0 loads the parent version once and sends every rank the bits of its ranges."""
         state, failure = None, None
@@ -356,7 +356,7 @@ class ShardedPublisher:
         )
 
     def _delta(
-        self, comm: _Comm, version: int, local: LocalShards
+        self, comm: Collectives, version: int, local: LocalShards
     ) -> tuple[DeltaBuilder | None, dict[str, Any], BaseException | None]:
         """Diff, encode and upload this rank's ranges (no collectives: failures are reported)."""
         base = self._base
@@ -399,7 +399,7 @@ class ShardedPublisher:
         )
 
     def _full(
-        self, comm: _Comm, version: int, local: LocalShards, table: dict[str, list[tuple[int, int, int]]]
+        self, comm: Collectives, version: int, local: LocalShards, table: dict[str, list[tuple[int, int, int]]]
     ) -> tuple[dict[str, Any], BaseException | None]:
         """Shard g of the version is assembled on rank g mod W, built and uploaded there. Every
         rank takes part in every transfer even after a local failure, so none waits forever."""

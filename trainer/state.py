@@ -36,6 +36,22 @@ def _dir(version: int) -> str:
     return f"{PREFIX}/state-{version:010d}"
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor shard is gathered (a collective: every rank must call)."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).detach()
+
+
+def _like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` laid out as ``like``: this rank's shard when ``like`` is a DTensor."""
+    mesh = getattr(like, "device_mesh", None)
+    if mesh is None:
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full.to(like.dtype), mesh, like.placements)  # type: ignore[attr-defined]
+
+
 def save_state(
     run: Run,
     version: int,
@@ -43,12 +59,15 @@ def save_state(
     opt: torch.optim.Optimizer,
     rng: random.Random,
     extra: dict[str, Any] | None = None,
+    *,
+    write: bool = True,
 ) -> None:
-    """Write the state that produced ``version`` (after its optimizer step)."""
+    """Write the state that produced ``version`` (after its optimizer step). Under FSDP2 every rank
+    calls it (shards are gathered) and only the one with ``write`` set writes."""
     names = {id(p): n for n, p in model.named_parameters()}
-    tensors: dict[str, torch.Tensor] = {
-        f"model/{n}": p.detach().float().contiguous() for n, p in model.named_parameters()
-    }
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        tensors[f"model/{name}"] = _full(param).float().contiguous()
     steps: dict[str, float] = {}
     for group in opt.param_groups:
         for p in group["params"]:
@@ -58,9 +77,11 @@ def save_state(
                 raise StoreError("trainer state: the optimizer holds a parameter the model does not have")
             for k in ("exp_avg", "exp_avg_sq"):
                 if k in st:
-                    tensors[f"opt/{n}/{k}"] = st[k].detach().contiguous()
+                    tensors[f"opt/{n}/{k}"] = _full(st[k]).contiguous()
             if "step" in st:
                 steps[n] = float(st["step"])
+    if not write:
+        return
     doc = {
         "format": "aurora-trainer-state/1",
         "version": version,
@@ -108,13 +129,13 @@ def load_state(
             src = tensors[f"model/{n}"]
             if src.shape != p.shape:
                 raise CorruptError(f"{where}: {n} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
-            p.copy_(src)
+            p.copy_(_like(src, p))
     for n, p in params.items():
         if n in doc["opt_steps"]:
             opt.state[p] = {
                 "step": torch.tensor(doc["opt_steps"][n]),
-                "exp_avg": tensors[f"opt/{n}/exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"opt/{n}/exp_avg_sq"].clone(),
+                "exp_avg": _like(tensors[f"opt/{n}/exp_avg"].clone(), p),
+                "exp_avg_sq": _like(tensors[f"opt/{n}/exp_avg_sq"].clone(), p),
             }
     rng.setstate(_decode_rng(doc["python_rng"]))
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(doc["torch_rng"])), dtype=torch.uint8))

@@ -1,0 +1,51 @@
+"""The trainer under torchrun: process group, FSDP2 sharding, and rank-0-decides broadcasts.
+
+Without torchrun (no ``WORLD_SIZE`` > 1 in the environment) everything here is a no-op on
+one rank, so the trainer has one code path. Under torchrun every rank builds the same model,
+``fully_shard`` shards each decoder layer and the root (FSDP2), rank 0 alone talks to Redis
+(jobs, admission, metrics) and broadcasts each step's batch, every rank computes the loss
+on its slice of it, and all ranks publish together through :class:`~trainer.sharded.ShardedPublisher`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.sharded import Collectives
+
+
+class Dist:
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.rank = dist.get_rank() if self.world > 1 else 0
+        self.main = self.rank == 0
+        self._comm = Collectives(None) if self.world > 1 else None
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` (JSON-able) on every rank."""
+        return obj if self._comm is None else self._comm.broadcast_json(obj)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 over every decoder layer and the root; the model as is on one rank."""
+        if self.world == 1:
+            return model
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:  # type: ignore[union-attr]
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
