@@ -117,7 +117,7 @@ def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[
                 )
             cfg = make_config(args, store=stores[0], redis=url, run_id=run_id)
             reports: list[StepReport] = []
-            table = _Progress(coord, args.steps)
+            table = _Progress(coord, args.steps, len(REGIONS))
             with Live(table.render(reports), console=console, refresh_per_second=4, transient=False) as live:
 
                 def on_step(rep: StepReport) -> None:
@@ -153,30 +153,45 @@ def _settle(coord: Coordinator, last: int, deadline: float) -> None:
 
 
 class _Progress:
-    def __init__(self, coord: Coordinator, steps: int) -> None:
+    def __init__(self, coord: Coordinator, steps: int, actors: int) -> None:
         self.coord = coord
         self.steps = steps
+        self.actors = actors
+        self.applied: dict[int, dict[str, int]] = defaultdict(dict)
+        self._after = "0-0"
+
+    def _sync_s(self, rep: StepReport) -> str:
+        """Seconds from publishing ``rep``'s version until every actor had applied it."""
+        got = self.applied.get(rep.version, {})
+        if len(got) < self.actors:
+            return "..."
+        return f"{(max(got.values()) - rep.published_ms) / 1000:.2f}"
 
     def render(self, reports: list[StepReport]) -> Table:
-        t = Table(title=f"GRPO steps (of {self.steps})", show_lines=False)
-        for col in ("step", "reward", "delta bytes", "vs full", "density", "publish s", *[f"{r} v" for r in REGIONS]):
+        with contextlib.suppress(Exception):
+            for eid, doc in self.coord.notes("applied", self._after):
+                self._after = eid
+                self.applied[int(doc["version"])].setdefault(str(doc["actor"]), int(doc["ms"]))
+        t = Table(title=f"GRPO steps (of {self.steps}); sync = publish until every actor applied it", show_lines=False)
+        for col in ("step", "reward", "kB", "vs full", "changed", "publish s", "sync s", "/".join(REGIONS)):
             t.add_column(col, justify="right")
         versions = []
         for r in REGIONS:
+            rv = None
             with contextlib.suppress(Exception):
                 rv = self.coord.region_version(r)
-                versions.append(str(rv.version) if rv else "-")
-        versions += ["?"] * (len(REGIONS) - len(versions))
+            versions.append(str(rv.version) if rv else "-")
         for i, rep in enumerate(reports[-12:]):
-            tail = versions if i == len(reports[-12:]) - 1 else [""] * len(REGIONS)
+            tail = "/".join(versions) if i == len(reports[-12:]) - 1 else ""
             t.add_row(
                 str(rep.step),
                 f"{rep.reward_mean:.3f}",
-                f"{rep.delta_bytes:,}",
+                f"{rep.delta_bytes / 1000:,.1f}",
                 f"{rep.delta_bytes / rep.full_bytes:.2f}x",
                 f"{rep.density:.1%}",
                 f"{rep.publish_s:.2f}",
-                *tail,
+                self._sync_s(rep),
+                tail,
             )
         return t
 
@@ -240,6 +255,7 @@ def _finish(
         "shares": dict(shares),
     }
     summary["report"] = write_report(data, str(work / "report.html"))
+    console.print()
     console.print(
         f"reward {first:.3f} -> {last:.3f} over {len(reports)} steps; {verified} versions verified in "
         f"{len(REGIONS)} regions; mean delta {delta_mean:,.0f} B vs full {summary['full_bytes']:,} B; "

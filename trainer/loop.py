@@ -347,6 +347,7 @@ class Trainer:
             reward, train_s = self.train_step(batch)
             t1 = time.perf_counter()
             info = self.publisher.publish(step=step)
+            published_ms = now_ms()
             publish_s = time.perf_counter() - t1
             self.published[info.version] = info.version_hash
             if step % self.cfg.state_every == 0 or step == self.cfg.steps:
@@ -365,7 +366,7 @@ class Trainer:
                 publish_s,
                 train_s,
                 wait,
-                now_ms(),
+                published_ms,
                 len(results),
                 dict(Counter(r.actor for r in results)),
                 dict(self.dropped),
