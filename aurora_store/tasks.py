@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import random
-import string
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
@@ -52,61 +51,56 @@ class Task(Protocol):
     def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]: ...
 
 
-class Arithmetic:
-    """``a+b=`` with operands below ``limit``; reward 1 for the exact sum, else 0."""
+class ExactMatch:
+    """A task whose prompts each have one right answer: reward 1 for it (whitespace aside), else 0.
+    Subclasses draw one ``(prompt text, answer)`` pair in :meth:`draw`."""
+
+    name = "exact-match"
+
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def prompts(self, rng: random.Random, n: int) -> list[Prompt]:
+        out = []
+        for _ in range(n):
+            text, answer = self.draw(rng)
+            out.append(Prompt(f"{text}{rng.getrandbits(32):08x}", text, answer))
+        return out
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if completion.strip() == prompt.answer else 0.0
+
+    def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]:
+        return [self.draw(rng) for _ in range(n)]
+
+
+class Arithmetic(ExactMatch):
+    """``a+b=`` with operands below ``limit``."""
 
     name = "arith"
-    alphabet = string.digits + "+="
 
     def __init__(self, limit: int = 10) -> None:
         self.limit = limit
 
-    def _one(self, rng: random.Random) -> tuple[str, str]:
+    def draw(self, rng: random.Random) -> tuple[str, str]:
         a, b = rng.randrange(self.limit), rng.randrange(self.limit)
         return f"{a}+{b}=", str(a + b)
 
-    def prompts(self, rng: random.Random, n: int) -> list[Prompt]:
-        out = []
-        for _ in range(n):
-            text, answer = self._one(rng)
-            out.append(Prompt(f"{text}{rng.getrandbits(32):08x}", text, answer))
-        return out
 
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return 1.0 if completion.strip() == prompt.answer else 0.0
-
-    def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]:
-        return [self._one(rng) for _ in range(n)]
-
-
-class Reverse:
-    """Reverse a short lowercase word: ``rev abc:`` → ``cba``; exact-match reward."""
+class Reverse(ExactMatch):
+    """Reverse a short lowercase word: ``rev abc:`` → ``cba``."""
 
     name = "reverse"
-    alphabet = string.ascii_lowercase + " :"
 
     def __init__(self, max_len: int = 5) -> None:
         self.max_len = max_len
 
-    def _one(self, rng: random.Random) -> tuple[str, str]:
+    def draw(self, rng: random.Random) -> tuple[str, str]:
         word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, self.max_len)))
         return f"rev {word}:", word[::-1]
 
-    def prompts(self, rng: random.Random, n: int) -> list[Prompt]:
-        out = []
-        for _ in range(n):
-            text, answer = self._one(rng)
-            out.append(Prompt(f"{text}{rng.getrandbits(32):08x}", text, answer))
-        return out
 
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return 1.0 if completion.strip() == prompt.answer else 0.0
-
-    def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]:
-        return [self._one(rng) for _ in range(n)]
-
-
-BUILTIN: dict[str, type[Arithmetic] | type[Reverse]] = {"arith": Arithmetic, "reverse": Reverse}
+BUILTIN: dict[str, type[ExactMatch]] = {"arith": Arithmetic, "reverse": Reverse}
 
 
 def load_task(spec: str) -> Task:
