@@ -215,14 +215,14 @@ def test_commit_checks_assembled_manifests(tmp_path: Path) -> None:
 
 
 def test_range_table_must_tile_every_tensor() -> None:
-    from trainer.sharded import _range_table
+    from trainer.shard_ranges import range_table
 
     specs, _ = to_words({"w": torch.zeros(4, 3)})
-    assert _range_table(specs, [{"w": [0, 6]}, {"w": [6, 12]}]) == {"w": [(0, 0, 6), (1, 6, 12)]}
+    assert range_table(specs, [{"w": [0, 6]}, {"w": [6, 12]}]) == {"w": [(0, 0, 6), (1, 6, 12)]}
     with pytest.raises(UnsupportedError, match="starts at element 5"):
-        _range_table(specs, [{"w": [0, 6]}, {"w": [5, 12]}])
+        range_table(specs, [{"w": [0, 6]}, {"w": [5, 12]}])
     with pytest.raises(UnsupportedError, match="cover 6 of 12"):
-        _range_table(specs, [{"w": [0, 6]}, {}])
+        range_table(specs, [{"w": [0, 6]}, {}])
 
 
 def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.sharded import Collectives
+from trainer.collectives import Collectives
 
 
 class Dist:

@@ -37,7 +37,8 @@ from aurora_store.errors import ConflictError, LayoutError, StoreError, Unsuppor
 from aurora_store.full import build_index, build_shard, plan_shards
 from aurora_store.manifest import Block, Parent, Segment, TensorSpec, manifest_key
 from aurora_store.run import VersionInfo
-from aurora_store.tensors import to_words
+from trainer.collectives import Collectives
+from trainer.shard_ranges import LocalShards, local_words, range_table
 
 if TYPE_CHECKING:
     from aurora_store.run import Run
@@ -45,136 +46,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 _SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _DIGEST_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class LocalShards:
-    """One rank's share of a model: the global tensor table, and per tensor it publishes part
-    of, the flat element range [lo, hi) it owns and that range's words."""
-
-    specs: tuple[TensorSpec, ...]
-    ranges: dict[str, tuple[int, int]]
-    words: dict[str, np.ndarray]
-
-
-def local_words(
-    module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None
-) -> LocalShards:
-    """The words this rank publishes of ``module.state_dict()``: each DTensor's local shard (a
-    contiguous range of the flattened tensor) and, on rank 0 of ``group`` only, the tensors every
-    rank holds whole (buffers, unsharded parameters). Floating-point tensors are cast to ``dtype``
-    (round to nearest even, as the actors hold them); None publishes them as they are."""
-    from torch.distributed.tensor import DTensor
-
-    first = not dist.is_initialized() or dist.get_rank(group) == 0
-    specs, ranges, words = [], {}, {}
-    for name, t in module.state_dict().items():
-        if isinstance(t, DTensor):
-            rng = _flat_range(name, t)
-            local = t.to_local().detach()
-        else:
-            rng = (0, t.numel()) if first else None
-            local = t.detach()
-        if rng is None or rng[0] == rng[1]:
-            local = local.reshape(-1)[:0]  # only its dtype is needed
-        if dtype is not None and local.is_floating_point():
-            local = local.to(dtype)
-        (spec,), w = to_words({name: local})
-        specs.append(TensorSpec(name, spec.dtype, tuple(int(s) for s in t.shape)))
-        if rng is not None and rng[0] < rng[1]:
-            if w[name].size != rng[1] - rng[0]:
-                raise UnsupportedError(f"{name!r}: local shard has {w[name].size} elements, expected {rng}")
-            ranges[name], words[name] = rng, w[name]
-    specs.sort(key=lambda s: s.name)
-    return LocalShards(tuple(specs), ranges, words)
-
-
-def _flat_range(name: str, t: Any) -> tuple[int, int] | None:
-    """Flat elements [lo, hi) of a DTensor's local shard, or None when another rank publishes
-    them (a replica that is not the first on its mesh dimension)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    coord = t.device_mesh.get_coordinate()
-    if coord is None:
-        return None
-    for d, p in enumerate(t.placements):
-        if p.is_replicate():
-            if coord[d] != 0:
-                return None
-        elif not p.is_shard() or type(p).__name__ != "Shard":
-            raise UnsupportedError(f"{name!r}: placement {p} cannot be published (only Shard and Replicate)")
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    gshape = tuple(int(s) for s in t.shape)
-    if tuple(t.to_local().shape) != tuple(shape):
-        raise UnsupportedError(f"{name!r}: local shard is {list(t.to_local().shape)}, expected {list(shape)}")
-    numel = int(np.prod(shape, dtype=np.int64))
-    if numel == 0:
-        return (0, 0)
-    last = max((d for d in range(len(gshape)) if shape[d] != gshape[d]), default=-1)
-    if any(shape[d] != 1 for d in range(last)):
-        raise UnsupportedError(
-            f"{name!r}: local shard {list(shape)} at {list(offset)} of {list(gshape)} "
-            "is not a contiguous range of the flattened tensor"
-        )
-    lo = 0
-    for g, o in zip(gshape, offset, strict=True):
-        lo = lo * g + int(o)
-    return lo, lo + numel
-
-
-class Collectives:
-    """The few collectives a publish needs, on ``group``; JSON travels as uint8 tensors."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        self.ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        backend = str(dist.get_backend(group))
-        nccl_only = "nccl" in backend and "gloo" not in backend
-        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl_only else torch.device("cpu")
-
-    def all_gather_json(self, obj: Any) -> list[Any]:
-        data = json.dumps(obj, sort_keys=True).encode()
-        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        sizes = [torch.zeros_like(size) for _ in range(self.size)]
-        dist.all_gather(sizes, size, group=self.group)
-        n = [int(s.item()) for s in sizes]
-        buf = torch.zeros(max(n), dtype=torch.uint8, device=self.device)
-        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        outs = [torch.empty_like(buf) for _ in range(self.size)]
-        dist.all_gather(outs, buf, group=self.group)
-        return [json.loads(o[:k].cpu().numpy().tobytes()) for o, k in zip(outs, n, strict=True)]
-
-    def broadcast_json(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        data = json.dumps(obj, sort_keys=True).encode() if self.rank == 0 else b""
-        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        dist.broadcast(size, src=self.ranks[0], group=self.group)
-        buf = torch.zeros(int(size.item()), dtype=torch.uint8, device=self.device)
-        if self.rank == 0:
-            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        dist.broadcast(buf, src=self.ranks[0], group=self.group)
-        return json.loads(buf.cpu().numpy().tobytes())
-
-    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
-        """Point-to-point: send each (group rank, words); fill each (group rank, out) in place."""
-        works: list[Any] = []
-        keep: list[torch.Tensor] = []
-        landing: list[tuple[torch.Tensor, np.ndarray]] = []
-        for r, words in sends:
-            arr = words if words.flags.writeable and words.flags.c_contiguous else np.array(words)
-            t = torch.from_numpy(arr.view(f"<i{arr.itemsize}")).to(self.device)
-            works.append(dist.isend(t, dst=self.ranks[r], group=self.group))
-            keep.append(t)
-        for r, out in recvs:
-            t = torch.empty(out.size, dtype=_SIGNED[out.itemsize], device=self.device)
-            works.append(dist.irecv(t, src=self.ranks[r], group=self.group))
-            landing.append((t, out))
-        for work in works:
-            work.wait()
-        for t, out in landing:
-            out[...] = t.cpu().numpy().view(out.dtype)
 
 
 @dataclass(slots=True)
@@ -235,7 +106,7 @@ class ShardedPublisher:
         if len({h["layout"] for h in hello}) != 1:
             raise UnsupportedError("ranks disagree on the tensor table or the run's segment/shard sizes")
         plan = hello[0]["plan"]
-        table = _range_table(local.specs, [h["ranges"] for h in hello])
+        table = range_table(local.specs, [h["ranges"] for h in hello])
         parent = plan["parent"]
         if parent is not None and not plan["layout_changed"]:
             stale = any(h["base"] != [parent["version"], True] for h in hello)
@@ -535,26 +406,6 @@ class ShardedPublisher:
 
 def _block(d: dict[str, Any]) -> Block:
     return Block(**{**d, "streams": tuple(d.get("streams", ()))})
-
-
-def _range_table(
-    specs: tuple[TensorSpec, ...], ranges: list[dict[str, list[int]]]
-) -> dict[str, list[tuple[int, int, int]]]:
-    """Who owns which elements of each tensor: (rank, lo, hi), checked to tile [0, numel) exactly."""
-    table: dict[str, list[tuple[int, int, int]]] = {s.name: [] for s in specs}
-    for r, own in enumerate(ranges):
-        for name, (lo, hi) in own.items():
-            table[name].append((r, lo, hi))
-    for s in specs:
-        pieces = table[s.name] = sorted(table[s.name], key=lambda p: p[1])
-        end = 0
-        for r, lo, hi in pieces:
-            if lo != end:
-                raise UnsupportedError(f"{s.name!r}: rank {r}'s shard starts at element {lo}, expected {end}")
-            end = hi
-        if end != s.numel:
-            raise UnsupportedError(f"{s.name!r}: the ranks' shards cover {end} of {s.numel} elements")
-    return table
 
 
 def _attempt(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:

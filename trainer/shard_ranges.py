@@ -1,0 +1,113 @@
+"""Which elements of each HF tensor a rank owns under FSDP2, and those elements' words.
+
+Every FSDP2 parameter is a DTensor sharded on dim 0, so a rank's local shard is one contiguous
+range of the flattened tensor; tensors every rank holds whole are published by rank 0 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from aurora_store.errors import UnsupportedError
+from aurora_store.manifest import TensorSpec
+from aurora_store.tensors import to_words
+
+
+@dataclass(frozen=True, slots=True)
+class LocalShards:
+    """One rank's share of a model: the global tensor table, and per tensor it publishes part
+    of, the flat element range [lo, hi) it owns and that range's words."""
+
+    specs: tuple[TensorSpec, ...]
+    ranges: dict[str, tuple[int, int]]
+    words: dict[str, np.ndarray]
+
+
+def local_words(
+    module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None
+) -> LocalShards:
+    """The words this rank publishes of ``module.state_dict()``: each DTensor's local shard (a
+    contiguous range of the flattened tensor) and, on rank 0 of ``group`` only, the tensors every
+    rank holds whole (buffers, unsharded parameters). Floating-point tensors are cast to ``dtype``
+    (round to nearest even, as the actors hold them); None publishes them as they are."""
+    from torch.distributed.tensor import DTensor
+
+    first = not dist.is_initialized() or dist.get_rank(group) == 0
+    specs, ranges, words = [], {}, {}
+    for name, t in module.state_dict().items():
+        if isinstance(t, DTensor):
+            rng = _flat_range(name, t)
+            local = t.to_local().detach()
+        else:
+            rng = (0, t.numel()) if first else None
+            local = t.detach()
+        if rng is None or rng[0] == rng[1]:
+            local = local.reshape(-1)[:0]  # only its dtype is needed
+        if dtype is not None and local.is_floating_point():
+            local = local.to(dtype)
+        (spec,), w = to_words({name: local})
+        specs.append(TensorSpec(name, spec.dtype, tuple(int(s) for s in t.shape)))
+        if rng is not None and rng[0] < rng[1]:
+            if w[name].size != rng[1] - rng[0]:
+                raise UnsupportedError(f"{name!r}: local shard has {w[name].size} elements, expected {rng}")
+            ranges[name], words[name] = rng, w[name]
+    specs.sort(key=lambda s: s.name)
+    return LocalShards(tuple(specs), ranges, words)
+
+
+def _flat_range(name: str, t: Any) -> tuple[int, int] | None:
+    """Flat elements [lo, hi) of a DTensor's local shard, or None when another rank publishes
+    them (a replica that is not the first on its mesh dimension)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    coord = t.device_mesh.get_coordinate()
+    if coord is None:
+        return None
+    for d, p in enumerate(t.placements):
+        if p.is_replicate():
+            if coord[d] != 0:
+                return None
+        elif not p.is_shard() or type(p).__name__ != "Shard":
+            raise UnsupportedError(f"{name!r}: placement {p} cannot be published (only Shard and Replicate)")
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    gshape = tuple(int(s) for s in t.shape)
+    if tuple(t.to_local().shape) != tuple(shape):
+        raise UnsupportedError(f"{name!r}: local shard is {list(t.to_local().shape)}, expected {list(shape)}")
+    numel = int(np.prod(shape, dtype=np.int64))
+    if numel == 0:
+        return (0, 0)
+    last = max((d for d in range(len(gshape)) if shape[d] != gshape[d]), default=-1)
+    if any(shape[d] != 1 for d in range(last)):
+        raise UnsupportedError(
+            f"{name!r}: local shard {list(shape)} at {list(offset)} of {list(gshape)} "
+            "is not a contiguous range of the flattened tensor"
+        )
+    lo = 0
+    for g, o in zip(gshape, offset, strict=True):
+        lo = lo * g + int(o)
+    return lo, lo + numel
+
+
+def range_table(
+    specs: tuple[TensorSpec, ...], ranges: list[dict[str, list[int]]]
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Who owns which elements of each tensor: (rank, lo, hi), checked to tile [0, numel) exactly."""
+    table: dict[str, list[tuple[int, int, int]]] = {s.name: [] for s in specs}
+    for r, own in enumerate(ranges):
+        for name, (lo, hi) in own.items():
+            table[name].append((r, lo, hi))
+    for s in specs:
+        pieces = table[s.name] = sorted(table[s.name], key=lambda p: p[1])
+        end = 0
+        for r, lo, hi in pieces:
+            if lo != end:
+                raise UnsupportedError(f"{s.name!r}: rank {r}'s shard starts at element {lo}, expected {end}")
+            end = hi
+        if end != s.numel:
+            raise UnsupportedError(f"{s.name!r}: the ranks' shards cover {end} of {s.numel} elements")
+    return table
