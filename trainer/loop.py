@@ -114,6 +114,7 @@ class Trainer:
         self.stolen = 0
         self._after = "0-0"
         self._last_sweep = 0.0
+        self._warned = time.monotonic()  # warn after 30 s without an eligible actor, not at once
 
     # ------------------------------------------------------------ start
 
@@ -211,6 +212,14 @@ class Trainer:
             return
         weights = self._eligible()
         if not weights:
+            if time.monotonic() - self._warned > 30:
+                self._warned = time.monotonic()
+                log.warning(
+                    "%d prompts wait for an actor holding version %d or %d",
+                    len(self.pending),
+                    max(self.published),
+                    max(self.published) - 1,
+                )
             return
         version = max(self.published)
         shares = split(len(self.pending), weights, turn=turn)
