@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from rich.table import Table
 
 from bench import e2e_modes
 from bench.e2e_loop import Timing
-from bench.transfer import MIB, _cpus, _peak_rss_mb, _World, make_workload
+from bench.transfer import MIB, Workload, _cpus, _peak_rss_mb, _World, make_workload
 
 MODES = ("ideal", "ours", "full")
 TARGET = 1.05
@@ -39,9 +41,9 @@ TARGET = 1.05
 class Config:
     """One benchmark run: model, schedule, stand-in durations and the emulated world."""
 
-    layers: int = 8
+    layers: int = 3
     """Decoder layers of the Qwen3-0.6B-shaped trace."""
-    vocab: int | None = 32768
+    vocab: int | None = 16384
     """Embedding rows; None for Qwen3's 151936."""
     seed: int = 0
     first_step: int = 3
@@ -81,7 +83,12 @@ class Config:
 
 
 DEFAULT = Config()
-QUICK = Config(layers=1, vocab=8192, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
+"""~64M parameters (3 layers, vocab 16384: 128 MB in BF16, deltas of ~1.3 MB). Big enough that a full sync is
+bytes, not per-request costs, and a delta spans several segments; small enough that the run (three worlds,
+~30 full versions to 3 regions x 2 actors) takes ~8 minutes on 2 shared cores. The real 0.6B model would need
+~15 GB of memory here and hours: full syncs are CPU-bound on this machine (see ``limits`` in the JSON)."""
+QUICK = Config(layers=1, vocab=1024, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
+"""One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: about a minute."""
 
 
 def world_config(cfg: Config) -> Any:
@@ -124,44 +131,15 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         def tick(what: str | None = None) -> None:
             bar.update(task, advance=1, description=what)
 
-        phases: dict[str, float] = {}
-        mark = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name], mark = now - mark, now
-
-        versions = max(cfg.total_steps, cfg.calibration_versions if cfg.generation_s is None else 0)
+        versions = cfg.total_steps + (cfg.calibration_versions if cfg.generation_s is None else 0)
         work = make_workload(cfg.layers, cfg.vocab, cfg.seed, cfg.first_step, versions, tick)
-        lap("trace")
+        t_trace = time.perf_counter()
         tick("starting S3 servers, WAN links, Redis")
         world = _World(wcfg, stack)
-        lap("world")
-        calibration: dict[str, Any] = {"source": "given"}
-        if cfg.generation_s is None:
-            tick("calibrating: full syncs")
-            calibration = e2e_modes.calibrate(world, work, cfg.calibration_versions)
-            gen = calibration["full_sync_s"] / cfg.sync_over_generation
-            lap("calibration")
-        else:
-            gen = cfg.generation_s
-        timing = Timing(
-            generation_s=gen,
-            training_s=cfg.training_frac * gen,
-            warmup_steps=cfg.warmup_steps,
-            timed_steps=cfg.steps,
-            async_level=cfg.async_level,
-            step_timeout_s=cfg.timeout_s,
-        )
-        modes: dict[str, dict[str, Any]] = {}
-        for mode in cfg.modes:
-            tick(f"{mode}: {cfg.total_steps} steps")
-            if mode == "ideal":
-                modes[mode] = e2e_modes.ideal(world, timing)
-            else:
-                modes[mode] = e2e_modes.synced(mode, world, work, timing)
-            lap(mode)
+        t_world = time.perf_counter()
+        modes, calibration = _run_modes(cfg, world, work, tick)
+        phases = {"trace": t_trace - started, "world": t_world - t_trace, "modes": time.perf_counter() - t_world}
+        timing = _timing(cfg, calibration)
         rss = {
             "bench": _peak_rss_mb(),
             "s3_servers": {"home": world.home.peak_rss_mb(), **{r.name: r.server.peak_rss_mb() for r in world.regions}},
@@ -196,12 +174,54 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
             "ends (publish included), mean over the timed steps",
         },
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()},
-        "modes": modes,
+        "modes": {m: modes[m] for m in MODES if m in modes},
         "peak_rss_mb": rss,
         "seconds": time.perf_counter() - started,
         "phase_seconds": phases,
     }
     return summarize(result)
+
+
+def _timing(cfg: Config, calibration: dict[str, Any]) -> Timing:
+    gen = cfg.generation_s or calibration["full_sync_s"] / cfg.sync_over_generation
+    return Timing(
+        generation_s=gen,
+        training_s=cfg.training_frac * gen,
+        warmup_steps=cfg.warmup_steps,
+        timed_steps=cfg.steps,
+        async_level=cfg.async_level,
+        step_timeout_s=cfg.timeout_s,
+    )
+
+
+def _run_modes(
+    cfg: Config, world: _World, work: Workload, tick: Callable[[str], None]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every mode of ``cfg`` on the same world and trace; each record gets its wall ``seconds``.
+
+    Unless G is given, the full mode calibrates in its own world before its loop, so it runs first; without
+    the full mode, calibration runs alone."""
+    modes: dict[str, dict[str, Any]] = {}
+    calibration: dict[str, Any] | None = None if cfg.generation_s is None else {"source": "given"}
+    if calibration is None and "full" not in cfg.modes:
+        tick("calibrating: full syncs")
+        calibration = e2e_modes.calibrate(world, work, cfg.calibration_versions)
+    for mode in sorted(cfg.modes, key=lambda m: m != "full"):
+        tick(f"{mode}: {cfg.total_steps} steps")
+        t0 = time.perf_counter()
+        if mode == "full" and calibration is None:
+            timing_from = functools.partial(_timing, cfg)
+            modes[mode], calibration = e2e_modes.synced(mode, world, work, timing_from, cfg.calibration_versions)
+        else:
+            assert calibration is not None
+            timing = _timing(cfg, calibration)
+            if mode == "ideal":
+                modes[mode] = e2e_modes.ideal(world, timing)
+            else:
+                modes[mode], _ = e2e_modes.synced(mode, world, work, timing)
+        modes[mode]["seconds"] = time.perf_counter() - t0
+    assert calibration is not None
+    return modes, calibration
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +240,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "step_time_s": step,
         "stall_s_per_step": {m: modes[m]["stall_max_s"] for m in modes},
         "stall_fraction": {m: modes[m]["stall_fraction"] for m in modes},
+        "sync_s": {m: modes[m]["sync_s"] for m in modes if "sync_s" in modes[m]},
+        "sync_budget_s": result["generation_s"] - result["training_s"],
         "delta_bytes_per_version": delta,
         "full_vs_delta_bytes": result["model_bytes"] / delta if delta else None,
         "cross_region_bytes_per_version": {
@@ -238,14 +260,25 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _limits(result: dict[str, Any]) -> list[str]:
+    cal = result["calibration"]
+    link_s = result["model_bytes"] * 8 / result["links"][0]["bandwidth_bps"]
+    measured = (
+        f"a full version alone takes {link_s:.1f} s on one 1 Gbps link; the measured full sync took "
+        f"{cal['full_sync_s']:.1f} s: the rest is CPU (S3 servers, hashing, digests, copies) on the shared cores, "
+        "which a real deployment spreads over machines"
+        if "full_sync_s" in cal
+        else "generation_s was given: no calibration"
+    )
     return [
+        measured,
         "generation and training are sleeps: actors hold the CPU only while they fetch, verify, decode and apply "
         "weights, so the emulation charges weight sync its real CPU cost and nothing else",
         f"{_cpus()} CPU cores run every process: 4 moto servers, 3 WAN proxies, and in this process the trainer, "
         "relays, actors and stagers as threads under one GIL",
         "moto closes every connection after one response and reads a whole object to serve any range of it; "
         "the WAN proxy models delay, jitter, shared bandwidth and the Mathis per-connection cap, not real loss",
-        "version 0 reaches every region and actor untimed, around the links",
+        "version 0 reaches every region and actor untimed, around the links; the full mode's loop starts after "
+        "its calibration versions, so its steps publish later versions of the same trace",
         "full: relays copy every version in order after its commit (no cut-through for full shards), an actor "
         "stages the newest full version in memory beside its live copy and applies it at a boundary",
         "link_bytes_per_relayed_version counts bytes down each link during the loop over versions relayed by its "
@@ -264,9 +297,10 @@ def render(result: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"e2e: {result['model']}, {result['actors_per_region']} actors per region (emulated WAN, stand-ins)",
         caption=f"generation {result['generation_s']:.2f} s, training {result['training_s']:.2f} s per step; "
-        "stall: slowest actor's wait for weights per step",
+        "stall: slowest actor's wait for weights per step; sync: publish to staged at every actor "
+        f"(hidden if under {result['sync_budget_s']:.2f} s)",
     )
-    for col in ("mode", "step s", "vs ideal", "stall s", "publish s", "MB per version"):
+    for col in ("mode", "step s", "vs ideal", "stall s", "publish s", "sync s", "MB per version"):
         table.add_column(col, justify="right")
     for mode, m in result["modes"].items():
         table.add_row(
@@ -275,6 +309,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             _fmt(m["step_time_s"] / result["step_time_s"]["ideal"], ".3f"),
             _fmt(m["stall_max_s"], ".2f"),
             _fmt(m["publish_s"], ".2f"),
+            _fmt(m.get("sync_s"), ".2f"),
             _fmt(m.get("payload_bytes_per_version") and m["payload_bytes_per_version"] / 1e6, ".1f"),
         )
     console.print(table)

@@ -136,8 +136,8 @@ class Synced:
         self.up, self.coord, self.region = up, coord, region
         self._staged = threading.Event()
         self._applied = threading.Event()
-        self.applied: list[tuple[int, float]] = []
-        """(version, when) of every apply."""
+        self.staged_at: list[tuple[int, float]] = []
+        """(version, when) each time the stager finished staging."""
 
     def held(self) -> int:
         assert self.up.held is not None
@@ -147,9 +147,7 @@ class Synced:
         while True:
             staged = self.up.staged
             if staged is not None and staged.version > self.held():
-                held = self.up.apply()
-                if held is not None:
-                    self.applied.append((held.version, time.perf_counter()))
+                self.up.apply()
                 self._applied.set()
             if self.held() >= need or stop.is_set():
                 return
@@ -167,7 +165,9 @@ class Synced:
             if latest is not None and latest > held:
                 staged = self.up.staged
                 if staged is None or staged.version <= held:
-                    self.up.stage(latest)
+                    done = self.up.stage(latest)
+                    if done is not None:
+                        self.staged_at.append((done.version, time.perf_counter()))
                     self._staged.set()
                 else:  # wait for the actor to apply what is staged, then stage what came since
                     self._applied.wait(POLL_S)
@@ -213,10 +213,10 @@ class _Board:
                 self._cond.wait(POLL_S)
 
 
-def _actor(name: str, w: Weights, timing: Timing, board: _Board, stop: threading.Event) -> None:
+def _actor(name: str, w: Weights, timing: Timing, base: int, board: _Board, stop: threading.Event) -> None:
     for step in range(1, timing.total_steps + 1):
         t0 = time.perf_counter()
-        w.boundary(timing.need(step), stop)
+        w.boundary(base + timing.need(step), stop)
         start = time.perf_counter()
         if stop.is_set():
             return
@@ -231,9 +231,11 @@ def run_steps(
     publish: Callable[[int], dict[str, Any]],
     timing: Timing,
     check: Callable[[], None] = lambda: None,
+    base_version: int = 0,
 ) -> dict[str, Any]:
-    """Run the loop: actors in threads, the trainer here. ``publish(step)`` makes version ``step`` available
-    and returns what to record about it; ``check`` raises if something outside the loop failed."""
+    """Run the loop: actors in threads, the trainer here. Every actor holds ``base_version`` at the start;
+    ``publish(step)`` makes version ``base_version + step`` available and returns what to record about it;
+    ``check`` raises if something outside the loop failed."""
     failures = _Failures()
     stop = threading.Event()
     board = _Board(len(weights))
@@ -262,7 +264,7 @@ def run_steps(
                 start(f"{what} {name}", fn)
         t_start = time.perf_counter()
         for name, w in weights.items():
-            start(f"actor {name}", functools.partial(_actor, name, w, timing, board, stop))
+            start(f"actor {name}", functools.partial(_actor, name, w, timing, base_version, board, stop))
         for step in range(1, timing.total_steps + 1):
             t0 = time.perf_counter()
             board.wait(step, timing.step_timeout_s, check_all)
@@ -277,10 +279,10 @@ def run_steps(
         stop.set()
         for t in threads:
             t.join(120)
-    return _summary(steps, board.batches, timing)
+    return _summary(steps, board.batches, timing, base_version)
 
 
-def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timing: Timing) -> dict[str, Any]:
+def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timing: Timing, base: int) -> dict[str, Any]:
     """Per step: time since the previous step's end, stalls, versions used; means over the timed steps."""
     out = []
     for i, s in enumerate(steps):
@@ -293,7 +295,7 @@ def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timin
                 "stall_max_s": max(b.stall_s for b in bs),
                 "stall_mean_s": sum(b.stall_s for b in bs) / len(bs),
                 "versions_used": sorted({b.version for b in bs}),
-                "staleness_max": max(s["step"] - 1 - b.version for b in bs),
+                "staleness_max": max(base + s["step"] - 1 - b.version for b in bs),
             }
         )
     timed = out[timing.warmup_steps :]

@@ -3,14 +3,20 @@
 Each mode that moves weights starts from an empty world: the trainer publishes version 0 full at home,
 it reaches every region's bucket and every actor untimed and around the links, then relays follow home
 through the links and actors follow their region's bucket while the step loop of `bench.e2e_loop` runs.
+The full mode first times a few full syncs in its world (the calibration), then runs its loop from there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from aurora_store.coord import RegionAnnouncer
 from bench.e2e_loop import Instant, Synced, Timing, VersionBox, Weights, run_steps
@@ -20,12 +26,13 @@ from bench.transfer import (
     Workload,
     _Actor,
     _await_relays,
-    _bind_follow,
     _bootstrap,
     _CommitOnly,
     _final_check,
+    _follow,
     _Phase,
     _relay_loop,
+    _start,
     _World,
 )
 from bench.wan import describe
@@ -44,15 +51,22 @@ def actor_names(world: _World) -> list[str]:
     return [f"{r.name}/a{j}" for r in world.regions for j in range(world.cfg.actors)]
 
 
-def _start(
-    phase: _Phase, work: Workload, mode: str
-) -> tuple[Run, Callable[[], tuple[int, dict[str, Any]]], list[_Actor], list[Relay]]:
-    """Version 0 everywhere (untimed), then relays following home through the links.
+@dataclass(slots=True)
+class _Setup:
+    """One mode's world after version 0: the trainer at home, relays following it, actors holding version 0."""
 
-    Returns the trainer's run, a function that advances the trace by one version, the actors and the relays.
-    """
+    phase: _Phase
+    work: Workload
+    trainer: Run
+    versions: Iterator[tuple[int, dict[str, np.ndarray]]]
+    """The trace from version 1 on: the trainer publishes each as it takes it."""
+    actors: list[_Actor]
+    relays: list[Relay]
+
+
+def _setup(phase: _Phase, work: Workload, full: bool) -> _Setup:
+    """Version 0 everywhere (untimed, around the links), then relays following home through the links."""
     world, cfg = phase.world, phase.cfg
-    full = mode != "ours"
     coord = phase.coordinator()
     trainer = phase.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
     # a relay copies announced objects one at a time: full versions go after their commit, with all its connections
@@ -68,50 +82,58 @@ def _start(
         phase.start(f"relay {r.name}", _relay_loop(relay, phase.stop))
         relays.append(relay)
     _await_relays(coord, len(world.regions), phase.tracker)
-    return trainer, lambda: next(versions), actors, relays
+    return _Setup(phase, work, trainer, versions, actors, relays)
 
 
-def calibrate(world: _World, work: Workload, count: int) -> dict[str, Any]:
-    """Time ``count`` full syncs: from the trainer's publish of a full version to every actor applied."""
-    world.reset()
-    phase = _Phase("calibrate", world, world.cfg)
+def _calibrate(s: _Setup, count: int) -> dict[str, Any]:
+    """Time ``count`` full syncs, one at a time: from the trainer's publish to every actor applied."""
+    phase, work = s.phase, s.work
+    stop = threading.Event()
+    threads = []
+    for a in s.actors:
+        phase.tracker.expect(a.name)
+        follow = functools.partial(_follow, a.name, a.updater, a.coord, a.region, stop, phase.tracker, False)
+        threads.append(_start(f"calibrate {a.name}", follow, phase.tracker))
+    records: list[dict[str, Any]] = []
     try:
-        trainer, advance, actors, _ = _start(phase, work, "calibrate")
-        for a in actors:
-            phase.tracker.expect(a.name)
-            phase.start(f"actor {a.name}", _bind_follow(a, phase.stop, phase.tracker, reload=False))
-        records: list[dict[str, Any]] = []
         for _ in range(count):
-            v, words = advance()
+            v, words = next(s.versions)
             t0 = time.perf_counter()
-            info = trainer.publish_words(work.specs, words, kind="full", step=work.steps[v])
+            info = s.trainer.publish_words(work.specs, words, kind="full", step=work.steps[v])
             published = time.perf_counter()
-            applied = phase.tracker.wait(v, world.cfg.version_timeout_s)
+            applied = phase.tracker.wait(v, phase.cfg.version_timeout_s)
             per_region: dict[str, float] = {}
             for name, (_, done) in applied.items():
                 region = name.split("/", 1)[0]
                 per_region[region] = max(per_region.get(region, 0.0), done - t0)
             sync = max(per_region.values())
             records.append(
-                {
-                    "version": v,
-                    "bytes": info.bytes,
-                    "publish_s": published - t0,
-                    "sync_s": sync,
-                    "per_region_s": per_region,
-                }
+                {"version": v, "bytes": info.bytes, "publish_s": published - t0, "sync_s": sync}
+                | {"per_region_s": per_region}
             )
-        phase.tracker.check()
     finally:
-        phase.close()
+        stop.set()
+        for t in threads:
+            t.join(120)
+    phase.tracker.check()
     return {
         "source": "measured",
         "full_sync_s": sum(r["sync_s"] for r in records) / len(records),
         "versions": records,
         "what": "from the trainer's publish of a full version (at home) to the last actor holding it applied: "
         "relays copy it home -> region over the links after its commit, every actor stages it from its region's "
-        "bucket and applies it; generation_s = full_sync_s / sync_over_generation",
+        "bucket and applies it; one version at a time, in the full mode's world before its loop",
     }
+
+
+def calibrate(world: _World, work: Workload, count: int) -> dict[str, Any]:
+    """`_calibrate` in a world of its own, for runs without the full mode."""
+    world.reset()
+    phase = _Phase("calibrate", world, world.cfg)
+    try:
+        return _calibrate(_setup(phase, work, full=True), count)
+    finally:
+        phase.close()
 
 
 def ideal(world: _World, timing: Timing) -> dict[str, Any]:
@@ -129,46 +151,76 @@ def ideal(world: _World, timing: Timing) -> dict[str, Any]:
     }
 
 
-def synced(mode: str, world: _World, work: Workload, timing: Timing) -> dict[str, Any]:
-    """``ours`` (auto: deltas, cut-through) or ``full`` (every version full) through relays to staging actors."""
+def synced(
+    mode: str, world: _World, work: Workload, timing: Timing | Callable[[dict[str, Any]], Timing], calibrate: int = 0
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``ours`` (auto: deltas, cut-through) or ``full`` (every version full) through relays to staging actors.
+
+    With ``calibrate``, first time that many full syncs (see `calibrate`) and make the timing from them.
+    Returns the mode's record and the calibration."""
     full = mode == "full"
     world.reset()
     phase = _Phase(mode, world, world.cfg)
     try:
-        trainer, advance, actors, relays = _start(phase, work, mode)
-        weights: dict[str, Weights] = {a.name: Synced(a.updater, a.coord, a.region) for a in actors}
+        s = _setup(phase, work, full)
+        calibration = _calibrate(s, calibrate) if calibrate else None
+        if not isinstance(timing, Timing):
+            assert calibration is not None, "a timing made from the calibration needs calibrate > 0"
+            timing = timing(calibration)
+        base = calibrate
+        followers = [Synced(a.updater, a.coord, a.region) for a in s.actors]
+        weights: dict[str, Weights] = {a.name: w for a, w in zip(s.actors, followers, strict=True)}
+        started: dict[int, float] = {}
 
         def publish(step: int) -> dict[str, Any]:
-            v, words = advance()
-            assert v == step, (v, step)
-            info = trainer.publish_words(work.specs, words, kind="full" if full else "auto", step=work.steps[v])
+            v, words = next(s.versions)
+            assert v == base + step, (v, base, step)
+            started[v] = time.perf_counter()
+            info = s.trainer.publish_words(work.specs, words, kind="full" if full else "auto", step=work.steps[v])
             return {"version": v, "kind": info.kind, "bytes": info.bytes, "changed": info.changed}
 
         before = world.snapshot()
-        loop = run_steps(weights, publish, timing, check=phase.tracker.check)
+        start = {rl.dest_region: (len(rl.stats.versions), rl.stats.bytes) for rl in s.relays}
+        loop = run_steps(weights, publish, timing, check=phase.tracker.check, base_version=base)
+        _add_sync_times(loop, started, followers, timing)
         after = world.snapshot()
+        relayed = {}
+        for rl in s.relays:
+            n0, b0 = start[rl.dest_region]
+            relayed[rl.dest_region] = (len(rl.stats.versions) - n0, rl.stats.bytes - b0)
         final = []
-        for a in actors:
+        for a in s.actors:
             assert a.updater.held is not None
-            manifest = trainer.manifest(a.updater.held.version)
+            manifest = s.trainer.manifest(a.updater.held.version)
             final.append(_final_check(a.name, a.updater, manifest, world.cfg.verify_live))
         phase.tracker.check()
     finally:
         phase.close()
-    return _synced_record(mode, loop, relays, before, after, final)
+    return _record(mode, loop, relayed, before, after, final), calibration
 
 
-def _synced_record(
+def _add_sync_times(loop: dict[str, Any], started: dict[int, float], followers: list[Synced], timing: Timing) -> None:
+    """Per step, seconds from the trainer's publish to every actor holding the version (or a newer one)
+    staged; the budget to hide it is generation_s - training_s (its batch starts that long after)."""
+    for step in loop["steps"]:
+        times = [min((t for sv, t in w.staged_at if sv >= step["version"]), default=None) for w in followers]
+        done = None if None in times else max(t for t in times if t is not None)
+        step["sync_s"] = done - started[step["version"]] if done is not None else None
+    timed = [st["sync_s"] for st in loop["steps"][timing.warmup_steps :] if st["sync_s"] is not None]
+    loop["sync_s"] = sum(timed) / len(timed) if timed else None
+    loop["sync_budget_s"] = timing.generation_s - timing.training_s
+
+
+def _record(
     mode: str,
     loop: dict[str, Any],
-    relays: list[Relay],
+    relayed: dict[str, tuple[int, int]],
     before: dict[str, Any],
     after: dict[str, Any],
     final: list[dict[str, Any]],
 ) -> dict[str, Any]:
     steps = loop["steps"]
     down = {r: after["links"][r]["bytes_down"] - before["links"][r]["bytes_down"] for r in after["links"]}
-    relayed = {rl.dest_region: len(rl.stats.versions) for rl in relays}
     cpu = after["cpu_s"] - before["cpu_s"] if after["cpu_s"] is not None and before["cpu_s"] is not None else None
     wall = steps[-1]["end"]
     how = {
@@ -184,9 +236,9 @@ def _synced_record(
         "kinds": sorted({s["kind"] for s in steps}),
         "payload_bytes_per_version": sum(s["bytes"] for s in steps) / len(steps),
         "link_bytes_down": down,
-        "versions_relayed": relayed,
-        "link_bytes_per_relayed_version": {r: down[r] / relayed[r] if relayed[r] else None for r in down},
-        "relay_payload_bytes": {rl.dest_region: rl.stats.bytes for rl in relays},
+        "versions_relayed": {r: n for r, (n, _) in relayed.items()},
+        "relay_payload_bytes": {r: b for r, (_, b) in relayed.items()},
+        "link_bytes_per_relayed_version": {r: down[r] / relayed[r][0] if relayed[r][0] else None for r in down},
         "cpu_s": cpu,
         "cpu_busy_cores": cpu / wall if cpu is not None and wall else None,
         "final": final,
