@@ -37,6 +37,9 @@ class LiveWeights(Protocol):
     def commit(self, prepared: object) -> None:
         """Scatter what :meth:`prepare` made into the live tensors; must not fail."""
 
+    def discard(self, prepared: object) -> None:
+        """Free what :meth:`prepare` made without writing it (staging moved on)."""
+
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         """Specs and words of every tensor (an O(model) copy; audits and tests only)."""
 
@@ -84,6 +87,9 @@ class TensorWeights:
         with torch.no_grad():
             for flat, idx_t, val_t in prepared:
                 flat[idx_t] = val_t
+
+    def discard(self, prepared: object) -> None:
+        """Nothing to free: prepared tensors are ordinary objects."""
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         specs, words = to_words({k: v.detach().cpu() for k, v in self.tensors.items()})

@@ -70,6 +70,8 @@ class Updater:
         self.lock = ReadWriteLock()
         self._digest = Digest()
         self._staged: Staging | None = None
+        self._prepared: tuple[Staging, object] | None = None
+        """What ``live.prepare`` made of the staged changes, built while staging, off the apply path."""
         self._stage_lock = threading.Lock()
 
     # ------------------------------------------------------------ discovery
@@ -158,6 +160,10 @@ class Updater:
             for m in plan:
                 self._stage_one(work, m)
             self._staged = work
+            if self._prepared is not None:
+                self.live.discard(self._prepared[1])
+            self._prepared = None  # cleared first: a failing prepare must not leave a stale one behind
+            self._prepared = (work, self.live.prepare(work.changes))
             return work
 
     def _stage_one(self, work: Staging, m: Manifest) -> None:
@@ -204,14 +210,15 @@ class Updater:
             if staged is None or self.held is None or staged.version == self.held.version:
                 return None
             # everything that can fail has been checked while staging or is done by prepare()
-            prepared = self.live.prepare(staged.changes)
+            ready = self._prepared
+            prepared = ready[1] if ready is not None and ready[0] is staged else self.live.prepare(staged.changes)
             with self.lock.write():
                 if staged.full is not None:
                     self.live.load(self.specs, staged.full)
                 self.live.commit(prepared)
                 self._digest = staged.digest
                 self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
-            self._staged = None
+            self._staged = self._prepared = None
             if self.coord is not None:
                 with contextlib.suppress(StoreError):
                     self.coord.update_worker(self.worker_id, version=staged.version, version_hash=staged.version_hash)

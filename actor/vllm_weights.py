@@ -325,6 +325,12 @@ class VllmWeights:
             self._run("commit", prepared.token)
             self._written()
 
+    def discard(self, prepared: object) -> None:
+        """Free what :meth:`prepare` staged on the workers without writing it."""
+        assert isinstance(prepared, _Prepared)
+        if prepared.token is not None:
+            self._run("drop", prepared.token)
+
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         layout = self._need()
         plan: list[list[str]] = [[] for _ in range(self.tp_size)]
