@@ -243,7 +243,7 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
             "--run-id",
             loop.run_id,
             "--sft-steps",
-            "20",
+            "60",
             "--prompts",
             str(PROMPTS),
             "--group",
@@ -259,8 +259,9 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
     run = open_run(loop.store)
     assert run.versions() == [0, 1, 2, 3] and audit(run).ok
     _check_exactly_once(loop, 3)
-    deltas = [run.manifest(v) for v in (1, 2, 3) if run.manifest(v).kind == "delta"]
-    assert deltas, "at least one delta version"
+    # a step whose every group agreed on its rewards trains nothing: its delta is empty
+    deltas = [m for m in map(run.manifest, (1, 2, 3)) if m.kind == "delta" and m.segments]
+    assert deltas, "at least one delta version with changes"
     for m in deltas:
         ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in m.segments}
         assert ordinals == {0, 1}, f"version {m.version}: segments from both ranks ({[s.key for s in m.segments]})"
