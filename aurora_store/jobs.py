@@ -25,6 +25,8 @@ from aurora_store.schedule import ema
 from aurora_store.tasks import Prompt
 
 RESULTS_MAXLEN = 100_000
+ADMITTED_TTL_S = 3600.0
+"""An admitted job's record is kept this long (to refuse late duplicates), then Redis drops it."""
 MAX_RESULT_BYTES = 8 << 20
 """A result payload above this is refused by the actor before it reaches Redis."""
 
@@ -43,7 +45,7 @@ redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. token)
 return token
 """
 
-# KEYS: job, open set.  ARGV: job id, token, now_ms, version
+# KEYS: job, open set.  ARGV: job id, token, now_ms, version, how long an admitted job is kept (ms)
 _ADMIT = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'deadline_ms', 'version')
 if not h[1] then return 'unknown_job' end
@@ -52,6 +54,7 @@ if h[2] ~= ARGV[2] then return 'stale_lease' end
 if tonumber(ARGV[3]) > tonumber(h[3]) then return 'expired' end
 if h[4] ~= ARGV[4] then return 'wrong_version' end
 redis.call('HSET', KEYS[1], 'state', 'admitted', 'admitted_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SREM', KEYS[2], ARGV[1])
 return 'ok'
 """
@@ -210,7 +213,8 @@ class JobBoard:
         if published.get(res.version) != res.version_hash:
             return "wrong_version_hash"
         keys = [self._k("job", res.job), self._k("open")]
-        return str(self._call(self._admit, keys=keys, args=[res.job, res.token, now_ms(), res.version]))
+        args = [res.job, res.token, now_ms(), res.version, int(ADMITTED_TTL_S * 1000)]
+        return str(self._call(self._admit, keys=keys, args=args))
 
     def forget(self, jobs: Sequence[str]) -> None:
         """Drop jobs (a restarted trainer drops its predecessor's unadmitted ones)."""

@@ -91,14 +91,36 @@ def tiny_config(
     }
 
 
+MAX_PARAMS = 20_000_000_000
+"""Largest model :func:`build_model` makes: a config read from a bucket must not exhaust memory."""
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def check_config(config: object, *, max_params: int = MAX_PARAMS) -> dict[str, Any]:
+    """``config`` if it is a plausible causal-LM config whose size is below ``max_params``."""
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise StoreError("a model config is a JSON object with a model_type")
+    for key in _SIZES:
+        v = config.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 31:
+            raise StoreError(f"model config: {key} must be a positive integer, got {v!r}"[:200])
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    estimate = 2 * config["vocab_size"] * h + layers * (4 * h * h + 3 * h * config["intermediate_size"])
+    if estimate > max_params:
+        raise StoreError(f"model config describes ~{estimate:.3g} parameters, over the limit of {max_params:.3g}")
+    return config
+
+
 def build_model(config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A freshly initialised causal LM for ``config`` (a transformers config as a dict)."""
+    """A freshly initialised causal LM for ``config`` (a transformers config as a dict, checked first)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise StoreError("a model config is a dict with a model_type")
-    cfg = AutoConfig.for_model(**config)
+    check_config(config)
+    try:
+        cfg = AutoConfig.for_model(**config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StoreError(f"model config: {exc}"[:500]) from None
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
     model.generation_config.pad_token_id = PAD

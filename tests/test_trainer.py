@@ -239,3 +239,23 @@ def test_builtin_tasks_reward_exact_answers() -> None:
         for p in task.prompts(random.Random(0), 20):
             assert task.reward(p, p.answer) == 1.0 and task.reward(p, p.answer + "0") == 0.0
             TOK.encode(p.text)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        [],
+        {},
+        {"model_type": 5},
+        {**tiny_config(98), "hidden_size": "64"},
+        {**tiny_config(98), "hidden_size": 0},
+        {**tiny_config(98), "num_hidden_layers": True},
+        {**tiny_config(98), "vocab_size": 2**40},
+        {**tiny_config(98), "hidden_size": 65536, "num_hidden_layers": 4096},  # ~ 1e14 parameters
+        {**tiny_config(98), "model_type": "no-such-architecture"},
+    ],
+)
+def test_hostile_model_configs_are_refused_before_allocating(config: Any) -> None:
+    with pytest.raises(StoreError):
+        build_model(config)

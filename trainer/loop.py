@@ -237,7 +237,7 @@ class Trainer:
         now = now_ms()
         jobs = self.board.open_jobs()
         for j in jobs:
-            if j.job in self.pending or j.job not in self.step_jobs[j.step]:
+            if j.job in self.pending or j.job not in self.step_jobs.get(j.step, ()):
                 continue
             if j.deadline_ms < now or j.actor not in alive:
                 self.pending[j.job] = (j.step, self.board.prompt_of(j.job))
@@ -274,6 +274,8 @@ class Trainer:
             if time.monotonic() - self._last_sweep >= self.cfg.sweep_s:
                 self._last_sweep = time.monotonic()
                 self._sweep()
+        for old in [s for s in self.step_jobs if s < step - 2]:  # long trained: late results are unknown jobs
+            del self.step_jobs[old]
         return list(self.admitted.pop(step).values())
 
     def _consider(self, res: Result) -> None:
