@@ -26,8 +26,10 @@ class Completion:
 
 
 class Engine(Protocol):
-    live: LiveWeights
-    """The engine's weights, written in place by the updater at safe points."""
+    @property
+    def live(self) -> LiveWeights:
+        """The engine's weights, written in place by the updater at safe points."""
+        ...
 
     def generate(
         self,

@@ -16,13 +16,16 @@ import json
 import logging
 import random
 import signal
+import tempfile
 import threading
 import time
 import zlib
 from collections import defaultdict
+from typing import Any
 
 import torch
 
+from actor.engine import Engine
 from actor.torch_engine import TorchEngine
 from actor.updater import Updater
 from aurora_store.attachments import get_attachment
@@ -62,8 +65,7 @@ class Worker:
         config = json.loads(get_attachment(self.run, "config.json"))
         self.tok = CharTokenizer.from_json(get_attachment(self.run, "tokenizer.json"))
         self.task = load_task(json.loads(get_attachment(self.run, "task.json"))["task"])
-        model = build_model(config, dtype=torch.bfloat16)
-        self.engine = TorchEngine(model)
+        self.engine = self._engine(config)
         self.up = Updater(
             self.run,
             region=self.args.region,
@@ -80,6 +82,18 @@ class Worker:
         self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
         self._applied(held.version)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+
+    def _engine(self, config: dict[str, Any]) -> Engine:
+        if self.args.engine == "torch":
+            return TorchEngine(build_model(config, dtype=torch.bfloat16), device=self.args.device)
+        # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
+        # applied in place on vLLM's own parameters (actor/vllm_engine.py; unverified without a GPU)
+        from actor.vllm_engine import VllmEngine
+        from aurora_store.replay import replay
+
+        out = tempfile.mkdtemp(prefix=f"aurora-{self.wid}-")
+        replay(self.run, None, out, force=True)
+        return VllmEngine(out, tensor_parallel_size=self.args.tensor_parallel)
 
     def _calibrate(self) -> None:
         """One batch on the task's demo prompts, so the first split already knows this actor's speed."""
@@ -250,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-s", type=float, default=5.0)
     p.add_argument("--slowdown", type=float, default=1.0, help="emulate hardware this many times slower")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--engine", choices=("torch", "vllm"), default="torch", help="rollout engine")
+    p.add_argument("--device", default="cpu", help="torch engine device (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="vLLM tensor-parallel size")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
