@@ -49,7 +49,6 @@ class Worker:
         self.fallback = open_run(args.fallback) if args.fallback else None
         self.stop = threading.Event()
         self.busy = threading.Event()
-        self.version_hash: dict[int, str] = {}
 
     def _wait_for_version(self) -> int:
         while not self.stop.is_set():
