@@ -5,7 +5,10 @@ verified at the destination by reading it back; a version's manifest is written 
 byte for byte the source's, only after every object it names is verified there; then the
 region's version advances in Redis. Crash-safe and idempotent: objects are written with
 put-if-absent and never rewritten, objects already present are verified and skipped, and
-on start the relay backfills every committed version the destination lacks. No torch.
+on start the relay backfills every committed version the destination lacks. Announced
+segments are copied on a small pool of their own, so the segments of one version (a full
+checkpoint's shards, a large delta's segments) cross the WAN in parallel; a copy already in
+flight is waited for, never started twice. No torch.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aurora_store.coord import CoordinationError, Coordinator
@@ -50,6 +54,7 @@ class Relay:
         dest_region: str,
         limits: Limits | None = None,
         verify_key: object = None,
+        announced_copies: int = 4,
     ) -> None:
         from aurora_store import signing
 
@@ -61,12 +66,49 @@ class Relay:
         self.dst = Reader(dest, self.limits, vk)
         self.stats = RelayStats()
         self._verified: set[tuple[str, str]] = set()
+        self._inflight: dict[tuple[str, str], Future[None]] = {}
         self._lock = threading.Lock()
+        self._copies = ThreadPoolExecutor(max(1, announced_copies), thread_name_prefix="relay-announced")
 
     # ------------------------------------------------------------ objects
 
     def copy_object(self, entry: Segment) -> None:
-        """Make ``entry`` present and verified at the destination; never rewrite an object."""
+        """Make ``entry`` present and verified at the destination; never rewrite an object.
+        If an announced copy of it is in flight, wait for that one (and redo it only if it failed)."""
+        ident = (entry.key, entry.sha256)
+        with self._lock:
+            if ident in self._verified:
+                return
+            running = self._inflight.get(ident)
+        if running is not None:
+            try:
+                running.result()
+                return
+            except StoreError:
+                pass  # that attempt failed: try again here, and let this one's error propagate
+        self._copy(entry)
+
+    def copy_announced(self, entry: Segment) -> Future[None] | None:
+        """Start copying an announced segment in the background (None if done or already under way)."""
+        ident = (entry.key, entry.sha256)
+        with self._lock:
+            if ident in self._verified or ident in self._inflight:
+                return None
+            fut = self._copies.submit(self._copy_logged, entry)
+            self._inflight[ident] = fut
+            return fut
+
+    def _copy_logged(self, entry: Segment) -> None:
+        try:
+            self._copy(entry)
+        except StoreError as exc:  # the commit copies it again (and then fails loudly) or a rescan does
+            log.info("relay %s: announced %s: %s", self.dest_region, entry.key, exc)
+            raise
+        finally:
+            with self._lock:
+                self._inflight.pop((entry.key, entry.sha256), None)
+
+    def _copy(self, entry: Segment) -> None:
         ident = (entry.key, entry.sha256)
         with self._lock:
             if ident in self._verified:
@@ -176,6 +218,11 @@ class Relay:
                     log.info("relay %s: %s; will catch up by scanning", self.dest_region, exc)
                     need_scan = True
         coord.unregister(wid)
+        self.close()
+
+    def close(self) -> None:
+        """Wait for announced copies in flight and stop their pool."""
+        self._copies.shutdown(wait=True)
 
     def _handle(self, kind: str, version: int, fields: dict[str, str]) -> None:
         if kind == "segment":
@@ -185,7 +232,7 @@ class Relay:
             )
             if entry.size > self.limits.max_segment_bytes:
                 raise CorruptError(f"announced segment {entry.key} is {entry.size} bytes, over the cap")
-            self.copy_object(entry)
+            self.copy_announced(entry)
         elif kind == "commit":
             for v in range(self._next_version(), version + 1):
                 self.copy_version(v)

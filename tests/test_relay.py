@@ -18,6 +18,7 @@ import pytest
 
 import aurora_store
 from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.errors import MissingError
 from aurora_store.manifest import manifest_key
 from aurora_store.objectstore import ObjectStore
 from relay.worker import Relay
@@ -90,6 +91,31 @@ def test_restart_after_a_crash_mid_copy_reuses_verified_objects(tmp_path: Path) 
     assert out["copied_versions"] == [2]
     assert out["objects_skipped"] == half and out["objects_copied"] == len(m2.objects) - half
     assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
+
+
+def test_announced_segments_copy_in_parallel_and_once(tmp_path: Path) -> None:
+    """Announced segments go on the relay's pool; the commit waits for copies in flight instead of
+    starting them again, and a failed announced copy is redone by the commit."""
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    hist = publish(home, 3)
+    relay = Relay(ObjectStore(home), ObjectStore(eu), None, source_region="home", dest_region="eu")
+    relay.copy_version(0)
+    relay.copy_version(1)
+    m2 = aurora_store.open_run(home).manifest(2)
+    futures = [relay.copy_announced(seg) for seg in m2.segments]
+    assert all(f is not None for f in futures)
+    relay.copy_version(2)
+    assert relay.stats.copied == len(objects_of(home, 0)) + len(objects_of(home, 1)) + len(m2.objects)
+    assert relay.stats.skipped == 0, "nothing was copied twice or found half-done"
+    assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
+    assert all(relay.copy_announced(seg) is None for seg in m2.segments), "verified: never started again"
+    seg = m2.segments[0]
+    missing = type(seg)(seg.key + "-gone", 10, "0" * 64)
+    failed = relay.copy_announced(missing)
+    assert failed is not None and isinstance(failed.exception(), MissingError)
+    with pytest.raises(MissingError):
+        relay.copy_object(missing)  # the commit path tries again and reports it
+    relay.close()
 
 
 def test_corrupt_object_at_the_destination_is_refused_not_overwritten(tmp_path: Path) -> None:
