@@ -9,7 +9,6 @@ bytes, times are the best of a few repetitions in the same run, measured against
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -25,6 +24,7 @@ from rich.table import Table
 from aurora_store.codec import sparse
 from aurora_store.delta import exponent_of
 from bench.baselines import BASELINES
+from bench.output import emit
 
 REPEATS = 3
 FULL = (28, 6)
@@ -286,14 +286,4 @@ def run(args: argparse.Namespace) -> int:
         vocab=args.vocab,
         progress=True,
     )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        render(result, Console())
-    return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m bench.codec", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+    return emit(result, args, lambda r: render(r, Console()))

@@ -17,8 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from rich.table import Table
 
 from bench import e2e_modes
 from bench.e2e_loop import Timing
+from bench.output import emit, overridden
 from bench.transfer import MIB, Workload, _cpus, _peak_rss_mb, _World, make_workload
 
 MODES = ("ideal", "ours", "full")
@@ -351,26 +350,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    base = QUICK if args.quick else DEFAULT
-    changes: dict[str, Any] = {"seed": args.seed}
-    for name in ("layers", "vocab", "steps", "actors", "generation_s"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    if args.modes:
-        changes["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    return dataclasses.replace(base, **changes)
+    return overridden(QUICK if args.quick else DEFAULT, args, ("layers", "vocab", "steps", "actors", "generation_s"))
 
 
 def run(args: argparse.Namespace) -> int:
-    result = measure(config_from(args), progress=True)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        render(result, Console())
-    return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+    return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store import schedule
+from bench.output import emit
 
 SPEEDS = {"fast": 1.0, "mid": 0.5, "slow": 0.3, "fading": 0.8}
 FADED = 0.2
@@ -331,15 +331,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = Config(steps=args.steps, batch=args.batch, seed=args.seed, beta=args.beta, alpha=args.alpha)
-    result = simulate(cfg)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        render(result)
-    return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m bench.schedule", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+    return emit(simulate(cfg), args, render)

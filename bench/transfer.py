@@ -39,6 +39,7 @@ from aurora_store.limits import Limits
 from aurora_store.manifest import Manifest, TensorSpec
 from aurora_store.objectstore import ObjectStore, RangeRequest
 from aurora_store.run import Run, VersionInfo, open_run
+from bench.output import emit, overridden
 from bench.s3 import S3Server, peak_rss_mb, start_moto
 from bench.wan import Link, WanProxy, describe
 from relay.worker import Relay
@@ -1065,26 +1066,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    base = QUICK if args.quick else FULL
-    changes: dict[str, Any] = {"seed": args.seed}
-    for name in ("layers", "vocab", "versions", "actors", "connections"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    if args.modes:
-        changes["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    return dataclasses.replace(base, **changes)
+    return overridden(QUICK if args.quick else FULL, args, ("layers", "vocab", "versions", "actors", "connections"))
 
 
 def run(args: argparse.Namespace) -> int:
-    result = measure(config_from(args), progress=True)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        render(result, Console())
-    return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m bench.transfer", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+    return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))
