@@ -294,9 +294,9 @@ class WanProxy:
                 if dst.can_write_eof():
                     dst.write_eof()
                 return
+            self._count(key, len(data))  # first: the peer can never hold bytes not yet counted
             dst.write(data)
             await dst.drain()
-            self._count(key, len(data))
             if ack_delay:
                 loop.call_later(ack_delay, window.release, len(data))  # the ACK's trip back
             else:
