@@ -24,7 +24,7 @@ from rich.table import Table
 from aurora_store.codec import sparse
 from aurora_store.delta import exponent_of
 from bench.baselines import BASELINES
-from bench.output import emit
+from bench.output import emit, positive
 
 REPEATS = 3
 FULL = (28, 6)
@@ -261,19 +261,12 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} layers, {QUICK[1]} steps")
-    parser.add_argument("--layers", type=_positive, help=f"decoder layers (default {FULL[0]}, {QUICK[0]} with --quick)")
-    parser.add_argument("--steps", type=_positive, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
-    parser.add_argument("--vocab", type=_positive, help="embedding rows (default 151936, Qwen3's)")
+    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {FULL[0]}, {QUICK[0]} with --quick)")
+    parser.add_argument("--steps", type=positive, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
+    parser.add_argument("--vocab", type=positive, help="embedding rows (default 151936, Qwen3's)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
 
 

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from bench import e2e_modes
 from bench.e2e_loop import Timing
-from bench.output import emit, overridden
+from bench.output import emit, overridden, positive
 from bench.transfer import MIB, Workload, _cpus, _peak_rss_mb, _World, make_workload
 
 MODES = ("ideal", "ours", "full")
@@ -319,13 +319,6 @@ def render(result: dict[str, Any], console: Console) -> None:
     console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  ours <= {TARGET}x ideal")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -340,10 +333,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"{QUICK.layers} layer, vocab {QUICK.vocab}, {QUICK.steps} timed steps, {QUICK.actors} actor per region",
     )
-    parser.add_argument("--layers", type=_positive, help=f"decoder layers (default {DEFAULT.layers})")
-    parser.add_argument("--vocab", type=_positive, help=f"embedding rows (default {DEFAULT.vocab})")
-    parser.add_argument("--steps", type=_positive, help=f"timed RL steps per mode (default {DEFAULT.steps})")
-    parser.add_argument("--actors", type=_positive, help=f"actors per region (default {DEFAULT.actors})")
+    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {DEFAULT.layers})")
+    parser.add_argument("--vocab", type=positive, help=f"embedding rows (default {DEFAULT.vocab})")
+    parser.add_argument("--steps", type=positive, help=f"timed RL steps per mode (default {DEFAULT.steps})")
+    parser.add_argument("--actors", type=positive, help=f"actors per region (default {DEFAULT.actors})")
     parser.add_argument("--generation-s", type=_seconds, help="generation window G (default: calibrated)")
     parser.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)} (ideal is required)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")

@@ -15,6 +15,14 @@ from typing import Any, TypeVar
 C = TypeVar("C")
 
 
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def overridden(base: C, args: argparse.Namespace, names: Iterable[str]) -> C:
     """``base`` (a dataclass) with ``seed``, every flag in ``names`` that was given, and ``--modes``."""
     changes: dict[str, Any] = {"seed": args.seed}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store import schedule
-from bench.output import emit
+from bench.output import emit, positive
 
 SPEEDS = {"fast": 1.0, "mid": 0.5, "slow": 0.3, "fading": 0.8}
 FADED = 0.2
@@ -294,13 +294,6 @@ def render(result: dict[str, Any]) -> None:
     console.print(f"  {tr['note']}")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _beta(text: str) -> float:
     value = float(text)
     if not 0.0 <= value < 1.0:
@@ -318,8 +311,8 @@ def _alpha(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = Config()
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--steps", type=_positive, default=d.steps, help=f"trainer steps (default {d.steps})")
-    parser.add_argument("--batch", type=_positive, default=d.batch, help=f"prompts per step (default {d.batch})")
+    parser.add_argument("--steps", type=positive, default=d.steps, help=f"trainer steps (default {d.steps})")
+    parser.add_argument("--batch", type=positive, default=d.batch, help=f"prompts per step (default {d.batch})")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"prompt-length seed (default {d.seed})")
     parser.add_argument(
         "--beta", type=_beta, default=d.beta, help=f"EMA weight of the past, in [0, 1) (default {d.beta})"

@@ -39,7 +39,7 @@ from aurora_store.limits import Limits
 from aurora_store.manifest import Manifest, TensorSpec
 from aurora_store.objectstore import ObjectStore, RangeRequest
 from aurora_store.run import Run, VersionInfo, open_run
-from bench.output import emit, overridden
+from bench.output import emit, overridden, positive
 from bench.s3 import S3Server, peak_rss_mb, start_moto
 from bench.wan import Link, WanProxy, describe
 from relay.worker import Relay
@@ -1042,24 +1042,17 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument(
         "--quick", action="store_true", help=f"{QUICK.layers} layers, vocab {QUICK.vocab}, {QUICK.versions} versions"
     )
-    parser.add_argument("--layers", type=_positive, help=f"decoder layers (default {FULL.layers})")
-    parser.add_argument("--vocab", type=_positive, help="embedding rows (default 151936, Qwen3's)")
-    parser.add_argument("--versions", type=_positive, help=f"timed versions per mode (default {FULL.versions})")
-    parser.add_argument("--actors", type=_positive, help=f"actors per region (default {FULL.actors})")
+    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {FULL.layers})")
+    parser.add_argument("--vocab", type=positive, help="embedding rows (default 151936, Qwen3's)")
+    parser.add_argument("--versions", type=positive, help=f"timed versions per mode (default {FULL.versions})")
+    parser.add_argument("--actors", type=positive, help=f"actors per region (default {FULL.actors})")
     parser.add_argument(
-        "--connections", type=_positive, help=f"parallel GETs across a link (default {FULL.connections})"
+        "--connections", type=positive, help=f"parallel GETs across a link (default {FULL.connections})"
     )
     parser.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)}")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
