@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
@@ -51,14 +52,15 @@ class Task(Protocol):
     def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]: ...
 
 
-class ExactMatch:
+class ExactMatch(ABC):
     """A task whose prompts each have one right answer: reward 1 for it (whitespace aside), else 0.
     Subclasses draw one ``(prompt text, answer)`` pair in :meth:`draw`."""
 
     name = "exact-match"
 
+    @abstractmethod
     def draw(self, rng: random.Random) -> tuple[str, str]:
-        raise NotImplementedError
+        """One prompt text and its answer."""
 
     def prompts(self, rng: random.Random, n: int) -> list[Prompt]:
         out = []
@@ -114,7 +116,10 @@ def load_task(spec: str) -> Task:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise TaskError(f"task {spec!r}: cannot import it: {exc}") from None
-    task: object = factory()
+    try:
+        task: object = factory()
+    except TypeError as exc:  # not callable, or it wants arguments
+        raise TaskError(f"task {spec!r}: {attr} cannot be called with no arguments: {exc}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task {spec!r}: {type(task).__name__} lacks name, prompts(), reward() or demos()")
     return cast(Task, task)
