@@ -172,12 +172,6 @@ class JobBoard:
             out.append(OpenJob(job, int(h[0]), int(h[1]), h[2], int(h[3]), h[6] is not None and h[6] == h[5]))
         return out
 
-    def prompt_of(self, job: str) -> Prompt:
-        body = self._call(self.r.hget, self._k("job", job), "prompt")
-        if body is None:
-            raise JobError(f"job {job!r} does not exist")
-        return Prompt.from_dict(json.loads(body))
-
     def results(self, after: str, *, block_ms: int = 500, count: int = 1000) -> list[Result]:
         """Results submitted after stream id ``after``; malformed entries are skipped (and counted)."""
         reply = self._call(self.r.xread, {self._k("results"): after}, count=count, block=block_ms)

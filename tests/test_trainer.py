@@ -62,7 +62,7 @@ def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Trainer) -> None:
     actor(trainer, "idle", 2)
     prompts = {f"j{i}": Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)}
     for job, p in prompts.items():
-        trainer.step_jobs[3].add(job)
+        trainer.step_jobs[3][job] = p
         trainer.board.lease(job, "busy", version=2, lease_s=30, step=3, prompt=p)
     started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
     trainer._sweep()

@@ -108,7 +108,8 @@ class Trainer:
         self.published: dict[int, str] = {}
         self.pending: dict[str, tuple[int, Prompt]] = {}
         """Jobs waiting for a lease: job id -> (step, prompt)."""
-        self.step_jobs: dict[int, set[str]] = defaultdict(set)
+        self.step_jobs: dict[int, dict[str, Prompt]] = defaultdict(dict)
+        """Each step's jobs and their prompts (this trainer posted them: no need to ask Redis)."""
         self.admitted: dict[int, dict[str, Result]] = defaultdict(dict)
         self.dropped: Counter[str] = Counter()
         self.stolen = 0
@@ -203,7 +204,7 @@ class Trainer:
         prompts = self.task.prompts(random.Random(f"{self.cfg.seed}:{step}"), self.cfg.prompts_per_step)
         for i, p in enumerate(prompts):
             job = f"{self.tag}:{step}:{i}"
-            self.step_jobs[step].add(job)
+            self.step_jobs[step][job] = p
             self.pending[job] = (step, p)
         self._assign(turn=step)
 
@@ -240,7 +241,7 @@ class Trainer:
             if j.job in self.pending or j.job not in self.step_jobs.get(j.step, ()):
                 continue
             if j.deadline_ms < now or j.actor not in alive:
-                self.pending[j.job] = (j.step, self.board.prompt_of(j.job))
+                self.pending[j.job] = (j.step, self.step_jobs[j.step][j.job])
                 self.dropped["lease_lost"] += 1
         self._assign(turn=int(now // 1000))
         if self.cfg.steal:
@@ -292,7 +293,7 @@ class Trainer:
         self.dropped[why] += 1
         if why in ("malformed", "wrong_version", "wrong_version_hash", "bad_payload"):
             # the holder produced something unusable: lease the prompt again now
-            self.pending[res.job] = (step, self.board.prompt_of(res.job))
+            self.pending[res.job] = (step, self.step_jobs[step][res.job])
 
     def _check_payload(self, res: Result) -> str | None:
         comps = res.payload.get("completions")
@@ -315,12 +316,12 @@ class Trainer:
 
     # ------------------------------------------------------------ training
 
-    def _batch(self, results: list[Result]) -> dict[str, Any]:
+    def _batch(self, step: int, results: list[Result]) -> dict[str, Any]:
         """A step's training batch as plain JSON (rank 0 broadcasts it under torchrun)."""
         rows: list[list[Any]] = []
         adv: list[float] = []
         for res in results:
-            ids = self.tok.encode(self.board.prompt_of(res.job).text)
+            ids = self.tok.encode(self.step_jobs[step][res.job].text)
             comps = res.payload["completions"]
             rs = [float(c["reward"]) for c in comps]
             adv += advantages(rs)
@@ -353,7 +354,7 @@ class Trainer:
         for step in range(at + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
             results = self.collect(step) if main else []
-            batch = self.dist.broadcast(self._batch(results) if main else None)
+            batch = self.dist.broadcast(self._batch(step, results) if main else None)
             wait = time.perf_counter() - t0
             reward, train_s = self.train_step(batch)
             t1 = time.perf_counter()
