@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from aurora_store.coord import Coordinator
-from aurora_store.jobs import JobBoard, JobError, Lease, Result
+from aurora_store.jobs import JobBoard, JobError, Lease, Result, now_ms
 from aurora_store.tasks import Prompt
+from tests.helpers import wait_for
 
 HASHES = {0: "h0", 1: "h1"}
 
@@ -61,7 +61,7 @@ def test_revoked_entries_are_not_handed_out(board: JobBoard) -> None:
 def test_expired_wrong_version_and_wrong_hash_are_refused(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0), prompt(1)], {"a": 2}, lease_s=0.05, tag="t")
     late, other = board.take("a", max_jobs=2, block_s=0.1)
-    time.sleep(0.1)  # let the 50 ms lease run out (the condition under test is the clock itself)
+    wait_for(lambda: now_ms() > late.deadline_ms, "the 50 ms lease to run out", timeout=5)
     assert board.admit(submit(board, late, "a"), HASHES) == "expired"
     board.lease(other.job, "a", version=0, lease_s=30)
     fresh = board.take("a", max_jobs=1, block_s=0.1)[0]
