@@ -205,7 +205,11 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     loop.actor("steady")
     lag = loop.actor("lag")
     run = open_run(loop.store)
-    wait_for(lambda: (run.latest() or 0) >= 2, "version 2", 180)
+
+    def lag_joined() -> bool:  # it must hold a version before it is paused, or it only bootstraps late
+        return any(d["actor"] == "lag" for _id, d in loop.coord.notes("applied"))
+
+    wait_for(lambda: lag_joined() and (run.latest() or 0) >= 2, "the lagging actor to join, and version 2", 180)
     lag.send_signal(signal.SIGSTOP)  # a preempted host: no heartbeat, no progress
     paused_at = run.latest() or 0
     wait_for(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 180)
