@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import threading
 
+from actor.config import SyncConfig
 from actor.updater import Held, Updater
-from aurora_store.coord import CoordinationError, Coordinator
-from aurora_store.run import open_run
+from aurora_store.bucket.run import open_run
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.errors import CoordinationError
+from aurora_store.options import add_options, build
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m actor.follow", description=__doc__)
-    p.add_argument("--store", required=True, help="this region's run URI")
-    p.add_argument("--region", required=True)
-    p.add_argument("--redis", required=True)
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--worker-id", required=True)
-    p.add_argument("--fallback", help="home run URI to read a version from when the region's copy is bad")
-    p.add_argument("--connections", type=int, default=8, help="parallel ranged GETs")
-    p.add_argument("--storage-options", type=json.loads, default={})
-    args = p.parse_args(argv)
+    add_options(p, SyncConfig)
+    args: SyncConfig = build(SyncConfig, p.parse_args(argv))
     coord = Coordinator(args.redis, args.run_id)
     run = open_run(args.store, storage_options=args.storage_options, concurrency=args.connections)
     fallback = open_run(args.fallback) if args.fallback else None

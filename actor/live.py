@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from aurora_store.errors import LayoutError
-from aurora_store.manifest import TensorSpec
+from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import from_words, to_words, torch_dtype
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

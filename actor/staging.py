@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aurora_store.digest import Digest, tensor_keys
 from aurora_store.errors import ChainError
-from aurora_store.manifest import Manifest
-from aurora_store.reader import DecodedBlock
+from aurora_store.format.blocks import DecodedBlock
+from aurora_store.format.digest import Digest, tensor_keys
+from aurora_store.format.manifest import Manifest
 
 LiveWords = Callable[[str, np.ndarray], np.ndarray]
 """``live(name, flat_index) -> words`` of the live weights."""
@@ -70,8 +70,7 @@ class Staging:
         specs = {t.name: t for t in m.tensors}
         for blk in blocks:
             old = self.words_at(live, blk.name, blk.index)
-            new = old + blk.delta if blk.delta is not None else blk.words
-            assert new is not None
+            new = blk.new_words(old)
             s = specs[blk.name]
             digest.update(tensor_keys(s.name, s.dtype, s.shape), blk.index, old, new)
             updates.append((blk.name, blk.index, new))

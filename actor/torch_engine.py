@@ -15,7 +15,7 @@ import torch
 
 from actor.engine import Completion
 from actor.live import TensorWeights
-from aurora_store.models import EOS
+from aurora_store.rl.tokenizers import EOS
 
 
 class TorchEngine:

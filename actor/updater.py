@@ -25,12 +25,13 @@ import torch
 from actor.live import LiveWeights, TensorWeights
 from actor.rwlock import ReadWriteLock
 from actor.staging import Staging
-from aurora_store.coord import Coordinator
-from aurora_store.digest import Digest
-from aurora_store.errors import ChainError, CorruptError, LayoutError, MissingError, StoreError
-from aurora_store.manifest import Manifest, TensorSpec
-from aurora_store.run import Run
-from aurora_store.weights import full_digest
+from aurora_store.bucket.run import Run
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.errors import CoordinationError
+from aurora_store.errors import CorruptError, LayoutError, MissingError, StoreError
+from aurora_store.format.digest import Digest
+from aurora_store.format.manifest import Manifest, TensorSpec
+from aurora_store.format.weights import full_digest
 
 log = logging.getLogger("aurora.actor")
 
@@ -83,7 +84,7 @@ class Updater:
                 rv = self.coord.region_version(self.region)
                 if rv is not None:
                     return rv.version
-            except StoreError as exc:
+            except CoordinationError as exc:
                 log.warning("actor %s: %s; listing the bucket instead", self.worker_id, exc)
         return self.run.latest()
 
@@ -198,8 +199,8 @@ class Updater:
 
     def _report(self, version: int, exc: StoreError) -> None:
         if self.coord is not None:
-            with contextlib.suppress(StoreError):
-                self.coord.report(self.worker_id, self.region, version, _object_of(str(exc)), str(exc))
+            with contextlib.suppress(CoordinationError):
+                self.coord.report(self.worker_id, self.region, version, exc.url or "", str(exc))
 
     # ------------------------------------------------------------ apply
 
@@ -220,7 +221,7 @@ class Updater:
                 self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
             self._staged = self._prepared = None
             if self.coord is not None:
-                with contextlib.suppress(StoreError):
+                with contextlib.suppress(CoordinationError):
                     self.coord.update_worker(self.worker_id, version=staged.version, version_hash=staged.version_hash)
             return self.held
 
@@ -235,12 +236,3 @@ class Updater:
     @property
     def staged(self) -> Staging | None:
         return self._staged
-
-
-def _object_of(message: str) -> str:
-    """The object URL a store error names (its first word ending in a colon), for reports."""
-    head = message.split(" ", 1)[0].rstrip(":")
-    return head if "://" in head else ""
-
-
-__all__ = ["Held", "Updater", "ChainError"]

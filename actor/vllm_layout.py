@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.errors import LayoutError
-from aurora_store.manifest import TensorSpec
+from aurora_store.format.manifest import TensorSpec
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: the whole vocabulary is padded to a multiple of it."""

@@ -23,7 +23,7 @@ import torch
 
 from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
 from aurora_store.errors import LayoutError, StoreError
-from aurora_store.manifest import TensorSpec
+from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import torch_dtype
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -1,4 +1,4 @@
-"""``python -m actor.worker``: the rollout actor process.
+"""``aurora actor`` (also ``python -m actor.worker``): the rollout actor process.
 
 Registers, keeps a heartbeat, takes the jobs leased to it, generates on exactly the version
 each job names, scores completions with the task's reward, and submits results tagged with
@@ -25,28 +25,32 @@ from typing import Any
 
 import torch
 
+from actor.config import WorkerConfig
 from actor.engine import Engine
 from actor.torch_engine import TorchEngine
 from actor.updater import Updater
-from aurora_store.attachments import get_attachment
-from aurora_store.coord import CoordinationError, Coordinator
-from aurora_store.errors import StoreError
-from aurora_store.jobs import JobBoard, Lease
-from aurora_store.models import CharTokenizer, build_model
-from aurora_store.run import Run, open_run
-from aurora_store.tasks import load_task
+from aurora_store.bucket.run import Run, open_run
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.jobs import JobBoard, Lease
+from aurora_store.errors import AuroraError, StoreError
+from aurora_store.options import add_options, build
+from aurora_store.rl.models import build_model
+from aurora_store.rl.tasks import Prompt, TaskError, load_task
+from aurora_store.rl.tokenizers import CharTokenizer
 
 log = logging.getLogger("aurora.actor")
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.wid = args.worker_id
-        self.coord = Coordinator(args.redis, args.run_id)
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        sync = cfg.sync
+        self.wid = sync.worker_id
+        self.coord = Coordinator(sync.redis, sync.run_id)
         self.board = JobBoard(self.coord)
-        self.run: Run = open_run(args.store, storage_options=args.storage_options, concurrency=args.connections)
-        self.fallback = open_run(args.fallback) if args.fallback else None
+        self.run: Run = open_run(sync.store, storage_options=sync.storage_options, concurrency=sync.connections)
+        self.fallback = open_run(sync.fallback) if sync.fallback else None
         self.stop = threading.Event()
         self.busy = threading.Event()
 
@@ -61,20 +65,20 @@ class Worker:
 
     def setup(self) -> None:
         self._wait_for_version()
-        config = json.loads(get_attachment(self.run, "config.json"))
-        self.tok = CharTokenizer.from_json(get_attachment(self.run, "tokenizer.json"))
-        self.task = load_task(json.loads(get_attachment(self.run, "task.json"))["task"])
+        config = json.loads(self.run.files.get("config.json"))
+        self.tok = CharTokenizer.from_json(self.run.files.get("tokenizer.json"))
+        self.task = load_task(json.loads(self.run.files.get("task.json"))["task"])
         self.engine = self._engine(config)
         self.up = Updater(
             self.run,
-            region=self.args.region,
+            region=self.cfg.sync.region,
             coord=self.coord,
             fallback=self.fallback,
             worker_id=self.wid,
             live=self.engine.live,
         )
         held = self.up.bootstrap()
-        self.coord.register("actor", self.args.region, worker_id=self.wid, ttl_s=self.args.heartbeat_s)
+        self.coord.register("actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s)
         rejoined = self.board.joined(self.wid)
         if not rejoined:
             self._calibrate()
@@ -83,40 +87,40 @@ class Worker:
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 
     def _engine(self, config: dict[str, Any]) -> Engine:
-        if self.args.engine == "torch":
-            return TorchEngine(build_model(config, dtype=torch.bfloat16), device=self.args.device)
+        if self.cfg.engine.engine == "torch":
+            return TorchEngine(build_model(config, dtype=torch.bfloat16), device=self.cfg.engine.device)
         # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
         # applied in place on vLLM's own parameters (actor/vllm_engine.py; unverified without a GPU)
         from actor.vllm_engine import VllmEngine
-        from aurora_store.replay import replay
+        from aurora_store.bucket.replay import replay
 
         out = tempfile.mkdtemp(prefix=f"aurora-{self.wid}-")
         replay(self.run, None, out, force=True)
-        return VllmEngine(out, tensor_parallel_size=self.args.tensor_parallel)
+        return VllmEngine(out, tensor_parallel_size=self.cfg.engine.tensor_parallel)
 
     def _calibrate(self) -> None:
         """One batch on the task's demo prompts, so the first split already knows this actor's speed."""
-        demos = self.task.demos(random.Random(self.wid), self.args.batch)
+        demos = self.task.demos(random.Random(self.wid), self.cfg.rollout.batch)
         t0 = time.perf_counter()
         outs = self.engine.generate(
             [self.tok.encode(p) for p, _ in demos],
-            samples=self.args.group,
-            max_new_tokens=self.args.max_new_tokens,
-            temperature=self.args.temperature,
+            samples=self.cfg.sampling.group,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            temperature=self.cfg.sampling.temperature,
             seed=0,
         )
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for comps in outs for c in comps)
-        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.args.beta)
+        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
 
     def _emulate_slowdown(self, elapsed: float) -> None:
-        if self.args.slowdown > 1:  # emulated slower hardware: documented, not hidden
-            time.sleep(elapsed * (self.args.slowdown - 1))
+        if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
+            time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
 
     def _applied(self, version: int) -> None:
-        with contextlib.suppress(StoreError):
+        with contextlib.suppress(CoordinationError):
             self.coord.note(
-                "applied", actor=self.wid, region=self.args.region, version=version, ms=int(time.time() * 1000)
+                "applied", actor=self.wid, region=self.cfg.sync.region, version=version, ms=int(time.time() * 1000)
             )
 
     def _stager(self) -> None:
@@ -131,7 +135,7 @@ class Worker:
                     if staged is None or staged.version < target:
                         self.up.stage(target)
                         continue
-            except StoreError as exc:
+            except AuroraError as exc:
                 log.warning("actor %s: staging failed: %s", self.wid, exc)
             self.stop.wait(0.05)
 
@@ -153,50 +157,54 @@ class Worker:
         return True
 
     def serve(self, leases: list[Lease]) -> None:
-        by_version: dict[int, list[Lease]] = defaultdict(list)
+        by_version: dict[int, list[tuple[Lease, Prompt]]] = defaultdict(list)
         for lease in leases:
-            by_version[lease.version].append(lease)
+            try:
+                by_version[lease.version].append((lease, Prompt.from_dict(lease.prompt)))
+            except TaskError as exc:  # another process wrote the job: give it back, never die of it
+                log.warning("actor %s: job %s: %s", self.wid, lease.job, exc)
+                self.board.release(lease)
         for version in sorted(by_version):
             batch = by_version[version]
             assert self.up.held is not None
             if version < self.up.held.version:  # the weights moved past it: let the trainer lease it again
-                for lease in batch:
+                for lease, _ in batch:
                     self.board.release(lease)
                 continue
-            wait_s = max(0.0, min(lease.deadline_ms for lease in batch) / 1000 - time.time())
+            wait_s = max(0.0, min(lease.deadline_ms for lease, _ in batch) / 1000 - time.time())
             try:
                 ready = self._advance_to(version, wait_s=wait_s)
-            except StoreError as exc:
+            except AuroraError as exc:
                 log.warning("actor %s: cannot reach version %d: %s", self.wid, version, exc)
                 ready = False
             if not ready:
-                for lease in batch:
+                for lease, _ in batch:
                     self.board.release(lease)
                 continue
             self._generate(batch)
 
-    def _generate(self, batch: list[Lease]) -> None:
+    def _generate(self, batch: list[tuple[Lease, Prompt]]) -> None:
         held = self.up.held
         assert held is not None
         t0 = time.perf_counter()
         with self.up.lock.read():  # a batch runs on one whole version
             outs = self.engine.generate(
-                [self.tok.encode(lease.prompt.text) for lease in batch],
-                samples=self.args.group,
-                max_new_tokens=self.args.max_new_tokens,
-                temperature=self.args.temperature,
-                seed=zlib.crc32(f"{self.wid}|{batch[0].job}".encode()),
+                [self.tok.encode(prompt.text) for _, prompt in batch],
+                samples=self.cfg.sampling.group,
+                max_new_tokens=self.cfg.sampling.max_new_tokens,
+                temperature=self.cfg.sampling.temperature,
+                seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode()),
             )
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
-        for lease, comps in zip(batch, outs, strict=True):
+        for (lease, prompt), comps in zip(batch, outs, strict=True):
             payload = {
                 "completions": [
                     {
                         "tokens": list(c.token_ids),
                         "logprobs": list(c.logprobs),
                         "finish": c.finish_reason,
-                        "reward": self.task.reward(lease.prompt, self.tok.decode(c.token_ids)),
+                        "reward": self.task.reward(prompt, self.tok.decode(c.token_ids)),
                     }
                     for c in comps
                 ],
@@ -205,13 +213,13 @@ class Worker:
             self.board.submit(
                 lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload
             )
-        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.args.beta)
+        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
 
     def _heartbeat(self) -> None:
         """Beat on a thread of its own, so a long batch does not look like a dead actor."""
-        while not self.stop.wait(self.args.heartbeat_s / 3):
+        while not self.stop.wait(self.cfg.rollout.heartbeat_s / 3):
             with contextlib.suppress(CoordinationError):
-                self.coord.heartbeat(self.wid, self.args.heartbeat_s)
+                self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s)
 
     def loop(self) -> None:
         threading.Thread(target=self._stager, name="stager", daemon=True).start()
@@ -220,14 +228,16 @@ class Worker:
         while not self.stop.is_set():
             try:
                 if not registered:  # Redis lost its state: register again
-                    self.coord.register("actor", self.args.region, worker_id=self.wid, ttl_s=self.args.heartbeat_s)
+                    self.coord.register(
+                        "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
+                    )
                     assert self.up.held is not None
                     self.coord.update_worker(
                         self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash
                     )
                     registered = True
-                self.coord.heartbeat(self.wid, self.args.heartbeat_s)
-                leases = self.board.take(self.wid, max_jobs=self.args.batch, block_s=0.2)
+                self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s)
+                leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0.2)
                 if leases:
                     self.busy.set()
                     self.serve(leases)
@@ -245,36 +255,23 @@ class Worker:
             self.coord.unregister(self.wid)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actor.worker", description=__doc__)
-    p.add_argument("--store", required=True, help="this region's run URI")
-    p.add_argument("--region", required=True)
-    p.add_argument("--redis", required=True)
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--worker-id", required=True)
-    p.add_argument("--fallback", help="home run URI, read when the region's copy is bad")
-    p.add_argument("--connections", type=int, default=8, help="parallel ranged GETs")
-    p.add_argument("--storage-options", type=json.loads, default={})
-    p.add_argument("--batch", type=int, default=8, help="prompts per generate() call")
-    p.add_argument("--group", type=int, default=8, help="completions per prompt (must match the trainer)")
-    p.add_argument("--max-new-tokens", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--beta", type=float, default=0.5, help="throughput EMA smoothing")
-    p.add_argument("--heartbeat-s", type=float, default=5.0)
-    p.add_argument("--slowdown", type=float, default=1.0, help="emulate hardware this many times slower")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--engine", choices=("torch", "vllm"), default="torch", help="rollout engine")
-    p.add_argument("--device", default="cpu", help="torch engine device (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--tensor-parallel", type=int, default=1, help="vLLM tensor-parallel size")
-    args = p.parse_args(argv)
+def run(cfg: WorkerConfig) -> int:
+    """Serve as an actor until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    torch.set_num_threads(args.threads)
-    w = Worker(args)
+    torch.set_num_threads(cfg.engine.threads)
+    w = Worker(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.stop.set())
     w.setup()
     w.loop()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m actor.worker``: the same as ``aurora actor``."""
+    p = argparse.ArgumentParser(prog="python -m actor.worker", description=__doc__)
+    add_options(p, WorkerConfig)
+    return run(build(WorkerConfig, p.parse_args(argv)))
 
 
 if __name__ == "__main__":

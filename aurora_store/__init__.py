@@ -1,8 +1,19 @@
-"""AuroraRL's artifact store: lossless, versioned full and sparse-delta checkpoints on any object store."""
+"""AuroraRL's library: lossless, versioned full and sparse-delta checkpoints on any object
+store, and the coordination and RL vocabulary the roles share.
+
+Layers, each importing only the ones before it (docs/ARCHITECTURE.md):
+``codec`` and ``format`` (bytes, JSON, numpy), ``bucket`` (object-store I/O, runs), ``coord``
+(Redis), ``rl`` (tasks, models, tokenizers). The names below load their layer on first use,
+so ``import aurora_store`` (or ``aurora_store.coord``) pulls in nothing heavy.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from aurora_store.errors import (
+    AuroraError,
     ChainError,
     ConflictError,
     CorruptError,
@@ -13,10 +24,30 @@ from aurora_store.errors import (
     UnauthenticatedError,
     UnsupportedError,
 )
-from aurora_store.limits import Limits
-from aurora_store.run import Run, RunConfig, VersionInfo, open_run
+
+if TYPE_CHECKING:
+    from aurora_store.bucket.limits import Limits
+    from aurora_store.bucket.plan import VersionInfo
+    from aurora_store.bucket.run import Run, RunConfig, open_run
+
+_LAZY = {
+    "Limits": "aurora_store.bucket.limits",
+    "Run": "aurora_store.bucket.run",
+    "RunConfig": "aurora_store.bucket.run",
+    "VersionInfo": "aurora_store.bucket.plan",
+    "open_run": "aurora_store.bucket.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aurora_store' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
+    "AuroraError",
     "ChainError",
     "ConflictError",
     "CorruptError",

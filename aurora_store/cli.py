@@ -1,7 +1,9 @@
-"""The ``aurora`` command: list, replay and audit runs, benchmark the codec, make signing keys.
+"""The ``aurora`` command: list, replay and audit runs, make signing keys; roles and benchmarks
+add their own subcommands (``aurora train``, ``relay``, ``actor``, ``demo``, ``bench ...``)
+through the ``aurora.commands`` entry point, so this module never names them.
 
 Parses arguments before importing anything heavy, and never imports torch, so ``--help``
-answers at once and relays (no torch) can run it. Store errors print one line and exit 1.
+answers at once and relays (no torch) can run it. AuroraRL errors print one line and exit 1.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from contextlib import contextmanager
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from aurora_store.options import json_object, positive
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-    from aurora_store.run import Run
+    from aurora_store.bucket.run import Run
 
 PROG = "aurora"
 
@@ -31,15 +35,15 @@ class CommandError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aurora`` console script; returns the exit status."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra
-    from aurora_store.errors import StoreError
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "parses_rest", False):  # only a command that parses its own arguments takes them
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    from aurora_store.errors import AuroraError
 
     try:
         return int(args.handler(args))
-    except (StoreError, CommandError, OSError) as exc:
+    except (AuroraError, CommandError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -48,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="AuroraRL checkpoint store: list, replay and audit runs.")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="AuroraRL: RL post-training over object storage. Every role is a subcommand."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", help="list committed versions (manifest stats only; fast)")
@@ -60,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_args(p)
     p.add_argument("--version", type=int, required=True, help="version to rebuild")
     p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
-    p.add_argument("--shard-bytes", type=_positive, default=None, help="target size of a safetensors shard")
+    p.add_argument("--shard-bytes", type=positive, default=None, help="target size of a safetensors shard")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.set_defaults(handler=cmd_replay)
 
@@ -70,17 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", metavar="FILE", help="also write a Parquet ledger, one row per version")
     p.set_defaults(handler=cmd_audit)
 
-    p = sub.add_parser("bench", help="benchmarks (print JSON with --json)")
-    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for name, about in (
-        ("codec", "size and speed of the sparse BF16 codec; see --help"),
-        ("transfer", "time to apply a version in every region over emulated WANs; see --help"),
-        ("schedule", "step makespan of the EMA batch split vs uniform and ideal; see --help"),
-        ("e2e", "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help"),
-    ):
-        bench.add_parser(name, add_help=False, help=about).set_defaults(handler=cmd_bench)
-
-    for ep in entry_points(group="aurora.commands"):  # the roles' commands (aurora relay, ...)
+    for ep in sorted(entry_points(group="aurora.commands"), key=lambda e: e.name):  # roles and benchmarks
         ep.load()(sub)
 
     p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")
@@ -93,7 +89,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uri", metavar="URI", help="run URI (any fsspec URI: s3://, gs://, file://, memory://)")
     p.add_argument(
         "--storage-options",
-        type=_json_object,
+        type=json_object,
         default=None,
         metavar="JSON",
         help="JSON object of fsspec storage options",
@@ -101,30 +97,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-key", metavar="FILE", help="Ed25519 public key; refuse versions it did not sign")
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _open(args: argparse.Namespace) -> Run:
-    from aurora_store import signing
+    from aurora_store.bucket.run import open_run
     from aurora_store.errors import StoreError
-    from aurora_store.run import open_run
+    from aurora_store.format import signing
 
     key = None
     if args.verify_key:
@@ -232,7 +208,7 @@ def _num(v: float | int | None, fmt: str, suffix: str = "") -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from aurora_store.replay import DEFAULT_SHARD_BYTES, replay
+    from aurora_store.bucket.replay import DEFAULT_SHARD_BYTES, replay
 
     console = _stderr()
     with _open(args) as run, _progress(console) as progress:
@@ -267,7 +243,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from aurora_store.audit import audit, write_ledger
+    from aurora_store.bucket.audit import audit, write_ledger
 
     console = _stderr()
     with _open(args) as run, _progress(console) as progress:
@@ -309,24 +285,11 @@ def _audit_table(result: Any) -> None:
     _stdout().print(table)
 
 
-# ---------------------------------------------------------------- bench, keygen
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    """Run ``bench.<name>``: each benchmark module adds its own arguments and runs them."""
-    import importlib
-
-    try:
-        module = importlib.import_module(f"bench.{args.bench}")
-    except ImportError as exc:
-        raise CommandError(f"the {args.bench} benchmark is not available ({exc})") from None
-    parser = argparse.ArgumentParser(prog=f"{PROG} bench {args.bench}", description=module.__doc__)
-    module.add_arguments(parser)
-    return int(module.run(parser.parse_args(args.extra)) or 0)
+# ---------------------------------------------------------------- keygen
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from aurora_store import signing
+    from aurora_store.format import signing
 
     private, public = signing.generate_keypair()
     key_path, pub_path = f"{args.out}.key", f"{args.out}.pub"

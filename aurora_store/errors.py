@@ -1,15 +1,27 @@
-"""The store's one error family.
+"""The root of every error AuroraRL raises, and the store's family under it.
 
-Every failure a caller can act on is a :class:`StoreError`; each message names the
-object involved and what was expected. Backend exceptions are translated into this
-family in exactly one place (:mod:`aurora_store.objectstore`).
+Each layer has one family: :class:`StoreError` for artifacts and buckets (here),
+``CoordinationError`` for Redis (:mod:`aurora_store.coord.errors`), ``TaskError`` for the RL
+vocabulary (:mod:`aurora_store.rl.tasks`). All are :class:`AuroraError`, which is what a
+command line catches. Each message names the object involved and what was expected; an
+error about one object also carries its URL in :attr:`StoreError.url`. Backend exceptions
+are translated into this family by :mod:`aurora_store.bucket.objectstore` alone.
 """
 
 from __future__ import annotations
 
 
-class StoreError(ValueError):
-    """Base of every error raised by aurora_store."""
+class AuroraError(Exception):
+    """Base of every error raised by AuroraRL's library code."""
+
+
+class StoreError(AuroraError, ValueError):
+    """An artifact or bucket problem; ``url`` names the object when there is one."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        """The object (its full URL) the error is about, for reports and audits; None if none."""
 
 
 class CorruptError(StoreError):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from aurora_store.errors import StoreError, UnsupportedError
-from aurora_store.manifest import TensorSpec
+from aurora_store.format.manifest import TensorSpec
 
 _TO_NAME = {
     torch.bfloat16: "BF16",

@@ -22,9 +22,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from aurora_store.codec import sparse
-from aurora_store.delta import exponent_of
+from aurora_store.codec.base import Encoded
+from aurora_store.format import dtypes
+from aurora_store.options import positive
 from bench.baselines import BASELINES
-from bench.output import emit, positive
+from bench.output import emit
 
 REPEATS = 3
 FULL = (28, 6)
@@ -48,7 +50,7 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
-BF16_EXPONENT = exponent_of("BF16")
+BF16 = dtypes.dtype("BF16")
 
 
 def scan(old: Arrays, new: Arrays) -> dict[str, np.ndarray]:
@@ -56,34 +58,23 @@ def scan(old: Arrays, new: Arrays) -> dict[str, np.ndarray]:
     return {k: np.flatnonzero(a.reshape(-1) != new[k].reshape(-1)) for k, a in old.items()}
 
 
-def encode(old: Arrays, new: Arrays) -> dict[str, sparse.SparseBlock]:
+def encode(old: Arrays, new: Arrays) -> dict[str, Encoded]:
     """Ours, as a publisher runs it: extract the changed elements of every tensor and code them."""
     out = {}
     for name, a in old.items():
         o, n = a.reshape(-1), new[name].reshape(-1)
         pos = sparse.changed_positions(o, n)
-        out[name] = sparse.encode(pos, o[pos], n[pos], BF16_EXPONENT)
+        out[name] = sparse.encode(pos, o[pos], n[pos], BF16.exponent)
     return out
 
 
-def decode_apply(blocks: dict[str, sparse.SparseBlock], target: Arrays) -> None:
+def decode_apply(blocks: dict[str, Encoded], target: Arrays) -> None:
     """Ours, as an actor runs it: decode every block and apply it to flat word arrays in place."""
     for name, b in blocks.items():
         t = target[name]
-        pos, deltas = sparse.decode(
-            b.payload,
-            count=b.count,
-            gap_width=b.gap_width,
-            escapes=b.escapes,
-            split=b.split,
-            streams=b.streams,
-            width=t.dtype.itemsize,
-            span=t.size,
-            exponent=BF16_EXPONENT,
-            old_at=t.take,
-            what=name,
-        )
-        sparse.apply(t, 0, pos, deltas)
+        got = sparse.decode(b.payload, b.header, BF16.span(t.size), t.take, name)
+        assert got.delta is not None
+        sparse.apply(t, 0, got.positions, got.delta)
 
 
 def baseline_bytes(positions: dict[str, np.ndarray], new: Arrays) -> dict[str, int]:
@@ -112,7 +103,7 @@ def measure_step(
     target = {k: np.empty(a.size, a.dtype) for k, a in old.items()}
     t_scan, t_enc, t_dec = float("inf"), float("inf"), float("inf")
     positions: dict[str, np.ndarray] = {}
-    blocks: dict[str, sparse.SparseBlock] = {}
+    blocks: dict[str, Encoded] = {}
     for _ in range(repeats):  # interleaved, so drift in machine speed hits all three alike
         t, positions = _timed(partial(scan, old, new))
         t_scan = min(t_scan, t)
@@ -128,7 +119,7 @@ def measure_step(
         tick()
     target.clear()  # free the copy before the baselines run
     elements = sum(a.size for a in new.values())
-    changed = sum(b.count for b in blocks.values())
+    changed = sum(b.header.count for b in blocks.values())
     if changed != sum(p.size for p in positions.values()):
         raise RoundTripError(f"step {step}: ours coded {changed} changes, the scan found another count")
     size = {
@@ -136,7 +127,7 @@ def measure_step(
         **baseline_bytes(positions, new),
         "dense": 2 * elements,
     }
-    streams = [sum(b.streams[i] for b in blocks.values()) for i in range(4)]
+    streams = [sum(b.header.streams[i] for b in blocks.values()) for i in range(4)]
     streams = [streams[0], streams[1] + streams[2], streams[3]]
     tick()
 
@@ -151,7 +142,7 @@ def measure_step(
         "bytes": size,
         "bytes_per_changed": {k: per(v) for k, v in size.items()},
         "ours_streams_per_changed": {k: per(v) for k, v in zip(("gaps", "symbols", "escapes"), streams, strict=True)},
-        "escapes": sum(b.escapes for b in blocks.values()),
+        "escapes": sum(b.header.escapes for b in blocks.values()),
         "smaller_than": {b.name: size[b.name] / size["ours"] for b in BASELINES},
         "seconds": {"scan": t_scan, "encode": t_enc, "decode": t_dec},
         "time_ratio": {"encode_vs_scan": t_enc / t_scan, "decode_vs_scan": t_dec / t_scan},

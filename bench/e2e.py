@@ -26,10 +26,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from aurora_store.options import positive
 from bench import e2e_modes
 from bench.e2e_loop import Timing
-from bench.output import emit, overridden, positive
-from bench.transfer import MIB, Workload, _cpus, _peak_rss_mb, _World, make_workload
+from bench.output import emit, overridden
+from bench.workload import Workload, make_workload
+from bench.world import MIB, World, cpus, own_peak_rss_mb
 
 MODES = ("ideal", "ours", "full")
 TARGET = 1.05
@@ -92,7 +94,7 @@ QUICK = Config(layers=1, vocab=1024, steps=2, actors=1, calibration_versions=1, 
 
 def world_config(cfg: Config) -> Any:
     """The ``bench.transfer`` configuration its world and phases are built from."""
-    from bench.transfer import Config as TransferConfig
+    from bench.world import Config as TransferConfig
 
     return TransferConfig(
         layers=cfg.layers,
@@ -134,13 +136,13 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         work = make_workload(cfg.layers, cfg.vocab, cfg.seed, cfg.first_step, versions, tick)
         t_trace = time.perf_counter()
         tick("starting S3 servers, WAN links, Redis")
-        world = _World(wcfg, stack)
+        world = World(wcfg, stack)
         t_world = time.perf_counter()
         modes, calibration = _run_modes(cfg, world, work, tick)
         phases = {"trace": t_trace - started, "world": t_world - t_trace, "modes": time.perf_counter() - t_world}
         timing = _timing(cfg, calibration)
         rss = {
-            "bench": _peak_rss_mb(),
+            "bench": own_peak_rss_mb(),
             "s3_servers": {"home": world.home.peak_rss_mb(), **{r.name: r.server.peak_rss_mb() for r in world.regions}},
             "wan_proxies": {r.name: r.proxy.peak_rss_mb() for r in world.regions},
         }
@@ -151,7 +153,7 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         "emulated": True,
         "note": "emulation with stand-ins: generation and training are sleeps of fixed, documented durations; "
         "every byte of weights moves over loopback through userspace WAN proxies to per-region S3 servers (moto), "
-        f"and all processes share {_cpus()} CPU cores",
+        f"and all processes share {cpus()} CPU cores",
         "model": f"Qwen3-0.6B-shaped ({cfg.layers} layers, vocab {shape.vocab})",
         "params": trace.parameter_count(cfg.layers, shape.vocab),
         "model_bytes": work.full_bytes,
@@ -194,7 +196,7 @@ def _timing(cfg: Config, calibration: dict[str, Any]) -> Timing:
 
 
 def _run_modes(
-    cfg: Config, world: _World, work: Workload, tick: Callable[[str], None]
+    cfg: Config, world: World, work: Workload, tick: Callable[[str], None]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Every mode of ``cfg`` on the same world and trace; each record gets its wall ``seconds``.
 
@@ -272,7 +274,7 @@ def _limits(result: dict[str, Any]) -> list[str]:
         measured,
         "generation and training are sleeps: actors hold the CPU only while they fetch, verify, decode and apply "
         "weights, so the emulation charges weight sync its real CPU cost and nothing else",
-        f"{_cpus()} CPU cores run every process: 4 moto servers, 3 WAN proxies, and in this process the trainer, "
+        f"{cpus()} CPU cores run every process: 4 moto servers, 3 WAN proxies, and in this process the trainer, "
         "relays, actors and stagers as threads under one GIL",
         "moto closes every connection after one response and reads a whole object to serve any range of it; "
         "the WAN proxy models delay, jitter, shared bandwidth and the Mathis per-connection cap, not real loss",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from actor.updater import Updater
-    from aurora_store.coord import Coordinator
+    from aurora_store.coord.coordinator import Coordinator
 
 POLL_S = 0.2
 """Longest a waiting thread goes without checking for a failure elsewhere or the stop signal."""

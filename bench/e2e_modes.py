@@ -18,36 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aurora_store.coord import RegionAnnouncer
+from aurora_store.coord.coordinator import RegionAnnouncer
 from bench.e2e_loop import Instant, Synced, Timing, VersionBox, Weights, run_steps
-from bench.transfer import (
-    INTRA_CONCURRENCY,
-    INTRA_PART_BYTES,
-    Workload,
-    _Actor,
-    _await_relays,
-    _bootstrap,
-    _CommitOnly,
-    _final_check,
-    _follow,
-    _Phase,
-    _relay_loop,
-    _start,
-    _World,
-)
+from bench.phase import Actor, CommitOnly, Phase, await_relays, bootstrap, final_check, follow, relay_loop, start_thread
 from bench.wan import describe
+from bench.workload import Workload
+from bench.world import INTRA_CONCURRENCY, INTRA_PART_BYTES, World
 
 if TYPE_CHECKING:
-    from aurora_store.run import Run
+    from aurora_store.bucket.run import Run
     from relay.worker import Relay
 
 
-def links(world: _World) -> list[dict[str, Any]]:
+def links(world: World) -> list[dict[str, Any]]:
     return [{"region": r.name, "link_to": "home", **describe(r.link)} for r in world.regions]
 
 
-def actor_names(world: _World) -> list[str]:
-    """As `bench.transfer._bootstrap` names them."""
+def actor_names(world: World) -> list[str]:
+    """As `bench.phase.bootstrap` names them."""
     return [f"{r.name}/a{j}" for r in world.regions for j in range(world.cfg.actors)]
 
 
@@ -55,33 +43,33 @@ def actor_names(world: _World) -> list[str]:
 class _Setup:
     """One mode's world after version 0: the trainer at home, relays following it, actors holding version 0."""
 
-    phase: _Phase
+    phase: Phase
     work: Workload
     trainer: Run
     versions: Iterator[tuple[int, dict[str, np.ndarray]]]
     """The trace from version 1 on: the trainer publishes each as it takes it."""
-    actors: list[_Actor]
+    actors: list[Actor]
     relays: list[Relay]
 
 
-def _setup(phase: _Phase, work: Workload, full: bool) -> _Setup:
+def _setup(phase: Phase, work: Workload, full: bool) -> _Setup:
     """Version 0 everywhere (untimed, around the links), then relays following home through the links."""
     world, cfg = phase.world, phase.cfg
     coord = phase.coordinator()
     trainer = phase.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
     # a relay copies announced objects one at a time: full versions go after their commit, with all its connections
-    trainer.announcer = _CommitOnly(coord, "home") if full else RegionAnnouncer(coord, "home")
+    trainer.announcer = CommitOnly(coord, "home") if full else RegionAnnouncer(coord, "home")
     versions = phase.stack.enter_context(contextlib.closing(work.versions()))
     _, words = next(versions)
     trainer.publish_words(work.specs, words, kind="full", step=work.steps[0])
-    actors, _ = _bootstrap(phase)
+    actors, _ = bootstrap(phase)
     relays = []
     for r in world.regions:
         relay = phase.relay(r, cfg.full_part_bytes if full else cfg.part_bytes)
         relay.backfill()  # nothing to copy: makes its clients now, not while a version is timed
-        phase.start(f"relay {r.name}", _relay_loop(relay, phase.stop))
+        phase.start(f"relay {r.name}", relay_loop(relay, phase.stop))
         relays.append(relay)
-    _await_relays(coord, len(world.regions), phase.tracker)
+    await_relays(coord, len(world.regions), phase.tracker)
     return _Setup(phase, work, trainer, versions, actors, relays)
 
 
@@ -92,8 +80,8 @@ def _calibrate(s: _Setup, count: int) -> dict[str, Any]:
     threads = []
     for a in s.actors:
         phase.tracker.expect(a.name)
-        follow = functools.partial(_follow, a.name, a.updater, a.coord, a.region, stop, phase.tracker, False)
-        threads.append(_start(f"calibrate {a.name}", follow, phase.tracker))
+        loop = functools.partial(follow, a.name, a.updater, a.coord, a.region, stop, phase.tracker, False)
+        threads.append(start_thread(f"calibrate {a.name}", loop, phase.tracker))
     records: list[dict[str, Any]] = []
     try:
         for _ in range(count):
@@ -126,17 +114,17 @@ def _calibrate(s: _Setup, count: int) -> dict[str, Any]:
     }
 
 
-def calibrate(world: _World, work: Workload, count: int) -> dict[str, Any]:
+def calibrate(world: World, work: Workload, count: int) -> dict[str, Any]:
     """`_calibrate` in a world of its own, for runs without the full mode."""
     world.reset()
-    phase = _Phase("calibrate", world, world.cfg)
+    phase = Phase("calibrate", world, world.cfg)
     try:
         return _calibrate(_setup(phase, work, full=True), count)
     finally:
         phase.close()
 
 
-def ideal(world: _World, timing: Timing) -> dict[str, Any]:
+def ideal(world: World, timing: Timing) -> dict[str, Any]:
     """No transfer cost: the trainer's publish hands the version to every actor at once; no byte moves."""
     box = VersionBox()
     weights: dict[str, Weights] = {name: Instant(box) for name in actor_names(world)}
@@ -152,7 +140,7 @@ def ideal(world: _World, timing: Timing) -> dict[str, Any]:
 
 
 def synced(
-    mode: str, world: _World, work: Workload, timing: Timing | Callable[[dict[str, Any]], Timing], calibrate: int = 0
+    mode: str, world: World, work: Workload, timing: Timing | Callable[[dict[str, Any]], Timing], calibrate: int = 0
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``ours`` (auto: deltas, cut-through) or ``full`` (every version full) through relays to staging actors.
 
@@ -160,7 +148,7 @@ def synced(
     Returns the mode's record and the calibration."""
     full = mode == "full"
     world.reset()
-    phase = _Phase(mode, world, world.cfg)
+    phase = Phase(mode, world, world.cfg)
     try:
         s = _setup(phase, work, full)
         calibration = _calibrate(s, calibrate) if calibrate else None
@@ -192,7 +180,7 @@ def synced(
         for a in s.actors:
             assert a.updater.held is not None
             manifest = s.trainer.manifest(a.updater.held.version)
-            final.append(_final_check(a.name, a.updater, manifest, world.cfg.verify_live))
+            final.append(final_check(a.name, a.updater, manifest, world.cfg.verify_live))
         phase.tracker.check()
     finally:
         phase.close()

@@ -1,7 +1,7 @@
 """The shared tail of every benchmark's command line: flag overrides of a preset config, and output.
 
-``aurora bench NAME`` is the one way in (it dispatches to ``bench.NAME``); every benchmark prints
-one JSON object with ``--json`` and a rich table otherwise.
+``aurora bench NAME`` is the one way in (:mod:`bench.cli` dispatches to ``bench.NAME``); every
+benchmark prints one JSON object with ``--json`` and a rich table otherwise.
 """
 
 from __future__ import annotations
@@ -13,14 +13,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 C = TypeVar("C")
-
-
-def positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def overridden(base: C, args: argparse.Namespace, names: Iterable[str]) -> C:

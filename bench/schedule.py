@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from aurora_store import schedule
-from bench.output import emit, positive
+from aurora_store.coord import schedule
+from aurora_store.options import positive
+from bench.output import emit
 
 SPEEDS = {"fast": 1.0, "mid": 0.5, "slow": 0.3, "fading": 0.8}
 FADED = 0.2

@@ -19,12 +19,15 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from aurora_store.coord import CoordinationError, Coordinator
+from aurora_store.bucket.limits import Limits
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.reader import Reader
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
-from aurora_store.limits import Limits
-from aurora_store.manifest import Manifest, Segment, check_key, manifest_key
-from aurora_store.objectstore import ObjectStore
-from aurora_store.reader import Reader
+from aurora_store.format import signing
+from aurora_store.format.keys import check_key, manifest_key
+from aurora_store.format.manifest import Manifest, Segment
 
 log = logging.getLogger("aurora.relay")
 
@@ -56,8 +59,6 @@ class Relay:
         verify_key: object = None,
         announced_copies: int = 4,
     ) -> None:
-        from aurora_store import signing
-
         vk = signing.load_verify_key(verify_key) if verify_key is not None else None  # type: ignore[arg-type]
         self.source, self.dest, self.coord = source, dest, coord
         self.source_region, self.dest_region = source_region, dest_region

@@ -7,9 +7,7 @@ Every test that needs a store gets a fresh, unique root on memory://, file:// or
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,13 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench.s3 import S3Server, start_moto
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from aurora_store.testing.moto import S3Server, start_moto
+from aurora_store.testing.processes import free_port, wait_until_answers
 
 
 @pytest.fixture(scope="session")
@@ -82,15 +75,8 @@ class RedisServer:
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(port=self.port, socket_timeout=1).ping()
-                return
-            except redis.RedisError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
+        probe = redis.Redis(port=self.port, socket_timeout=1)
+        wait_until_answers(probe.ping, self.process, "redis-server", errors=(redis.RedisError,), timeout=20)
 
     def kill(self) -> None:
         if self.process is not None:

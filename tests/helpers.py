@@ -1,9 +1,6 @@
-"""Small builders shared by the tests: state dicts and an Adam-like stepper."""
+"""Small builders shared by the tests: state dicts, a training-like stepper, bit-exact comparison."""
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable
 
 import torch
 
@@ -54,11 +51,3 @@ def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         if not torch.equal(x, y):
             return False
     return True
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Poll ``cond`` until it holds, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)

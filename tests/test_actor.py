@@ -15,12 +15,14 @@ import torch
 
 import aurora_store
 from actor.updater import Updater
-from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
+from aurora_store.format.weights import full_digest
 from aurora_store.tensors import to_words
-from aurora_store.weights import full_digest
+from aurora_store.testing.damage import overwrite
+from aurora_store.testing.processes import wait_for
 from tests.conftest import RedisServer
-from tests.helpers import bits_equal, state_dict, step, wait_for
+from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +114,7 @@ def test_failed_staging_leaves_live_weights_alone(tmp_path: Path, redis_server: 
     )
     region = aurora_store.open_run(f"file://{tmp_path}/eu/run")
     seg = region.manifest(3).segments[0]
-    region.store.overwrite(seg.key, b"corrupt" + region.store.get(seg.key, max_bytes=1 << 20)[7:])
+    overwrite(region.store, seg.key, b"corrupt" + region.store.get(seg.key, max_bytes=1 << 20)[7:])
     coord = Coordinator(redis_server.url, "exp")
     up = Updater(region, region="eu", coord=coord, worker_id="a1")
     up.bootstrap(1)

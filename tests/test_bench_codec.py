@@ -191,4 +191,4 @@ def test_ours_is_bit_exact_on_the_trace() -> None:
     codec.decode_apply(blocks, target)
     for k, a in new.items():
         assert np.array_equal(target[k], a.reshape(-1)), k
-    assert sum(b.count for b in blocks.values()) > 0
+    assert sum(b.header.count for b in blocks.values()) > 0

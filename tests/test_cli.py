@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aurora_store import ConflictError, MissingError, Run, StoreError, open_run, signing
-from aurora_store.attachments import get_attachment, list_attachments, put_attachment
-from aurora_store.manifest import manifest_key
+from aurora_store import ConflictError, MissingError, Run, StoreError, open_run
+from aurora_store.format import signing
+from aurora_store.format.keys import manifest_key
+from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.testing.damage import delete, overwrite
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_EVERY = 3
@@ -164,7 +166,7 @@ def load_dir(out: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("version", [3, 5])
 def test_replay_is_bit_exact(pub: Published, tmp_path: Path, version: int) -> None:
     # attached after these versions were published: not part of them, so never replayed with them
-    put_attachment(pub.run, "config.json", b'{"model_type": "toy"}')
+    pub.run.files.put("config.json", b'{"model_type": "toy"}')
     out = tmp_path / "out"
     r = aurora("replay", pub.uri, "--version", str(version), "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -194,7 +196,7 @@ def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path
     uri = f"file://{tmp_path}/run"
     run = open_run(uri, signing_key=priv)
     run.publish({"w": torch.zeros(4, dtype=torch.bfloat16)})
-    put_attachment(run, "config.json", b'{"model_type": "toy"}')
+    run.files.put("config.json", b'{"model_type": "toy"}')
     run.publish({"w": torch.ones(4, dtype=torch.bfloat16)})
     assert [f.key for f in run.manifest(0).files] == []
     assert [f.key for f in run.manifest(1).files] == ["files/config.json"]
@@ -205,7 +207,7 @@ def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path
     prov = json.loads((out / "aurora_replay.json").read_text())
     assert prov["files"] == {"config.json": hashlib.sha256(b'{"model_type": "toy"}').hexdigest()}
     # the file is swapped behind the manifest's back: replay and audit refuse it, naming it
-    run.store.overwrite("files/config.json", b'{"model_type": "evil"}')
+    overwrite(run.store, "files/config.json", b'{"model_type": "evil"}')
     r = aurora("replay", uri, "--version", "1", "--out", str(tmp_path / "out2"))
     assert r.returncode == 1 and "files/config.json" in r.stderr, r.stderr
     r = aurora("audit", uri, "--json")
@@ -267,7 +269,7 @@ def test_replay_qwen3_loads_in_transformers(tmp_path: Path) -> None:
     sd = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     run = open_run(f"file://{tmp_path}/qwen", full_every=4)
     config.save_pretrained(tmp_path / "cfg")
-    put_attachment(run, "config.json", (tmp_path / "cfg" / "config.json").read_bytes())
+    run.files.put("config.json", (tmp_path / "cfg" / "config.json").read_bytes())
     run.publish(sd)
     sd1 = {k: v.clone() for k, v in sd.items()}
     sd1["model.layers.1.mlp.up_proj.weight"][3, :5] += 1  # a delta version, with a visible change
@@ -319,22 +321,22 @@ def damage(pub: Published, what: str) -> tuple[int, str, str]:
         key = pub.run.manifest(4).segments[0].key
         data = store.get(key, max_bytes=1 << 20)
         if what == "delete":
-            store.delete(key)
+            delete(store, key)
             return 4, store.url(key), "MissingError"
-        store.overwrite(key, _flip(data) if what == "flip" else data[:-3])
+        overwrite(store, key, _flip(data) if what == "flip" else data[:-3])
         return 4, store.url(key), "CorruptError"
     if what == "shard":
         key = pub.run.manifest(3).segments[0].key
-        store.overwrite(key, _flip(store.get(key, max_bytes=1 << 20)))
+        overwrite(store, key, _flip(store.get(key, max_bytes=1 << 20)))
         return 3, store.url(key), "CorruptError"
     if what == "manifest":
         key = manifest_key(2)
         data = store.get(key, max_bytes=1 << 20)
         assert b'"step":20' in data
-        store.overwrite(key, data.replace(b'"step":20', b'"step":21'))
+        overwrite(store, key, data.replace(b'"step":20', b'"step":21'))
         return 2, store.url(key), "CorruptError"
     assert what == "gap"
-    store.delete(manifest_key(2))
+    delete(store, manifest_key(2))
     return 3, store.url(manifest_key(2)), "ChainError"
 
 
@@ -373,7 +375,7 @@ def test_audit_names_the_bad_object(pub: Published, tmp_path: Path, what: str) -
 
 def test_audit_keeps_going_after_a_bad_delta(pub: Published) -> None:
     key = pub.run.manifest(1).segments[0].key
-    pub.run.store.overwrite(key, _flip(pub.run.store.get(key, max_bytes=1 << 20)))
+    overwrite(pub.run.store, key, _flip(pub.run.store.get(key, max_bytes=1 << 20)))
     r = aurora("audit", pub.uri, "--json")
     assert r.returncode == 1
     doc = json.loads(r.stdout)
@@ -460,38 +462,36 @@ def test_cli_never_imports_torch(pub: Published, tmp_path: Path) -> None:
 def test_attachment_names_are_plain_file_names(tmp_path: Path, name: str) -> None:
     run = open_run(f"file://{tmp_path}/run")
     with pytest.raises(StoreError):
-        put_attachment(run, name, b"x")
+        run.files.put(name, b"x")
     with pytest.raises(StoreError):
-        get_attachment(run, name)
-    assert list_attachments(run) == []
+        run.files.get(name)
+    assert run.files.names() == []
 
 
 def test_attachments_are_immutable(tmp_path: Path) -> None:
     run = open_run(f"file://{tmp_path}/run")
-    assert put_attachment(run, "config.json", b"{}") is True
-    assert put_attachment(run, "config.json", b"{}") is False
+    assert run.files.put("config.json", b"{}") is True
+    assert run.files.put("config.json", b"{}") is False
     with pytest.raises(ConflictError, match="config.json"):
-        put_attachment(run, "config.json", b'{"changed": 1}')
-    assert put_attachment(run, "tokenizer.json", b"tok") is True
-    assert put_attachment(run, "x" * 255, b"") is True
-    assert list_attachments(run) == sorted(["config.json", "tokenizer.json", "x" * 255])
-    assert get_attachment(run, "config.json") == b"{}"
+        run.files.put("config.json", b'{"changed": 1}')
+    assert run.files.put("tokenizer.json", b"tok") is True
+    assert run.files.put("x" * 255, b"") is True
+    assert run.files.names() == sorted(["config.json", "tokenizer.json", "x" * 255])
+    assert run.files.get("config.json") == b"{}"
     with pytest.raises(MissingError):
-        get_attachment(run, "generation_config.json")
+        run.files.get("generation_config.json")
     with pytest.raises(StoreError):
-        put_attachment(run, "a.txt", "text, not bytes")  # type: ignore[arg-type]
+        run.files.put("a.txt", "text, not bytes")  # type: ignore[arg-type]
 
 
 def test_audit_catches_a_rehashed_manifest_whose_stats_lie(pub: Published) -> None:
     import dataclasses
 
-    from aurora_store.manifest import Manifest
-
     key = manifest_key(3)
-    m = Manifest.from_bytes(pub.run.store.get(key, max_bytes=1 << 20))
+    m = parse_manifest(pub.run.store.get(key, max_bytes=1 << 20))
     forged = dataclasses.replace(m, stats=dataclasses.replace(m.stats, changed=m.stats.changed + 1))
     forged = dataclasses.replace(forged, version_hash=forged.compute_hash())
-    pub.run.store.overwrite(key, forged.to_bytes())
+    overwrite(pub.run.store, key, forged.to_bytes())
     r = aurora("audit", pub.uri, "--json")
     assert r.returncode == 1
     doc = json.loads(r.stdout)

@@ -1,8 +1,11 @@
-"""Round trips and hostile payloads for the sparse and dense codecs and zstd framing."""
+"""Round trips and hostile payloads for the sparse and dense codecs, their registry and headers,
+and zstd framing."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,36 +14,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from aurora_store import codec
 from aurora_store.codec import dense, frames, sparse
+from aurora_store.codec.base import Encoded, Exponent, Span
 from aurora_store.errors import CorruptError, LimitError, StoreError
 
 SPECIAL16 = [0x0000, 0x8000, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x3F80, 0x7F7F]
 
 
-EXPONENT = {2: sparse.Exponent(7, 8), 4: sparse.Exponent(23, 8)}
+EXPONENT = {2: Exponent(7, 8), 4: Exponent(23, 8)}
 """BF16 and F32 exponent fields."""
 
 
-def roundtrip(old: np.ndarray, new: np.ndarray) -> sparse.SparseBlock:
+def roundtrip(old: np.ndarray, new: np.ndarray) -> Encoded:
     pos = sparse.changed_positions(old, new)
     exp = EXPONENT[old.dtype.itemsize]
     blk = sparse.encode(pos, old[pos], new[pos], exp)
-    got_pos, delta = sparse.decode(
-        blk.payload,
-        count=blk.count,
-        gap_width=blk.gap_width,
-        escapes=blk.escapes,
-        split=blk.split,
-        streams=blk.streams,
-        width=old.dtype.itemsize,
-        span=old.size,
-        exponent=exp,
-        old_at=old.take,
-        what="t",
-    )
+    got = sparse.decode(blk.payload, blk.header, Span(old.size, old.dtype.itemsize, exp), old.take, "t")
+    assert got.delta is not None and got.words is None
     out = old.copy()
-    sparse.apply(out, 0, got_pos, delta)
-    assert np.array_equal(got_pos, pos)
+    sparse.apply(out, 0, got.positions, got.delta)
+    assert np.array_equal(got.positions, pos)
     assert np.array_equal(out, new)
     return blk
 
@@ -81,21 +75,11 @@ def test_sparse_large_gaps_use_wide_words() -> None:
     old = np.zeros(2**33 // 2**20, np.uint16)  # small array, positions rebased below
     pos = np.array([0, 2**32 + 5], np.int64)
     blk = sparse.encode(pos, np.zeros(2, np.uint16), np.ones(2, np.uint16), EXPONENT[2])
-    assert blk.gap_width == 8
-    got, delta = sparse.decode(
-        blk.payload,
-        count=2,
-        gap_width=8,
-        escapes=0,
-        split=blk.split,
-        streams=blk.streams,
-        width=2,
-        span=2**33,
-        exponent=EXPONENT[2],
-        old_at=lambda p: np.zeros(p.size, np.uint16),
-        what="t",
+    assert blk.header.gap_width == 8 and blk.header.count == 2 and blk.header.escapes == 0
+    got = sparse.decode(
+        blk.payload, blk.header, Span(2**33, 2, EXPONENT[2]), lambda p: np.zeros(p.size, np.uint16), "t"
     )
-    assert got.tolist() == [0, 2**32 + 5] and delta.tolist() == [1, 1]
+    assert got.positions.tolist() == [0, 2**32 + 5] and got.delta is not None and got.delta.tolist() == [1, 1]
     del old
 
 
@@ -105,8 +89,8 @@ def test_ulp_steps_cost_a_nibble() -> None:
     new = old.copy()
     idx = rng.choice(old.size, 2000, replace=False)
     new[idx] += rng.choice(np.array([1, 0xFFFF], np.uint16), idx.size)
-    blk = roundtrip(old, new)
-    assert blk.escapes == 0 and blk.streams[1] + blk.streams[2] < 2000 * 0.2
+    h = roundtrip(old, new).header
+    assert h.escapes == 0 and h.streams[1] + h.streams[2] < 2000 * 0.2
 
 
 def test_symbol_streams_split_by_exponent() -> None:
@@ -119,33 +103,22 @@ def test_symbol_streams_split_by_exponent() -> None:
     small = ((old[idx] >> 7) & 0xFF) < 120  # |w| < 2**-7: about a third of the changes
     step = np.where(small, rng.integers(1, 12, idx.size), 1) * rng.choice([1, -1], idx.size)
     new[idx] = (old[idx].astype(np.int64) + step).astype(np.uint16)
-    blk = roundtrip(old, new)
-    assert 0 < blk.split <= 256 and blk.streams[1] > 0 and blk.streams[2] > 0
+    h = roundtrip(old, new).header
+    assert 0 < h.split <= 256 and h.streams[1] > 0 and h.streams[2] > 0
     sym = np.minimum((step << 1) ^ (step >> 63), 15).astype(np.uint8)[np.argsort(idx)]
     one_table = len(frames.compress((sym[0::2] | (sym[1::2] << 4)).tobytes()))
-    assert blk.streams[1] + blk.streams[2] < 0.8 * one_table
+    assert h.streams[1] + h.streams[2] < 0.8 * one_table
 
 
-def _decode(blk: sparse.SparseBlock, **over: object) -> None:
-    kw: dict[str, object] = dict(
-        count=blk.count,
-        gap_width=blk.gap_width,
-        escapes=blk.escapes,
-        split=blk.split,
-        streams=blk.streams,
-        width=2,
-        span=100,
-        exponent=EXPONENT[2],
-        old_at=np.arange(100, dtype=np.uint16).take,
-        what="blk",
-    )
-    kw.update(over)
-    payload = kw.pop("payload", blk.payload)
-    sparse.decode(payload, **kw)  # type: ignore[arg-type]
+def _decode(blk: Encoded, span: int = 100, payload: bytes | None = None, **over: Any) -> None:
+    """Decode ``blk`` with some header fields overridden (as a hostile manifest could)."""
+    header = dataclasses.replace(blk.header, **over)
+    old_at = np.arange(100, dtype=np.uint16).take
+    sparse.decode(blk.payload if payload is None else payload, header, Span(span, 2, EXPONENT[2]), old_at, "blk")
 
 
 @pytest.fixture
-def block() -> sparse.SparseBlock:
+def block() -> Encoded:
     old = np.arange(100, dtype=np.uint16)
     new = old.copy()
     new[[3, 50, 99]] += np.array([1, 300, 0xFFFF], np.uint16)
@@ -168,14 +141,14 @@ def block() -> sparse.SparseBlock:
         ({"payload": b"\0" * 30}, "not a zstd frame|do not tile"),
     ],
 )
-def test_sparse_hostile_metadata(block: sparse.SparseBlock, override: dict[str, object], match: str) -> None:
+def test_sparse_hostile_metadata(block: Encoded, override: dict[str, Any], match: str) -> None:
     with pytest.raises(CorruptError, match=match):
         _decode(block, **override)
 
 
-def test_sparse_hostile_streams(block: sparse.SparseBlock) -> None:
-    g, lo, s, e = block.streams  # split 0: every symbol is in the second stream
-    assert block.split == 0
+def test_sparse_hostile_streams(block: Encoded) -> None:
+    g, lo, s, e = block.header.streams  # split 0: every symbol is in the second stream
+    assert block.header.split == 0
     raw = block.payload
     tail = raw[g + lo + s :]
     # a truncated payload
@@ -213,8 +186,11 @@ def test_frames_refuse_bombs_and_trailing_data() -> None:
 
 @given(hnp.arrays(np.dtype("<u8"), st.integers(0, 50)))
 def test_dense_round_trip(words: np.ndarray) -> None:
-    out = dense.decode(dense.encode(words), width=8, span=words.size, what="d")
-    assert np.array_equal(out, words)
+    enc = dense.encode(words)
+    assert enc.header.count == words.size
+    if words.size:  # an empty range has no block
+        got = codec.get("dense").decode(enc.payload, enc.header, Span(words.size, 8, Exponent(0, 0)), np.take, "d")
+        assert np.array_equal(got.words, words) and np.array_equal(got.positions, np.arange(words.size))
 
 
 @given(st.binary(max_size=200), st.integers(0, 3), st.integers(0, 3), st.integers(0, 64))
@@ -223,20 +199,9 @@ def test_sparse_decode_never_crashes_on_garbage(payload: bytes, count: int, esca
     a = min(cut, len(payload))
     b = min(a + cut, len(payload))
     c = min(b + cut // 2, len(payload))
+    header = sparse.SparseHeader(count, 4, escapes, cut * 4, (a, b - a, c - b, len(payload) - c))
     with contextlib.suppress(StoreError):
-        sparse.decode(
-            payload,
-            count=count,
-            gap_width=4,
-            escapes=escapes,
-            split=cut * 4,
-            streams=(a, b - a, c - b, len(payload) - c),
-            width=2,
-            span=64,
-            exponent=EXPONENT[2],
-            old_at=np.arange(64, dtype=np.uint16).take,
-            what="fuzz",
-        )
+        sparse.decode(payload, header, Span(64, 2, EXPONENT[2]), np.arange(64, dtype=np.uint16).take, "fuzz")
 
 
 def test_empty_frames_are_checked_too() -> None:
@@ -244,3 +209,46 @@ def test_empty_frames_are_checked_too() -> None:
     assert frames.decompress(empty, 0, "e") == b""
     with pytest.raises(CorruptError, match="extra bytes"):
         frames.decompress(empty + b"junk", 0, "e")
+
+
+def test_registry_names_every_codec_and_nothing_else() -> None:
+    assert codec.names() == ["dense", "sparse"]
+    assert codec.get("sparse") is sparse.CODEC and codec.get("dense") is dense.CODEC
+    assert codec.get("lz4") is None and codec.get(None) is None and codec.get(["sparse"]) is None
+
+
+def test_headers_round_trip_through_the_manifest_entries(block: Encoded) -> None:
+    span = Span(100, 2, EXPONENT[2])
+    doc = sparse.CODEC.header_dict(block.header)
+    assert set(doc) == sparse.CODEC.fields
+    assert sparse.CODEC.parse_header(doc, length=len(block.payload), span=span, what="b") == block.header
+    dense_doc = dense.CODEC.header_dict(dense.DenseHeader(100))
+    assert dense.CODEC.parse_header(dense_doc, length=9, span=span, what="b") == dense.DenseHeader(100)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"count": 0}, r"count must be an integer in \[1, 100\]"),
+        ({"count": True}, "count must be an integer"),
+        ({"gap_width": 5}, "gap_width must be 4 or 8"),
+        ({"streams": "1,2"}, "streams must be a list"),
+        ({"streams": [1, 2, 3]}, "do not tile"),
+        ({"streams": [0, 0, 0, -1]}, "streams must be an integer"),
+        ({"escapes": 9}, r"escapes must be an integer in \[0, 3\]"),
+        ({"split": 257}, r"split must be an integer in \[0, 256\]"),
+    ],
+)
+def test_hostile_sparse_headers(block: Encoded, override: dict[str, Any], match: str) -> None:
+    doc = {**sparse.CODEC.header_dict(block.header), **override}
+    with pytest.raises(CorruptError, match=match):
+        sparse.CODEC.parse_header(doc, length=len(block.payload), span=Span(100, 2, EXPONENT[2]), what="b")
+
+
+def test_a_dense_block_codes_its_whole_range() -> None:
+    with pytest.raises(CorruptError, match="counts every element"):
+        dense.CODEC.parse_header({"count": 99}, length=9, span=Span(100, 2, EXPONENT[2]), what="b")
+    with pytest.raises(CorruptError, match="over a range of 100"):
+        dense.decode(
+            dense.encode(np.zeros(99, np.uint16)).payload, dense.DenseHeader(99), Span(100, 2, EXPONENT[2]), "b"
+        )

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from aurora_store.coord import CoordinationError, Coordinator
-from aurora_store.embedded_redis import EmbeddedRedis
-from aurora_store.errors import StoreError
-from aurora_store.manifest import Segment
-from tests.conftest import RedisServer, free_port
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.embedded import EmbeddedRedis
+from aurora_store.coord.errors import CoordinationError
+from aurora_store.format.manifest import Segment
+from aurora_store.testing.processes import free_port, wait_for, wait_until_answers
+from tests.conftest import RedisServer
 
 
 @pytest.fixture(params=["redis-server", "embedded"])
@@ -57,10 +58,7 @@ def test_workers_register_heartbeat_and_expire(redis_url: str) -> None:
     b = c.register("relay", "eu", ttl_s=30)
     c.update_worker(a, version=7)
     assert c.workers()[a] == {**c.workers()[a], "role": "actor", "gpu": "A10", "version": 7}
-    deadline = time.monotonic() + 10
-    while a in c.workers():
-        assert time.monotonic() < deadline, "heartbeat did not expire"
-        time.sleep(0.05)
+    wait_for(lambda: a not in c.workers(), "the heartbeat to expire", 10)
     assert b in c.workers() and a in c.workers(alive_only=False)
     c.report(b, "eu", 7, "s3://x/versions/0000000007/a.seg", "sha256 mismatch")
     assert [r["object"] for r in c.reports()] == ["s3://x/versions/0000000007/a.seg"]
@@ -75,14 +73,7 @@ def test_password_protected_redis() -> None:
     )
     try:
         ok = Coordinator(f"redis://:s3cret@127.0.0.1:{port}/0", "exp")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                ok.ping()
-                break
-            except CoordinationError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_until_answers(ok.ping, proc, "redis-server", errors=(CoordinationError,), timeout=20)
         assert ok.commit("home", 0, "a" * 64, "full")
         with pytest.raises(CoordinationError) as err:
             Coordinator(f"redis://:wrong@127.0.0.1:{port}/0", "exp").ping()
@@ -93,7 +84,7 @@ def test_password_protected_redis() -> None:
 
 
 def test_bad_urls_and_unreachable_servers() -> None:
-    with pytest.raises(StoreError, match="run id"):
+    with pytest.raises(CoordinationError, match="run id"):
         Coordinator("redis://127.0.0.1:1/0", "has space")
     with pytest.raises(CoordinationError, match="bad Redis URL"):
         Coordinator("http://nope", "exp")

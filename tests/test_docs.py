@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from aurora_store.errors import StoreError
-from aurora_store.manifest import Manifest, TensorSpec, canonical
+from aurora_store.format.manifest import TensorSpec, canonical
+from aurora_store.format.manifest_parser import parse_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "docs" / "manifest.schema.json"
@@ -107,7 +108,7 @@ def _words(rng: np.random.Generator, spec: TensorSpec) -> np.ndarray:
 def published_manifests(signed: bool) -> list[bytes]:
     """Manifest bytes of a full version and of deltas with sparse (escaped and not) and dense blocks."""
     from aurora_store import open_run
-    from aurora_store.signing import generate_keypair
+    from aurora_store.format.signing import generate_keypair
 
     private, public = generate_keypair() if signed else (None, None)
     run = open_run(
@@ -151,7 +152,7 @@ def test_store_manifests_match_schema(validator: Any, manifests: dict[bool, list
         errors = [e.message for e in validator.iter_errors(load(raw))]
         assert errors == [], errors
         assert (json.loads(raw)["signature"] is not None) == signed
-        Manifest.from_bytes(raw)
+        parse_manifest(raw)
 
 
 def _reseal(doc: dict[str, Any]) -> bytes:
@@ -220,14 +221,14 @@ def test_hostile_manifest_refused_by_schema_and_parser(
     raw = _hostile(manifests, HOSTILE[case])
     assert not validator.is_valid(load(raw)), f"schema accepts {case}"
     with pytest.raises(StoreError):
-        Manifest.from_bytes(raw)
+        parse_manifest(raw)
 
 
 def test_resealed_unmutated_manifest_is_valid(validator: Any, manifests: dict[bool, list[bytes]]) -> None:
     """The hostile cases above differ from a valid manifest only by their mutation."""
     raw = _hostile(manifests, lambda d: None)
     assert validator.is_valid(load(raw))
-    Manifest.from_bytes(raw)
+    parse_manifest(raw)
 
 
 @pytest.mark.parametrize(
@@ -247,4 +248,4 @@ def test_parser_refuses_what_a_schema_cannot_say(manifests: dict[bool, list[byte
     sig = body.pop("signature", None)
     doc = {**body, "version_hash": hashlib.sha256(canonical(body)).hexdigest(), "signature": sig}
     with pytest.raises(StoreError):
-        Manifest.from_bytes(canonical(doc))
+        parse_manifest(canonical(doc))

@@ -12,7 +12,9 @@ import zstandard
 
 import aurora_store
 from aurora_store import ChainError, CorruptError, LimitError, MissingError, StoreError, UnauthenticatedError
-from aurora_store.manifest import canonical, manifest_key
+from aurora_store.format.keys import manifest_key
+from aurora_store.format.manifest import canonical
+from aurora_store.testing.damage import delete, overwrite
 from tests.conftest import Root
 from tests.helpers import bits_equal, state_dict, step
 
@@ -38,7 +40,7 @@ def forge(run: aurora_store.Run, version: int, mutate: Callable[[dict[str, Any]]
     mutate(doc)
     body = {k: v for k, v in doc.items() if k not in ("version_hash", "signature")}
     doc["version_hash"] = hashlib.sha256(canonical(body)).hexdigest()
-    run.store.overwrite(manifest_key(version), canonical(doc))
+    overwrite(run.store, manifest_key(version), canonical(doc))
 
 
 def committed_state_intact(root: Root, hist: list[dict[str, Any]], upto: int) -> None:
@@ -58,7 +60,7 @@ def test_flipped_byte_in_a_segment(root: Root) -> None:
     key = first_delta_segment(run)
     data = bytearray(run.store.get(key, max_bytes=1 << 20))
     data[len(data) // 2] ^= 0x01
-    run.store.overwrite(key, bytes(data))
+    overwrite(run.store, key, bytes(data))
     with pytest.raises(CorruptError, match=f"{key}: sha256"):
         reopen(root).materialize(2)
     with pytest.raises(CorruptError):
@@ -71,7 +73,7 @@ def test_truncated_segment(root: Root) -> None:
     run, hist = make_run(root)
     key = first_delta_segment(run)
     data = run.store.get(key, max_bytes=1 << 20)
-    run.store.overwrite(key, data[:-7])
+    overwrite(run.store, key, data[:-7])
     with pytest.raises(CorruptError, match=f"{key} is truncated"):
         reopen(root).materialize(2)
     committed_state_intact(root, hist, 2)
@@ -80,7 +82,7 @@ def test_truncated_segment(root: Root) -> None:
 def test_missing_segment(root: Root) -> None:
     run, hist = make_run(root)
     key = first_delta_segment(run)
-    run.store.delete(key)
+    delete(run.store, key)
     with pytest.raises(MissingError, match=key):
         reopen(root).materialize(2)
     committed_state_intact(root, hist, 2)
@@ -105,7 +107,7 @@ def test_tampered_manifest_without_rehash(root: Root) -> None:
     run, hist = make_run(root)
     doc = json.loads(run.store.get(manifest_key(1), max_bytes=1 << 24))
     doc["step"] = 12345
-    run.store.overwrite(manifest_key(1), canonical(doc))
+    overwrite(run.store, manifest_key(1), canonical(doc))
     with pytest.raises(CorruptError, match="version_hash .* does not match"):
         reopen(root).materialize(1)
     committed_state_intact(root, hist, 1)
@@ -130,7 +132,7 @@ def test_digest_mismatch_is_a_chain_error(root: Root) -> None:
 )
 def test_malformed_manifest(root: Root, payload: bytes) -> None:
     run, hist = make_run(root, versions=3)
-    run.store.overwrite(manifest_key(2), payload)
+    overwrite(run.store, manifest_key(2), payload)
     with pytest.raises(CorruptError, match=manifest_key(2)):
         reopen(root).materialize(2)
     committed_state_intact(root, hist, 2)
@@ -141,7 +143,7 @@ def test_malformed_manifest(root: Root, payload: bytes) -> None:
 
 def test_oversized_manifest(root: Root) -> None:
     run, hist = make_run(root, versions=2)
-    run.store.overwrite(manifest_key(1), b" " * 5000)
+    overwrite(run.store, manifest_key(1), b" " * 5000)
     small = aurora_store.Limits(max_manifest_bytes=4096)
     with pytest.raises(LimitError, match="cap of 4096"):
         reopen(root, limits=small).materialize(1)
@@ -173,7 +175,7 @@ def test_key_escaping_the_prefix(root: Root, bad_key: str) -> None:
 
 def test_version_gap(root: Root) -> None:
     run, hist = make_run(root)
-    run.store.delete(manifest_key(2))
+    delete(run.store, manifest_key(2))
     assert reopen(root).versions() == [0, 1, 3]
     with pytest.raises(ChainError, match="needs version 2, which is missing"):
         reopen(root).materialize(3)
@@ -182,13 +184,13 @@ def test_version_gap(root: Root) -> None:
 
 def test_manifest_at_the_wrong_version(root: Root) -> None:
     run, _ = make_run(root, versions=3)
-    run.store.overwrite(manifest_key(2), run.store.get(manifest_key(1), max_bytes=1 << 24))
+    overwrite(run.store, manifest_key(2), run.store.get(manifest_key(1), max_bytes=1 << 24))
     with pytest.raises(CorruptError, match="declares version 1, expected 2"):
         reopen(root).materialize(2)
 
 
 def test_wrong_and_missing_signature(root: Root) -> None:
-    from aurora_store.signing import generate_keypair
+    from aurora_store.format.signing import generate_keypair
 
     priv, pub = generate_keypair()
     run, hist = make_run(root, signing_key=priv)
@@ -210,7 +212,7 @@ def test_wrong_and_missing_signature(root: Root) -> None:
         reopen(root, verify_key=pub).materialize(3)
 
     def resign_with_attacker_key(doc: dict[str, Any]) -> None:
-        from aurora_store.signing import load_signing_key, sign
+        from aurora_store.format.signing import load_signing_key, sign
 
         body = {k: v for k, v in doc.items() if k not in ("version_hash", "signature")}
         attacker = load_signing_key(generate_keypair()[0])
@@ -236,7 +238,7 @@ BOMB = zstandard.ZstdCompressor(level=3).compress(bytes(1 << 30))
 def _replace_segment(run: aurora_store.Run, version: int, data: bytes, block: dict[str, Any]) -> None:
     """Plant a new segment (correctly hashed) holding one crafted block."""
     key = f"versions/{version:010d}/99999-planted.seg"
-    run.store.overwrite(key, data)
+    overwrite(run.store, key, data)
 
     def mutate(doc: dict[str, Any]) -> None:
         doc["segments"] = [

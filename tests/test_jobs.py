@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from aurora_store.coord import Coordinator
-from aurora_store.jobs import JobBoard, JobError, Lease, Result, now_ms
-from aurora_store.tasks import Prompt
-from tests.helpers import wait_for
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.errors import JobError
+from aurora_store.coord.jobs import JobBoard, Lease, Result, now_ms
+from aurora_store.rl.tasks import Prompt
+from aurora_store.testing.processes import wait_for
 
 HASHES = {0: "h0", 1: "h1"}
 
@@ -21,8 +22,8 @@ def board(redis_server: Any) -> JobBoard:
     return JobBoard(Coordinator(redis_server.url, "jobs-test"))
 
 
-def prompt(i: int) -> Prompt:
-    return Prompt(f"p{i}", f"{i}+1=", str(i + 1))
+def prompt(i: int) -> dict[str, str]:
+    return Prompt(f"p{i}", f"{i}+1=", str(i + 1)).to_dict()
 
 
 def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = "h0") -> Result:

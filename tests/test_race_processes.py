@@ -6,12 +6,12 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 import aurora_store
+from aurora_store.testing.processes import wait_for
 from tests.conftest import Root
 from tests.helpers import bits_equal, state_dict, step
 
@@ -22,7 +22,7 @@ RACER = textwrap.dedent(
     from tests.helpers import state_dict, step
     uri, opts, seed, go = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     run = aurora_store.open_run(uri, storage_options=opts)
-    run._baseline()  # load version 0, as a live trainer holds it
+    run.resume()  # load version 0, as a live trainer holds it
     open(f"{go}.ready-{seed}", "w").close()
     deadline = time.monotonic() + 60
     while not os.path.exists(go):  # start together
@@ -54,10 +54,12 @@ def test_processes_racing_for_one_version(root: Root, tmp_path: Path) -> None:
         )
         for i in range(4)
     ]
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("go.ready-*"))) < len(procs):  # every racer holds version 0
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "racers did not get ready"
-        time.sleep(0.01)
+
+    def ready() -> bool:  # every racer holds version 0
+        assert all(p.poll() is None for p in procs), "a racer exited before the start"
+        return len(list(tmp_path.glob("go.ready-*"))) == len(procs)
+
+    wait_for(ready, "the racers to get ready", 120, 0.01)
     go.touch()
     results = []
     for p in procs:

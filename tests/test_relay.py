@@ -16,14 +16,16 @@ from typing import Any
 
 import pytest
 
-import aurora_store
-from aurora_store.coord import Coordinator, RegionAnnouncer
+import aurora_store.coord.coordinator
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import MissingError
-from aurora_store.manifest import manifest_key
-from aurora_store.objectstore import ObjectStore
+from aurora_store.format.keys import manifest_key
+from aurora_store.testing.damage import overwrite
+from aurora_store.testing.processes import wait_for
 from relay.worker import Relay
 from tests.conftest import RedisServer
-from tests.helpers import bits_equal, state_dict, step, wait_for
+from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +124,7 @@ def test_corrupt_object_at_the_destination_is_refused_not_overwritten(tmp_path: 
     home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
     publish(home, 2)
     key = objects_of(home, 1)[0]
-    ObjectStore(eu).overwrite(key, b"garbage")
+    overwrite(ObjectStore(eu), key, b"garbage")
     r = aurora("relay", "--source", home, "--dest", eu, "--dest-region", "eu", "--once")
     assert r.returncode == 1 and key in r.stderr and "Traceback" not in r.stderr
     assert aurora_store.open_run(eu).versions() == [0]
@@ -199,7 +201,7 @@ def test_live_relays_cut_through_and_two_tiers(
     relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
     relays("--source", eu, "--dest", ap, "--redis", redis_server.url, "--source-region", "eu", "--dest-region", "ap")
     wait_for(
-        lambda: (coord.region_version("ap") or aurora_store.coord.RegionVersion(-1, "", "")).version == 0,
+        lambda: (coord.region_version("ap") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 0,
         "version 0 in ap",
     )
     hist += publish(home, 4, coord=coord, start=1)
@@ -207,7 +209,9 @@ def test_live_relays_cut_through_and_two_tiers(
     latest = home_run.manifest(4)
     for region, uri in (("eu", eu), ("ap", ap)):
         wait_for(
-            lambda r=region: (coord.region_version(r) or aurora_store.coord.RegionVersion(-1, "", "")).version == 4,
+            lambda r=region: (
+                (coord.region_version(r) or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 4
+            ),
             f"version 4 in {region}",
         )
         rv = coord.region_version(region)
@@ -239,7 +243,7 @@ def test_relay_survives_redis_losing_its_state(
         lambda: aurora_store.open_run(eu).versions() == [0, 1, 2, 3], "versions 2-3 in eu after the restart", timeout=90
     )
     wait_for(
-        lambda: (coord.region_version("eu") or aurora_store.coord.RegionVersion(-1, "", "")).version == 3,
+        lambda: (coord.region_version("eu") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 3,
         "eu's version rebuilt in Redis",
         timeout=90,
     )
@@ -248,14 +252,14 @@ def test_relay_survives_redis_losing_its_state(
 
 
 def test_relay_never_imports_torch() -> None:
-    code = "import sys, relay.worker, relay.cli, aurora_store.coord; print('torch' in sys.modules)"
+    code = "import sys, relay.worker, relay.cli, aurora_store.coord.coordinator; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_publishing_does_not_depend_on_redis(tmp_path: Path) -> None:
     """With Redis down the trainer still commits; relays find the versions in the bucket."""
-    from tests.conftest import free_port
+    from aurora_store.testing.processes import free_port
 
     home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
     dead = Coordinator(f"redis://127.0.0.1:{free_port()}/0", "exp")

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from aurora_store.audit import audit
-from aurora_store.coord import Coordinator
-from aurora_store.jobs import JobBoard
-from aurora_store.run import open_run
-from tests.helpers import wait_for
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.run import open_run
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.testing.processes import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP = 8, 4

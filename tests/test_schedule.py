@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aurora_store.schedule import effective, ema, split
+from aurora_store.coord.schedule import effective, ema, split
 
 NAMES = st.text("abcdefgh", min_size=1, max_size=3)
 RATES = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)

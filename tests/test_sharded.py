@@ -23,10 +23,12 @@ from torch import nn
 
 import aurora_store
 from aurora_store import CorruptError, StoreError, UnsupportedError
-from aurora_store.audit import audit
-from aurora_store.delta import DeltaBuilder
-from aurora_store.digest import Digest, tensor_keys
-from aurora_store.manifest import Parent, manifest_key
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.plan import PublishPlan
+from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, whole
+from aurora_store.format.delta import DeltaBuilder
+from aurora_store.format.keys import manifest_key
+from aurora_store.format.manifest import Parent, TensorSpec
 from aurora_store.tensors import to_words
 from tests.helpers import bits_equal, state_dict, step
 
@@ -51,7 +53,7 @@ class Net(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from aurora_store.models import build_model, tiny_config
+        from aurora_store.rl.models import build_model, tiny_config
 
         self.lm = build_model(tiny_config(VOCAB, hidden=32, layers=2, heads=4, kv_heads=2), seed=0)
         g = torch.Generator().manual_seed(1)
@@ -135,8 +137,20 @@ def _fail(version: int, obj: Any) -> None:
 # ---------------------------------------------------------------- store side, no processes
 
 
-def test_ranges_from_two_builders_make_one_delta(tmp_path: Path) -> None:
-    """Two 'ranks' encode halves of every tensor; rank 0's commit reads back like a single publish."""
+def _halves(specs: tuple[TensorSpec, ...], rank: int) -> dict[str, tuple[int, int]]:
+    """Rank 0 owns the first half of every tensor, rank 1 the rest."""
+    out = {}
+    for s in specs:
+        cut = s.numel // 2
+        lo, hi = (0, cut) if rank == 0 else (cut, s.numel)
+        if hi > lo:
+            out[s.name] = (lo, hi)
+    return out
+
+
+def test_one_plan_driven_by_two_ranks_commits_what_one_process_would(tmp_path: Path) -> None:
+    """Two 'ranks' each make a part over half of every tensor; the commit of their parts reads back
+    like a single publish: the same changes, digest and bits, and both ranks' keys interleaved."""
     run = aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256)
     ref = aurora_store.open_run(f"file://{tmp_path}/ref", segment_bytes=256)
     sd0 = state_dict()
@@ -146,35 +160,18 @@ def test_ranges_from_two_builders_make_one_delta(tmp_path: Path) -> None:
     want = ref.publish(sd1, kind="delta")
     specs, old = to_words(sd0)
     _, new = to_words(sd1)
-    base = run.manifest(0)
-    digest = Digest.from_hex(base.weights_digest)
-    segments, changed = [], 0
+    plan = PublishPlan.from_dict(run.plan(specs, kind="delta").to_dict())  # as rank 0 sends it to every rank
+    assert (plan.version, plan.full, plan.parent is not None and plan.parent.version) == (1, False, 0)
+    parts = []
     for rank in (0, 1):
-        b = DeltaBuilder(1, specs, 256, first_ordinal=rank, ordinal_step=2)
-        for s in specs:
-            cut = s.numel // 2
-            lo, hi = (0, cut) if rank == 0 else (cut, s.numel)
-            for obj in b.add_tensor(s, old[s.name][lo:hi], new[s.name][lo:hi], start=lo):
-                run.upload(1, obj)
-                segments.append(obj.entry)
-        for obj in b.finish():
-            run.upload(1, obj)
-            segments.append(obj.entry)
-        for c in b.changes:
-            s = next(x for x in specs if x.name == c.name)
-            digest.update(tensor_keys(s.name, s.dtype, s.shape), c.positions, c.old, c.new)
-        changed += b.changed
-    info = run.commit(
-        1,
-        specs,
-        parent=Parent(0, base.version_hash),
-        segments=tuple(segments),
-        index=None,
-        changed=changed,
-        weights_digest=digest.hex(),
-        chain_bytes=0,
-        check=True,
-    )
+        ranges = _halves(specs, rank)
+        base = Baseline(plan.parent, ranges, {k: old[k][lo:hi] for k, (lo, hi) in ranges.items()})  # type: ignore[arg-type]
+        mine = {k: new[k][lo:hi] for k, (lo, hi) in ranges.items()}
+        uploads = Uploads(run.store.pool, lambda obj: run.upload(1, obj))
+        made = delta_part(plan, base, mine, uploads, segment_bytes=256, rank=rank, world=2)
+        assert made is not None
+        parts.append(Part.from_dict(made[0].to_dict(), plan.specs))  # as each rank sends rank 0 its part
+    info = run.commit(plan, parts)
     assert (info.changed, info.weights_digest) == (want.changed, want.weights_digest)
     ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in run.manifest(1).segments}
     assert ordinals == {0, 1}  # both ranks' keys, interleaved
@@ -190,25 +187,17 @@ def test_commit_checks_assembled_manifests(tmp_path: Path) -> None:
     run.publish(sd0)
     specs, old = to_words(sd0)
     _, new = to_words(sd1)
-    segments = []
+    plan = run.plan(specs, kind="delta")
+    assert plan.parent is not None
+    parts = []
     for rank in (0, 1):  # both claim the whole tensors
-        b = DeltaBuilder(1, specs, first_ordinal=rank, ordinal_step=2)
-        for s in specs:
-            for obj in b.add_tensor(s, old[s.name], new[s.name]):
-                segments.append(obj.entry)
-        segments += [o.entry for o in b.finish()]
+        base = Baseline(plan.parent, whole(specs), dict(old))
+        uploads = Uploads(run.store.pool, lambda obj: run.upload(1, obj))
+        made = delta_part(plan, base, new, uploads, segment_bytes=4 << 20, rank=rank, world=2)
+        assert made is not None
+        parts.append(made[0])
     with pytest.raises(CorruptError, match="overlap"):
-        run.commit(
-            1,
-            specs,
-            parent=Parent(0, run.manifest(0).version_hash),
-            segments=tuple(segments),
-            index=None,
-            changed=1,
-            weights_digest=run.manifest(0).weights_digest,
-            chain_bytes=0,
-            check=True,
-        )
+        run.commit(plan, parts)
     assert not run.store.exists(manifest_key(1))
     with pytest.raises(StoreError, match="not inside"):
         next(DeltaBuilder(1, specs).add_tensor(specs[0], old[specs[0].name], new[specs[0].name], start=1))

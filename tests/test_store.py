@@ -9,7 +9,7 @@ import torch
 
 import aurora_store
 from aurora_store import ConflictError, LayoutError, StoreError, UnsupportedError
-from aurora_store.manifest import manifest_key
+from aurora_store.format.keys import manifest_key
 from tests.conftest import Root
 from tests.helpers import bits_equal, state_dict, step
 
@@ -135,7 +135,7 @@ def test_concurrent_publishers_exactly_one_wins(root: Root) -> None:
     runs = [open_(root) for _ in range(4)]
     for r in runs:
         assert r.latest() == 0
-        r._baseline()  # both load version 0 before racing, as two live trainers would
+        r.resume()  # both load version 0 before racing, as two live trainers would
     outcomes: list[object] = [None] * len(runs)
     barrier = threading.Barrier(len(runs))
 
@@ -169,7 +169,7 @@ def test_retry_after_a_crash_half_way(root: Root) -> None:
     run.publish(sd)
     nxt = step(sd, 1)
     # crash simulation: upload the segments of version 1 but not its manifest
-    from aurora_store.delta import DeltaBuilder
+    from aurora_store.format.delta import DeltaBuilder
     from aurora_store.tensors import to_words
 
     specs, words = to_words(nxt)
@@ -189,7 +189,7 @@ def test_retry_with_other_weights_after_a_crash(root: Root) -> None:
     run = open_(root)
     sd = state_dict()
     run.publish(sd)
-    from aurora_store.delta import DeltaBuilder
+    from aurora_store.format.delta import DeltaBuilder
     from aurora_store.tensors import to_words
 
     specs, words = to_words(step(sd, 1))
@@ -223,7 +223,7 @@ def test_manifest_is_written_once(root: Root) -> None:
 
 
 def test_signed_run(root: Root) -> None:
-    from aurora_store.signing import generate_keypair
+    from aurora_store.format.signing import generate_keypair
 
     priv, pub = generate_keypair()
     _, other_pub = generate_keypair()

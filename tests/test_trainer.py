@@ -15,16 +15,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actor.torch_engine import TorchEngine
+from aurora_store.bucket.run import open_run
+from aurora_store.coord.jobs import Result
 from aurora_store.errors import CorruptError, StoreError
-from aurora_store.jobs import Result
-from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
-from aurora_store.run import open_run
-from aurora_store.tasks import Prompt, TaskError, load_task
+from aurora_store.rl.errors import ModelError
+from aurora_store.rl.models import build_model, tiny_config
+from aurora_store.rl.sampling import SamplingConfig
+from aurora_store.rl.tasks import Prompt, TaskError, load_task
+from aurora_store.rl.tokenizers import EOS, CharTokenizer
+from trainer.config import TrainerConfig
 from trainer.grpo import GRPOConfig, Sample, advantages, batch, loss, token_logprobs
-from trainer.loop import Trainer, TrainerConfig
+from trainer.loop import Trainer
 from trainer.state import load_state, save_state, saved_versions
 
 TOK = CharTokenizer()
+GRPO = GRPOConfig(clip=0.2, kl_coef=0.0, temperature=1.0)
 
 
 def tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -34,7 +39,10 @@ def tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 @pytest.fixture
 def trainer(redis_server: Any) -> Trainer:
     cfg = TrainerConfig(
-        store=f"memory://trainer-{uuid.uuid4().hex}/run", redis=redis_server.url, run_id="t", group=2, max_new_tokens=4
+        store=f"memory://trainer-{uuid.uuid4().hex}/run",
+        redis=redis_server.url,
+        run_id="t",
+        sampling=SamplingConfig(group=2, max_new_tokens=4),
     )
     t = Trainer(cfg)
     t.published = {0: "h0", 1: "h1", 2: "h2"}
@@ -63,7 +71,7 @@ def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Trainer) -> None:
     prompts = {f"j{i}": Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)}
     for job, p in prompts.items():
         trainer.step_jobs[3][job] = p
-        trainer.board.lease(job, "busy", version=2, lease_s=30, step=3, prompt=p)
+        trainer.board.lease(job, "busy", version=2, lease_s=30, step=3, prompt=p.to_dict())
     started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
     trainer._sweep()
     holders = {j.job: j.actor for j in trainer.board.open_jobs()}
@@ -123,7 +131,7 @@ def test_grpo_step_raises_the_logprob_of_a_rewarded_completion() -> None:
         for i, (t, r) in enumerate(((good, 1.0), (bad, 0.0)))
     ]
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    value, info = loss(model, samples, advantages([1.0, 0.0]), GRPOConfig())
+    value, info = loss(model, samples, advantages([1.0, 0.0]), GRPO)
     assert info["logprob_drift"] < 1e-6, "on-policy: the ratio starts at 1"
     value.backward()
     opt.step()
@@ -140,7 +148,7 @@ def test_clipped_ratio_gives_no_gradient_past_the_clip() -> None:
     with torch.no_grad():
         lp = float(token_logprobs(model, ids, attn, 1.0)[0, len(prompt) - 1])
     stale = Sample(prompt, (5,), (lp - 1.0,), 1.0)  # ratio e ≈ 2.7, beyond 1 + 0.2, advantage > 0
-    value, info = loss(model, [stale, Sample(prompt, (6,), (lp,), 0.0)], [1.0, 0.0], GRPOConfig())
+    value, info = loss(model, [stale, Sample(prompt, (6,), (lp,), 0.0)], [1.0, 0.0], GRPO)
     value.backward()
     assert info["clip_frac"] > 0
     assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in model.parameters())
@@ -156,7 +164,7 @@ def test_actor_logprobs_are_the_trainers() -> None:
     samples = [Sample(tuple(p), c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, outs, strict=True) for c in cs]
     assert all(len(cs) == 3 for cs in outs)
     assert all(c.finish_reason == ("stop" if c.token_ids[-1] == EOS else "length") for cs in outs for c in cs)
-    _, info = loss(model, samples, [0.0] * len(samples), GRPOConfig(temperature=0.7))
+    _, info = loss(model, samples, [0.0] * len(samples), GRPOConfig(clip=0.2, kl_coef=0.0, temperature=0.7))
     assert info["logprob_drift"] < 1e-5
 
 
@@ -211,12 +219,12 @@ def test_tokenizer_round_trip(text: str) -> None:
     ],
 )
 def test_hostile_tokenizer_files(blob: bytes) -> None:
-    with pytest.raises(StoreError):
+    with pytest.raises(ModelError):
         CharTokenizer.from_json(blob)
 
 
 def test_tokenizer_refuses_unknown_characters() -> None:
-    with pytest.raises(StoreError):
+    with pytest.raises(ModelError):
         TOK.encode("é")
     assert json.loads(TOK.to_json())["type"] == "aurora-char"
 
@@ -259,5 +267,5 @@ def test_builtin_tasks_reward_exact_answers() -> None:
     ],
 )
 def test_hostile_model_configs_are_refused_before_allocating(config: Any) -> None:
-    with pytest.raises(StoreError):
+    with pytest.raises(ModelError):
         build_model(config)

@@ -26,8 +26,8 @@ from actor.vllm_engine import completions, prompt_seeds
 from actor.vllm_layout import Geometry, VllmLayout
 from actor.vllm_weights import OPS, LocalRunner, Runner, VllmWeights, pack, unpack
 from aurora_store.errors import LayoutError, StoreError
-from aurora_store.manifest import TensorSpec
-from aurora_store.models import build_model, tiny_config
+from aurora_store.format.manifest import TensorSpec
+from aurora_store.rl.models import build_model, tiny_config
 from aurora_store.tensors import to_words
 from tests.helpers import bits_equal, step
 
@@ -366,12 +366,11 @@ def _vllm_and_cuda() -> bool:
 @pytest.mark.skipif(not _vllm_and_cuda(), reason="needs vllm and a CUDA GPU")
 def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path) -> None:
     from actor.vllm_engine import VllmEngine
-    from aurora_store.attachments import put_attachment
-    from aurora_store.replay import replay
+    from aurora_store.bucket.replay import replay
 
     cfg = tiny_config(98, hidden=128, layers=2, heads=2, kv_heads=1)  # head_dim 64: every attention backend
     run = aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=4096)
-    put_attachment(run, "config.json", json.dumps(cfg).encode())
+    run.files.put("config.json", json.dumps(cfg).encode())
     sd = {k: v.detach().clone() for k, v in build_model(cfg, dtype=torch.bfloat16).state_dict().items()}
     for i in range(3):
         run.publish(sd)

@@ -9,13 +9,14 @@ import os
 import socket
 import socketserver
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from aurora_store.testing.moto import S3Server
+from aurora_store.testing.processes import wait_for
 from bench.wan import MATHIS_C, Link, WanProxy, describe
-from tests.conftest import S3Server
 
 MIB = 2**20
 TIMEOUT_S = 10.0
@@ -99,13 +100,6 @@ def _fetch(port: int, n: int) -> int:
         return len(_recv_to_eof(sock))
 
 
-def _poll(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def _timed_fetches(port: int, sizes: list[int]) -> float:
     with ThreadPoolExecutor(len(sizes)) as pool:
         start = time.monotonic()
@@ -147,7 +141,7 @@ def test_bytes_and_closes_pass_intact(target: tuple[str, int]) -> None:
         echoed = list(pool.map(lambda p: _echo(proxy.port, p), payloads))
         assert [len(e) for e in echoed] == [len(p) for p in payloads]
         assert echoed == payloads  # in order despite jitter; both EOFs crossed the proxy
-        _poll(lambda: proxy.stats()["open_connections"] == 0)
+        wait_for(lambda: proxy.stats()["open_connections"] == 0, "the proxy to close every connection", 5.0, 0.005)
 
 
 def test_stats_count_bytes_and_connections(target: tuple[str, int]) -> None:
@@ -155,7 +149,7 @@ def test_stats_count_bytes_and_connections(target: tuple[str, int]) -> None:
     with WanProxy(*target, Link(rtt_s=0.002)) as proxy:
         for n in sizes:
             assert _fetch(proxy.port, n) == n
-        _poll(lambda: proxy.stats()["open_connections"] == 0)
+        wait_for(lambda: proxy.stats()["open_connections"] == 0, "the proxy to close every connection", 5.0, 0.005)
         assert proxy.stats() == {
             "connections": 3,
             "open_connections": 0,

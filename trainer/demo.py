@@ -9,7 +9,6 @@ only through the buckets and Redis, as on a real deployment.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import subprocess
@@ -25,10 +24,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from aurora_store.audit import audit
-from aurora_store.coord import Coordinator
-from aurora_store.embedded_redis import EmbeddedRedis
-from aurora_store.run import open_run
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.run import open_run
+from aurora_store.cli import CommandError
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.embedded import EmbeddedRedis
+from trainer.config import DemoConfig, TrainerConfig
 from trainer.loop import StepReport, Trainer
 from trainer.report import write_report
 
@@ -50,20 +51,25 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[str, Any]:
-    console = Console(stderr=True, quiet=bool(args.json))
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="aurora-demo-"))
+def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dict[str, Any]:
+    """Run the demo; ``make_config(store=, redis=, run_id=)`` gives the trainer's config."""
+    console = Console(stderr=True, quiet=demo.json)
+    work = Path(demo.workdir or tempfile.mkdtemp(prefix="aurora-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    stores = args.store or [(work / "buckets" / r / "run").resolve().as_uri() for r in REGIONS]
+    stores = demo.store or [(work / "buckets" / r / "run").resolve().as_uri() for r in REGIONS]
     run_id = f"demo-{os.getpid()}-{int(time.time())}"
-    slowdowns = [float(x) for x in args.slowdowns.split(",")]
+    try:
+        slowdowns = [float(x) for x in demo.slowdowns.split(",")]
+    except ValueError:
+        raise CommandError(f"--slowdowns {demo.slowdowns!r}: give {len(REGIONS)} numbers, comma-separated") from None
     if len(slowdowns) != len(REGIONS):
-        raise SystemExit(f"--slowdowns needs {len(REGIONS)} values")
+        raise CommandError(f"--slowdowns needs {len(REGIONS)} values, got {demo.slowdowns!r}")
     procs: list[subprocess.Popen[bytes]] = []
-    with _redis(args.redis) as url:
+    with _redis(demo.redis) as url:
+        cfg = make_config(store=stores[0], redis=url, run_id=run_id)
         coord = Coordinator(url, run_id)
         console.print(
-            f"[bold]AuroraRL demo[/] run {run_id} in {work} (Redis {'embedded' if not args.redis else 'given'})"
+            f"[bold]AuroraRL demo[/] run {run_id} in {work} (Redis {'embedded' if not demo.redis else 'given'})"
         )
         try:
             for region, store in zip(REGIONS[1:], stores[1:], strict=True):
@@ -94,7 +100,8 @@ def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[
                     _spawn(
                         [
                             "-m",
-                            "actor.worker",
+                            "aurora_store.cli",
+                            "actor",
                             "--store",
                             store,
                             "--region",
@@ -110,14 +117,17 @@ def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[
                             "--slowdown",
                             str(slow),
                             "--group",
-                            str(args.group),
+                            str(cfg.sampling.group),
+                            "--max-new-tokens",
+                            str(cfg.sampling.max_new_tokens),
+                            "--temperature",
+                            str(cfg.sampling.temperature),
                         ],
                         work / f"actor-{region}.log",
                     )
                 )
-            cfg = make_config(args, store=stores[0], redis=url, run_id=run_id)
             reports: list[StepReport] = []
-            table = _Progress(coord, args.steps, len(REGIONS))
+            table = _Progress(coord, cfg.steps, len(REGIONS))
             with Live(table.render(reports), console=console, refresh_per_second=4, transient=False) as live:
 
                 def on_step(rep: StepReport) -> None:
@@ -128,7 +138,7 @@ def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[
                 t0 = time.perf_counter()
                 trainer.train()
                 elapsed = time.perf_counter() - t0
-                _settle(coord, args.steps, time.monotonic() + 30)
+                _settle(coord, cfg.steps, time.monotonic() + 30)
                 live.update(table.render(reports))
         finally:
             for p in procs:
@@ -140,7 +150,7 @@ def run_demo(args: argparse.Namespace, make_config: Callable[..., Any]) -> dict[
                     p.kill()
         verified = sum(len(audit(open_run(s)).versions) for s in stores)
         applied = [doc for _id, doc in coord.notes("applied")]
-    return _finish(args, console, work, reports, applied, verified, elapsed)
+    return _finish(console, work, reports, applied, verified, elapsed)
 
 
 def _settle(coord: Coordinator, last: int, deadline: float) -> None:
@@ -197,7 +207,6 @@ class _Progress:
 
 
 def _finish(
-    args: argparse.Namespace,
     console: Console,
     work: Path,
     reports: list[StepReport],

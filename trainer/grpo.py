@@ -16,13 +16,15 @@ import torch
 import torch.nn.functional as F
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GRPOConfig:
-    clip: float = 0.2
+    """The loss's parameters (their defaults and help live in :mod:`trainer.config`)."""
+
+    clip: float
     """Ratios outside [1 - clip, 1 + clip] stop contributing gradient in the improving direction."""
-    kl_coef: float = 0.0
+    kl_coef: float
     """Weight of the KL penalty to the reference model; 0 turns it (and the reference) off."""
-    temperature: float = 1.0
+    temperature: float
     """The sampling temperature the actors used; log-probabilities are taken at the same one."""
 
 

@@ -17,60 +17,26 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from aurora_store.attachments import get_attachment, put_attachment
-from aurora_store.coord import Coordinator, RegionAnnouncer
+from aurora_store.bucket.run import Run, open_run
+from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
+from aurora_store.coord.jobs import JobBoard, OpenJob, Result, now_ms
+from aurora_store.coord.schedule import effective, split
 from aurora_store.errors import StoreError
-from aurora_store.jobs import JobBoard, OpenJob, Result, now_ms
-from aurora_store.models import EOS, CharTokenizer, build_model, tiny_config
-from aurora_store.run import Run, open_run
-from aurora_store.schedule import effective, split
-from aurora_store.tasks import Prompt, load_task
+from aurora_store.rl.models import build_model, tiny_config
+from aurora_store.rl.tasks import Prompt, load_task
+from aurora_store.rl.tokenizers import EOS, CharTokenizer
+from trainer.config import TrainerConfig
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, loss, sft_loss
 from trainer.sharded import ShardedPublisher
 from trainer.state import load_state, save_state, saved_versions
 
 log = logging.getLogger("aurora.trainer")
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainerConfig:
-    store: str
-    """The home run's URI."""
-    redis: str
-    run_id: str
-    region: str = "home"
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    task: str = "arith"
-    """Built-in task name or ``package.module:factory``."""
-    steps: int = 40
-    """The last version to publish (version t is the policy after step t)."""
-    prompts_per_step: int = 32
-    group: int = 8
-    """Completions sampled per prompt (the GRPO group)."""
-    max_new_tokens: int = 4
-    lr: float = 5e-4
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    sft_steps: int = 60
-    sft_lr: float = 3e-3
-    sft_batch: int = 64
-    hidden: int = 64
-    layers: int = 2
-    full_every: int = 10
-    state_every: int = 5
-    """Save the resumable trainer state every this many versions."""
-    lease_s: float = 30.0
-    alpha: float = 0.5
-    """Share multiplier for an actor that rejoined, until it finishes a batch."""
-    seed: int = 0
-    sweep_s: float = 0.25
-    steal: bool = True
-    """Idle eligible actors take over half of the not-yet-started jobs of the most loaded actor."""
 
 
 @dataclass(slots=True)
@@ -94,13 +60,14 @@ class StepReport:
 class Trainer:
     def __init__(self, cfg: TrainerConfig, *, on_step: Callable[[StepReport], None] | None = None) -> None:
         self.cfg = cfg
-        self.task = load_task(cfg.task)
+        self.task = load_task(cfg.data.task)
         self.tok = CharTokenizer()
         self.coord = Coordinator(cfg.redis, cfg.run_id)
         self.board = JobBoard(self.coord)
-        self.run: Run = open_run(cfg.store, storage_options=cfg.storage_options, full_every=cfg.full_every)
+        self.run: Run = open_run(cfg.store, storage_options=cfg.storage_options, full_every=cfg.publish.full_every)
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
         self.on_step = on_step
+        self.grpo = GRPOConfig(clip=cfg.optim.clip, kl_coef=cfg.optim.kl_coef, temperature=cfg.sampling.temperature)
         self.dist = Dist()
         self.reference: torch.nn.Module | None = None
         self.rng = random.Random(cfg.seed)
@@ -120,16 +87,16 @@ class Trainer:
     # ------------------------------------------------------------ start
 
     def _model_config(self) -> dict[str, Any]:
-        return tiny_config(self.tok.vocab_size, hidden=self.cfg.hidden, layers=self.cfg.layers)
+        return tiny_config(self.tok.vocab_size, hidden=self.cfg.model.hidden, layers=self.cfg.model.layers)
 
     def start(self) -> int:
         """Build or restore the model on every rank; returns the version the policy is at."""
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
-        config = self._model_config() if latest is None else json.loads(get_attachment(self.run, "config.json"))
+        config = self._model_config() if latest is None else json.loads(self.run.files.get("config.json"))
         self.model = self.dist.shard(build_model(config, seed=self.cfg.seed))
         self.publisher = ShardedPublisher(self.run, self.model)
         if latest is not None:
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
             saved = [v for v in saved_versions(self.run) if v <= latest]
             if not saved:
                 raise StoreError(f"{self.run.uri}: version {latest} is published but no trainer state was saved")
@@ -153,13 +120,13 @@ class Trainer:
                 self._after = self.board.last_result_id()
             return int(latest)
         self._warm_start()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
         if self.dist.main:
-            put_attachment(self.run, "config.json", json.dumps(config, indent=1).encode())
-            put_attachment(self.run, "tokenizer.json", self.tok.to_json())
-            put_attachment(self.run, "task.json", json.dumps({"task": self.cfg.task}).encode())
+            self.run.files.put("config.json", json.dumps(config, indent=1).encode())
+            self.run.files.put("tokenizer.json", self.tok.to_json())
+            self.run.files.put("task.json", json.dumps({"task": self.cfg.data.task}).encode())
         self.dist.barrier()
-        info = self.publisher.publish(step=0, kind="full", meta={"task": self.cfg.task})
+        info = self.publisher.publish(step=0, kind="full", meta={"task": self.cfg.data.task})
         self.published[0] = info.version_hash
         save_state(self.run, 0, self.model, self.opt, self.rng, write=self.dist.main)
         self._load_reference(config)
@@ -167,7 +134,7 @@ class Trainer:
 
     def _load_reference(self, config: dict[str, Any]) -> None:
         """The frozen KL reference: version 0 exactly as published (BF16 weights, computed in FP32)."""
-        if self.cfg.grpo.kl_coef <= 0:
+        if self.cfg.optim.kl_coef <= 0:
             return
         ref = build_model(config, seed=self.cfg.seed)
         weights = self.run.materialize(0)
@@ -178,10 +145,10 @@ class Trainer:
 
     def _warm_start(self) -> None:
         """A short supervised phase so the policy's first rewards are not all zero."""
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.sft_lr)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.sft_lr)
         rng = random.Random(self.cfg.seed + 1)
-        for _ in range(self.cfg.sft_steps):
-            demos = self.task.demos(rng, self.cfg.sft_batch)
+        for _ in range(self.cfg.optim.sft_steps):
+            demos = self.task.demos(rng, self.cfg.optim.sft_batch)
             prompts = [self.tok.encode(p) for p, _ in demos]
             answers = [[*self.tok.encode(a, bos=False), EOS] for _, a in demos]
             opt.zero_grad()
@@ -198,10 +165,10 @@ class Trainer:
         for wid, doc in self.coord.workers().items():
             if doc.get("role") == "actor" and doc.get("version") in (latest, latest - 1):
                 ok[wid] = taus.get(wid)
-        return effective(ok, probation, self.cfg.alpha)
+        return effective(ok, probation, self.cfg.schedule.alpha)
 
     def post(self, step: int) -> None:
-        prompts = self.task.prompts(random.Random(f"{self.cfg.seed}:{step}"), self.cfg.prompts_per_step)
+        prompts = self.task.prompts(random.Random(f"{self.cfg.seed}:{step}"), self.cfg.rollout.prompts)
         for i, p in enumerate(prompts):
             job = f"{self.tag}:{step}:{i}"
             self.step_jobs[step][job] = p
@@ -229,7 +196,9 @@ class Trainer:
         for actor, n in shares.items():
             for _ in range(n):
                 job, (step, prompt) = next(it)
-                self.board.lease(job, actor, version=version, lease_s=self.cfg.lease_s, step=step, prompt=prompt)
+                self.board.lease(
+                    job, actor, version=version, lease_s=self.cfg.schedule.lease_s, step=step, prompt=prompt.to_dict()
+                )
 
     def _sweep(self) -> None:
         """Re-lease jobs whose lease expired or whose actor is gone; place pending prompts; let idle
@@ -244,7 +213,7 @@ class Trainer:
                 self.pending[j.job] = (j.step, self.step_jobs[j.step][j.job])
                 self.dropped["lease_lost"] += 1
         self._assign(turn=int(now // 1000))
-        if self.cfg.steal:
+        if self.cfg.schedule.steal:
             self._rebalance([j for j in jobs if j.job not in self.pending and j.actor in alive])
 
     def _rebalance(self, jobs: list[OpenJob]) -> None:
@@ -263,16 +232,16 @@ class Trainer:
             if not untaken[donor]:
                 del untaken[donor]
             for j in moved:
-                if self.board.lease(j.job, thief, version=version, lease_s=self.cfg.lease_s):
+                if self.board.lease(j.job, thief, version=version, lease_s=self.cfg.schedule.lease_s):
                     self.stolen += 1
 
     def collect(self, step: int) -> list[Result]:
         """Block until every prompt of ``step`` has one admitted result."""
         while len(self.admitted[step]) < len(self.step_jobs[step]):
-            for res in self.board.results(self._after, block_ms=int(self.cfg.sweep_s * 1000)):
+            for res in self.board.results(self._after, block_ms=int(self.cfg.schedule.sweep_s * 1000)):
                 self._after = res.id
                 self._consider(res)
-            if time.monotonic() - self._last_sweep >= self.cfg.sweep_s:
+            if time.monotonic() - self._last_sweep >= self.cfg.schedule.sweep_s:
                 self._last_sweep = time.monotonic()
                 self._sweep()
         for old in [s for s in self.step_jobs if s < step - 2]:  # long trained: late results are unknown jobs
@@ -297,7 +266,7 @@ class Trainer:
 
     def _check_payload(self, res: Result) -> str | None:
         comps = res.payload.get("completions")
-        if not isinstance(comps, list) or len(comps) != self.cfg.group:
+        if not isinstance(comps, list) or len(comps) != self.cfg.sampling.group:
             return "bad_payload"
         vocab = self.tok.vocab_size
         for c in comps:
@@ -306,7 +275,8 @@ class Trainer:
             toks, lps, r = c.get("tokens"), c.get("logprobs"), c.get("reward")
             if not (isinstance(toks, list) and isinstance(lps, list) and len(toks) == len(lps) >= 1):
                 return "bad_payload"
-            if len(toks) > self.cfg.max_new_tokens or not all(isinstance(t, int) and 0 <= t < vocab for t in toks):
+            too_long = len(toks) > self.cfg.sampling.max_new_tokens
+            if too_long or not all(isinstance(t, int) and 0 <= t < vocab for t in toks):
                 return "bad_payload"
             if not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 0 for x in lps):
                 return "bad_payload"
@@ -336,7 +306,7 @@ class Trainer:
         if any(a != 0 for a in adv):  # every rank decides alike: the batch is the same everywhere
             w, r = self.dist.world, self.dist.rank
             tokens = sum(len(s.token_ids) for s in samples)
-            value, _ = loss(self.model, samples[r::w], adv[r::w], self.cfg.grpo, self.reference, normalizer=tokens / w)
+            value, _ = loss(self.model, samples[r::w], adv[r::w], self.grpo, self.reference, normalizer=tokens / w)
             self.opt.zero_grad()
             value.backward()
             self.opt.step()
@@ -362,7 +332,7 @@ class Trainer:
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
             self.published[info.version] = info.version_hash
-            if step % self.cfg.state_every == 0 or step == self.cfg.steps:
+            if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
                 save_state(self.run, step, self.model, self.opt, self.rng, write=main)
             if not main:
                 continue

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from aurora_store.errors import UnsupportedError
-from aurora_store.manifest import TensorSpec
+from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import to_words
 
 

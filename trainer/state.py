@@ -1,10 +1,10 @@
-"""The trainer's resumable state in the home bucket: FP32 masters, optimizer, RNG, position.
+"""The trainer's resumable state: FP32 masters, optimizer, RNG, position.
 
-Saved every K versions under ``trainer/state-<version>/``: ``tensors.safetensors`` (master
-weights and AdamW moments, by HF name) and ``state.json`` (the version it belongs to, the
-optimizer's step counts and hyper-parameters, RNG states), written last: its existence is
-the commit, as a manifest is for a version. Objects are immutable like everything else in
-the store. No pickle: safetensors and JSON only.
+Saved every K versions through the run's :class:`~aurora_store.bucket.state.StateStore`
+(``trainer/state-<version>/``, see docs/FORMAT.md): ``tensors.safetensors`` (master weights
+and AdamW moments, by HF name) and ``state.json`` (the version it belongs to, the optimizer's
+step counts and hyper-parameters, RNG states), written last: its existence is the commit, as
+a manifest is for a version. No pickle: safetensors and JSON only.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from aurora_store.bucket.run import Run
 from aurora_store.errors import CorruptError, StoreError
-from aurora_store.run import Run
 
-PREFIX = "trainer"
 MAX_JSON_BYTES = 1 << 20
+TENSORS = "tensors.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
 class SavedState:
     version: int
     extra: dict[str, Any]
-
-
-def _dir(version: int) -> str:
-    return f"{PREFIX}/state-{version:010d}"
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -91,33 +87,26 @@ def save_state(
         "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
         "extra": extra or {},
     }
-    blob = st_save(tensors)
-    run.store.put_immutable(f"{_dir(version)}/tensors.safetensors", blob, verify=lambda b: b == blob)
-    body = json.dumps(doc, sort_keys=True).encode()
-    run.store.put_immutable(f"{_dir(version)}/state.json", body, verify=lambda b: b == body)
+    run.state.put(version, TENSORS, st_save(tensors))
+    run.state.commit(version, json.dumps(doc, sort_keys=True).encode())
 
 
 def saved_versions(run: Run) -> list[int]:
     """Versions with a committed trainer state, ascending."""
-    out = []
-    for key in run.store.list_keys(PREFIX):
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == "state.json" and parts[1].startswith("state-") and parts[1][6:].isdigit():
-            out.append(int(parts[1][6:]))
-    return sorted(out)
+    return run.state.versions()
 
 
 def load_state(
     run: Run, version: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
 ) -> SavedState:
     """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place)."""
-    where = f"{run.uri}/{_dir(version)}"
+    where = run.state.url(version)
     try:
-        doc = json.loads(run.store.get(f"{_dir(version)}/state.json", max_bytes=MAX_JSON_BYTES))
+        doc = json.loads(run.state.get_commit(version, max_bytes=MAX_JSON_BYTES))
         if doc.get("format") != "aurora-trainer-state/1" or doc.get("version") != version:
-            raise CorruptError(f"{where}/state.json: not the trainer state of version {version}")
+            raise CorruptError(f"{where}: state.json is not the trainer state of version {version}")
         cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
-        tensors = st_load(run.store.get(f"{_dir(version)}/tensors.safetensors", max_bytes=cap))
+        tensors = st_load(run.state.get(version, TENSORS, max_bytes=cap))
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptError(f"{where}: unreadable trainer state: {exc}") from None
     params = dict(model.named_parameters())

@@ -5,18 +5,55 @@ for any tensor where every element may change."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from aurora_store.codec import frames
+from aurora_store.codec.base import Codec, Decoded, Encoded, OldAt, Span, int_field
 from aurora_store.errors import CorruptError
 
-
-def encode(words: np.ndarray, level: int = frames.DEFAULT_LEVEL) -> bytes:
-    return frames.compress(np.ascontiguousarray(words).tobytes(), level)
+NAME = "dense"
 
 
-def decode(payload: bytes | memoryview, *, width: int, span: int, what: str) -> np.ndarray:
-    raw = frames.decompress(payload, span * width, what)
-    if len(raw) != span * width:
-        raise CorruptError(f"{what}: dense block of {len(raw)} bytes, expected {span * width}")
-    return np.frombuffer(raw, dtype=f"<u{width}").copy()
+@dataclass(frozen=True, slots=True)
+class DenseHeader:
+    count: int
+    """Elements in the block: every element of its range."""
+
+
+def encode(words: np.ndarray, level: int = frames.DEFAULT_LEVEL) -> Encoded:
+    return Encoded(frames.compress(np.ascontiguousarray(words).tobytes(), level), DenseHeader(int(words.size)))
+
+
+def decode(payload: bytes | memoryview, header: DenseHeader, span: Span, what: str) -> np.ndarray:
+    """The block's words."""
+    if header.count != span.elements:
+        raise CorruptError(f"{what}: a dense block of {header.count} elements over a range of {span.elements}")
+    raw = frames.decompress(payload, span.elements * span.width, what)
+    return np.frombuffer(raw, dtype=f"<u{span.width}").copy()
+
+
+class DenseCodec(Codec):
+    name = NAME
+    fields = frozenset({"count"})
+
+    def parse_header(self, doc: Mapping[str, Any], *, length: int, span: Span, what: str) -> DenseHeader:
+        count = int_field(doc, "count", 1, span.elements, what)
+        if count != span.elements:
+            raise CorruptError(f"{what}: a dense block counts every element")
+        return DenseHeader(count)
+
+    def header_dict(self, header: DenseHeader) -> dict[str, Any]:
+        return {"count": header.count}
+
+    def decoded_bytes(self, header: DenseHeader, span: Span) -> int:
+        return header.count * span.width
+
+    def decode(self, payload: bytes | memoryview, header: DenseHeader, span: Span, old_at: OldAt, what: str) -> Decoded:
+        return Decoded(np.arange(span.elements, dtype=np.int64), None, decode(payload, header, span, what))
+
+
+CODEC = DenseCodec()

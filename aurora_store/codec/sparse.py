@@ -1,7 +1,8 @@
 """Sparse coding of changed elements: gap-coded positions plus zigzag ULP steps.
 
 A block covers elements ``[start, stop)`` of one tensor and holds ``count`` changed
-elements as four zstd frames (see docs/FORMAT.md, "Sparse block"):
+elements as four zstd frames (see docs/FORMAT.md, "Sparse block"), whose lengths and the
+counts a reader needs are the block's :class:`SparseHeader`:
 
 1. gaps: ``pos[0]+1, pos[1]-pos[0], ...`` (positions relative to ``start``) as
    little-endian uint32 (uint64 when a gap needs it), byte-shuffled;
@@ -19,38 +20,34 @@ The differences are bit-pattern arithmetic, so the result is exact for every bit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from aurora_store.codec import frames
+from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, OldAt, Span, int_field
 from aurora_store.errors import CorruptError
 
 ESCAPE = 15
+NAME = "sparse"
 
 
 @dataclass(frozen=True, slots=True)
-class SparseBlock:
-    """One encoded block: its payload and the lengths a reader needs to split it."""
+class SparseHeader:
+    """What a reader needs to split a sparse block's payload into its four streams."""
 
-    payload: bytes
     count: int
+    """Changed elements in the block."""
     gap_width: int
+    """Bytes per gap word: 4, or 8 when a gap needs it."""
     escapes: int
+    """Symbols equal to ESCAPE (their values are in the escape stream)."""
     split: int
+    """Exponent threshold between the two symbol streams."""
     streams: tuple[int, int, int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Exponent:
-    """Where a dtype keeps its exponent: ``(word >> shift) & ((1 << bits) - 1)``."""
-
-    shift: int
-    bits: int
-
-    def of(self, words: np.ndarray) -> np.ndarray:
-        return ((words >> words.dtype.type(self.shift)) & words.dtype.type((1 << self.bits) - 1)).astype(np.int64)
+    """Byte lengths of the gap, low-symbol, high-symbol and escape frames."""
 
 
 def shuffle(words: np.ndarray) -> bytes:
@@ -122,7 +119,7 @@ def encode(
     new: np.ndarray,
     exponent: Exponent,
     level: int = frames.DEFAULT_LEVEL,
-) -> SparseBlock:
+) -> Encoded:
     """Encode changed elements: ``positions`` relative to the block start, ascending and
     unique; ``old``/``new`` their word values (unsigned, same dtype, all different)."""
     count = int(positions.size)
@@ -138,14 +135,14 @@ def encode(
     low_frame = _pack(sym[below], level)
     high_frame = _pack(sym[~below], level)
     esc_frame = frames.compress(shuffle(esc_words), level)
-    return SparseBlock(
-        payload=gap_frame + low_frame + high_frame + esc_frame,
+    header = SparseHeader(
         count=count,
         gap_width=gap_width,
         escapes=int(esc_words.size),
         split=split,
         streams=(len(gap_frame), len(low_frame), len(high_frame), len(esc_frame)),
     )
+    return Encoded(gap_frame + low_frame + high_frame + esc_frame, header)
 
 
 def _unpack(raw: bytes, n: int, what: str) -> np.ndarray:
@@ -158,32 +155,21 @@ def _unpack(raw: bytes, n: int, what: str) -> np.ndarray:
     return sym[:n]
 
 
-def decode(
-    payload: bytes | memoryview,
-    *,
-    count: int,
-    gap_width: int,
-    escapes: int,
-    split: int,
-    streams: tuple[int, ...],
-    width: int,
-    span: int,
-    exponent: Exponent,
-    old_at: Callable[[np.ndarray], np.ndarray],
-    what: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Decode a block into (positions relative to its start, wrapping word deltas).
+def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, old_at: OldAt, what: str) -> Decoded:
+    """Decode a block into positions relative to its start and wrapping word deltas.
 
     ``old_at(positions)`` returns the old words at block-relative positions (the reader's
     weights before this version): the symbol streams are split by their exponents. Every
-    length is checked before anything is allocated; positions outside ``[0, span)``,
-    repeated positions or zero deltas are corrupt."""
+    length is checked before anything is allocated; positions outside the span, repeated
+    positions or zero deltas are corrupt."""
+    count, escapes, split, streams, width = header.count, header.escapes, header.split, header.streams, span.width
+    gap_width = header.gap_width
     if gap_width not in (4, 8):
         raise CorruptError(f"{what}: gap width {gap_width}, expected 4 or 8")
-    if not 0 <= escapes <= count <= span:
-        raise CorruptError(f"{what}: {count} changes with {escapes} escapes over {span} elements")
-    if not 0 <= split <= 1 << exponent.bits:
-        raise CorruptError(f"{what}: split {split} outside [0, {1 << exponent.bits}]")
+    if not 0 <= escapes <= count <= span.elements:
+        raise CorruptError(f"{what}: {count} changes with {escapes} escapes over {span.elements} elements")
+    if not 0 <= split <= 1 << span.exponent.bits:
+        raise CorruptError(f"{what}: split {split} outside [0, {1 << span.exponent.bits}]")
     if len(streams) != 4 or sum(streams) != len(payload) or min(streams) < 0:
         raise CorruptError(f"{what}: stream lengths {list(streams)} do not tile a {len(payload)}-byte payload")
     view = memoryview(payload)
@@ -192,15 +178,15 @@ def decode(
     if count == 0:
         for i, name in ((1, "symbols"), (2, "symbols"), (3, "escapes")):
             frames.decompress(view[ends[i - 1] : ends[i]], 0, f"{what} {name}")
-        return np.empty(0, np.int64), np.empty(0, f"<u{width}")
+        return Decoded(np.empty(0, np.int64), np.empty(0, f"<u{width}"), None)
     if int(gaps.min()) < 1:
         raise CorruptError(f"{what}: positions are not strictly increasing (a zero gap)")
-    if float(gaps.sum(dtype=np.float64)) > span + 1:
-        raise CorruptError(f"{what}: positions run outside a block of {span} elements")
+    if float(gaps.sum(dtype=np.float64)) > span.elements + 1:
+        raise CorruptError(f"{what}: positions run outside a block of {span.elements} elements")
     positions = np.cumsum(gaps.astype(np.int64)) - 1
-    if int(positions[-1]) >= span:
-        raise CorruptError(f"{what}: position {int(positions[-1])} outside a block of {span} elements")
-    below = exponent.of(old_at(positions)) < split
+    if int(positions[-1]) >= span.elements:
+        raise CorruptError(f"{what}: position {int(positions[-1])} outside a block of {span.elements} elements")
+    below = span.exponent.of(old_at(positions)) < split
     n_low = int(np.count_nonzero(below))
     low = _unpack(frames.decompress(view[ends[0] : ends[1]], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
     n_high = count - n_low
@@ -221,7 +207,7 @@ def decode(
         zz[escaped] = esc + zz.dtype.type(ESCAPE)
     if not zz.all():
         raise CorruptError(f"{what}: a listed change has a zero delta")
-    return positions, _unzigzag(zz)
+    return Decoded(positions, _unzigzag(zz), None)
 
 
 def apply(target: np.ndarray, start: int, positions: np.ndarray, deltas: np.ndarray) -> None:
@@ -230,5 +216,46 @@ def apply(target: np.ndarray, start: int, positions: np.ndarray, deltas: np.ndar
     np.put(target, idx, np.take(target, idx) + deltas)
 
 
-def changed_values(target: np.ndarray, start: int, positions: np.ndarray) -> np.ndarray:
-    return target[positions + start if start else positions]
+class SparseCodec(Codec):
+    name = NAME
+    fields = frozenset({"count", "gap_width", "escapes", "split", "streams"})
+    sparse_only = True
+
+    def parse_header(self, doc: Mapping[str, Any], *, length: int, span: Span, what: str) -> SparseHeader:
+        count = int_field(doc, "count", 1, span.elements, what)
+        gap_width = doc.get("gap_width")
+        if type(gap_width) is not int or gap_width not in (4, 8):
+            raise CorruptError(f"{what}.gap_width must be 4 or 8, got {gap_width!r}"[:200])
+        streams = doc.get("streams")
+        if not isinstance(streams, list):
+            raise CorruptError(f"{what}.streams must be a list")
+        lengths = tuple(int_field({"streams": x}, "streams", 0, length, what) for x in streams)
+        if len(lengths) != 4 or sum(lengths) != length:
+            raise CorruptError(f"{what}: streams {list(lengths)} do not tile {length} bytes")
+        return SparseHeader(
+            count=count,
+            gap_width=gap_width,
+            escapes=int_field(doc, "escapes", 0, count, what),
+            split=int_field(doc, "split", 0, 1 << span.exponent.bits, what),
+            streams=(lengths[0], lengths[1], lengths[2], lengths[3]),
+        )
+
+    def header_dict(self, header: SparseHeader) -> dict[str, Any]:
+        return {
+            "count": header.count,
+            "gap_width": header.gap_width,
+            "escapes": header.escapes,
+            "split": header.split,
+            "streams": list(header.streams),
+        }
+
+    def decoded_bytes(self, header: SparseHeader, span: Span) -> int:
+        return header.count * (header.gap_width + 1) + header.escapes * span.width
+
+    def decode(
+        self, payload: bytes | memoryview, header: SparseHeader, span: Span, old_at: OldAt, what: str
+    ) -> Decoded:
+        return decode(payload, header, span, old_at, what)
+
+
+CODEC = SparseCodec()

@@ -1,8 +1,9 @@
 """How tests/data/golden/run was made (kept for the record: the tests never run this).
 
 The run was written once, by the code of commit b8f1510 (before the store was split into
-layers), and is committed as it came out: every later version of the code must list, audit
-and materialize it bit-exact (tests/test_golden.py). Rerunning this script writes a new run
+layers; this script has since followed the API's renames), and is committed as it came out:
+every later version of the code must list, audit and materialize it bit-exact
+(tests/test_golden.py). Rerunning this script writes a new run
 with whatever code is current, which is *not* a golden run; do that only for a deliberate
 format change, next to the old run, never over it.
 
@@ -56,8 +57,7 @@ def tensors(step: int) -> dict[str, torch.Tensor]:
 
 
 def main(out: str) -> None:
-    from aurora_store.attachments import put_attachment
-    from aurora_store.run import open_run
+    from aurora_store import open_run
 
     key = Ed25519PrivateKey.from_private_bytes(SEED)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -65,8 +65,8 @@ def main(out: str) -> None:
     with open(os.path.join(out, "key.pub"), "wb") as f:
         f.write(pub)
     run = open_run(f"file://{os.path.abspath(out)}/run", signing_key=key, full_every=3, segment_bytes=256)
-    put_attachment(run, "config.json", json.dumps({"model_type": "golden", "hidden_size": 8}).encode())
-    put_attachment(run, "tokenizer.json", b'{"type": "golden"}')
+    run.files.put("config.json", json.dumps({"model_type": "golden", "hidden_size": 8}).encode())
+    run.files.put("tokenizer.json", b'{"type": "golden"}')
     expected = {}
     for step in range(6):
         sd = tensors(step)
@@ -74,7 +74,11 @@ def main(out: str) -> None:
         words = {}
         for name, t in sorted(sd.items()):
             flat = t.contiguous().reshape(-1)
-            raw = flat.view(torch.uint8) if t.dtype == torch.bool else flat.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+            raw = (
+                flat.view(torch.uint8)
+                if t.dtype == torch.bool
+                else flat.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+            )
             words[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
         expected[str(info.version)] = {
             "kind": info.kind,

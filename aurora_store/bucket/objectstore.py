@@ -1,0 +1,243 @@
+"""Object-store I/O over fsspec: immutable puts, capped gets, parallel ranged reads.
+
+Stores know keys (paths relative to a run prefix) and byte ranges only; they never
+parse what they move. Backend exceptions are translated into the store's error family
+by :func:`_translated`, around every backend call, and nowhere else.
+
+Put-if-absent, per backend:
+- ``file://``: the bytes go to a temporary file (``.tmp-...``) in the same directory, then
+  ``os.link`` publishes it under the final name, which fails atomically if the name
+  exists; a reader never sees a partial object.
+- ``memory://``: check-and-set under a process-wide lock (the store is process-local).
+- anything else (``s3://``, ``gs://``, ...): fsspec's ``mode="create"`` (S3
+  ``If-None-Match: *``, GCS ``ifGenerationMatch=0``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError, UnsupportedError
+from aurora_store.format.keys import TMP_PREFIX
+
+_MEMORY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRequest:
+    """Bytes ``[start, stop)`` of object ``key``."""
+
+    key: str
+    start: int
+    stop: int
+
+
+class ObjectStore:
+    """A run prefix on any fsspec filesystem."""
+
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None, *, concurrency: int = 8) -> None:
+        if not isinstance(uri, str) or not uri:
+            raise StoreError(f"store URI must be a non-empty string, got {uri!r}")
+        self.uri = uri.rstrip("/")
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+        except (ValueError, ImportError, TypeError) as exc:
+            raise UnsupportedError(f"cannot open store {uri!r}: {exc}") from None
+        self.root = root.rstrip("/")
+        protocol = self.fs.protocol
+        self.protocol = protocol if isinstance(protocol, str) else protocol[0]
+        self.concurrency = max(1, int(concurrency))
+        self._pool: ThreadPoolExecutor | None = None
+        self._part_pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    # ------------------------------------------------------------ paths
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in ("file", "local")
+
+    # ------------------------------------------------------------ writes
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Write ``data`` under ``key`` unless the key exists. True if written, False if it existed."""
+        path = self.path(key)
+        try:
+            with _translated(self.url(key), creating=True):
+                if self.is_local:
+                    return _local_put_if_absent(path, data)
+                if self.protocol == "memory":
+                    with _MEMORY_LOCK:
+                        if self.fs.exists(path):
+                            return False
+                        self.fs.pipe_file(path, bytes(data))
+                        return True
+                self.fs.pipe_file(path, bytes(data), mode="create")
+                return True
+        except _Exists:
+            return False
+
+    def put_immutable(self, key: str, data: bytes | memoryview, *, verify: Callable[[bytes], bool]) -> bool:
+        """Put-if-absent that tolerates an identical object already there (a retried write).
+
+        Returns True if this call wrote the object. If another object holds the key and
+        ``verify`` rejects its bytes, that is a ConflictError: objects are never rewritten."""
+        if self.put_if_absent(key, data):
+            return True
+        existing = self.get(key, max_bytes=len(data) + 1)
+        if not verify(existing):
+            raise ConflictError(
+                f"{self.url(key)} already exists with different content; objects are immutable", url=self.url(key)
+            )
+        return False
+
+    # ------------------------------------------------------------ reads
+
+    def exists(self, key: str) -> bool:
+        with _translated(self.url(key)):
+            self.fs.invalidate_cache(self.path(key))
+            return bool(self.fs.exists(self.path(key)))
+
+    def size(self, key: str) -> int:
+        with _translated(self.url(key)):
+            self.fs.invalidate_cache(self.path(key))
+            return int(self.fs.size(self.path(key)))
+
+    def get(self, key: str, *, max_bytes: int) -> bytes:
+        """Read a whole object, refusing (without reading it all) one larger than ``max_bytes``."""
+        data = self.get_range(RangeRequest(key, 0, max_bytes + 1))
+        if len(data) > max_bytes:
+            raise LimitError(f"{self.url(key)} is larger than the cap of {max_bytes} bytes", url=self.url(key))
+        return bytes(data)
+
+    def get_range(self, req: RangeRequest) -> bytes:
+        """Bytes of a range; empty when the range starts at or past the object's end."""
+        try:
+            with _translated(self.url(req.key), ranged=True):
+                return bytes(self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop))
+        except _Unsatisfiable:
+            return b""
+
+    def get_sized(self, key: str, size: int, part_bytes: int) -> bytes:
+        """Read an object of known ``size`` with parallel ranged GETs of ``part_bytes``.
+
+        Returns exactly ``size`` bytes or raises: a shorter object is truncated, a longer one
+        is not the object the manifest describes."""
+        parts = [RangeRequest(key, lo, min(lo + part_bytes, size + 1)) for lo in range(0, size + 1, part_bytes)]
+        data = self.get_range(parts[0]) if len(parts) == 1 else b"".join(self.part_pool.map(self.get_range, parts))
+        if len(data) != size:
+            what = "truncated" if len(data) < size else "longer than recorded"
+            raise CorruptError(f"{self.url(key)} is {what}: {len(data)} bytes, manifest says {size}", url=self.url(key))
+        return data
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """Run ``fn`` over ``items`` on the store's I/O pool, yielding results in order."""
+        return self.pool.map(fn, items)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """Workers for whole-object tasks (fetch, verify, decode), ``concurrency`` of them."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="aurora-io")
+            return self._pool
+
+    @property
+    def part_pool(self) -> ThreadPoolExecutor:
+        """Workers for ranged-GET parts only. Separate from :attr:`pool`, whose tasks wait on parts:
+        sharing one pool deadlocks once every worker waits on parts queued behind it."""
+        with self._pool_lock:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="aurora-part")
+            return self._part_pool
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every object key under ``prefix`` (recursive), relative to the run root; a local store's
+        in-flight temporary files are not objects and are never listed."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            with _translated(self.url(prefix)):
+                self.fs.invalidate_cache(base)
+                found = self.fs.find(base)
+        except MissingError:
+            return []
+        root = self.root.lstrip("/") + "/"
+        keys = (p.lstrip("/")[len(root) :] for p in found if p.lstrip("/").startswith(root))
+        return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+
+    def close(self) -> None:
+        with self._pool_lock:
+            for pool in (self._pool, self._part_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._pool = self._part_pool = None
+
+
+def _local_put_if_absent(path: str, data: bytes | memoryview) -> bool:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(path):
+        return False
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+class _Exists(Exception):
+    """A create-only write found the key taken (the backend's own way of saying so)."""
+
+
+class _Unsatisfiable(Exception):
+    """A ranged read started at or past the object's end (HTTP 416)."""
+
+
+@contextmanager
+def _translated(url: str, *, creating: bool = False, ranged: bool = False) -> Iterator[None]:
+    """The one place backend exceptions become the store's: every backend call runs inside it.
+    ``creating``: a create-only write, where "the key exists" is an answer (:class:`_Exists`);
+    ``ranged``: a ranged read, where "nothing at that offset" is one (:class:`_Unsatisfiable`)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        taken = isinstance(exc, FileExistsError) or (
+            isinstance(exc, OSError) and exc.errno == errno.EINVAL and "recondition" in str(exc)
+        )  # S3 412 on If-None-Match, as some servers word it
+        if taken and creating:
+            raise _Exists from None
+        if ranged and isinstance(exc, OSError) and "not satisfiable" in str(exc).lower():
+            raise _Unsatisfiable from None
+        if isinstance(exc, FileExistsError):
+            raise ConflictError(f"{url} already exists", url=url) from exc
+        if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
+            raise MissingError(f"{url} does not exist", url=url) from exc
+        raise StoreError(f"{url}: storage backend error: {type(exc).__name__}: {exc}"[:500], url=url) from exc

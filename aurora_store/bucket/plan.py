@@ -1,0 +1,238 @@
+"""The publish plan: what the next version is, whatever process or rank publishes it.
+
+One decision, made once: the next version's number and parent, full or delta, the layout
+check, the chain budget (a delta chain never costs more to replay than a full copy) and the
+conflict when another publisher got there first. :class:`~aurora_store.bucket.run.Run` drives it
+for a single process; the trainer's sharded publisher decides it on rank 0, sends it to every
+rank as JSON and drives the same plan. Pure policy: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from aurora_store.errors import ConflictError, LayoutError, StoreError
+from aurora_store.format.manifest import Manifest, Parent, Segment, Stats, TensorSpec
+
+Kind = Literal["auto", "full", "delta"]
+KINDS = ("auto", "full", "delta")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """What one publish committed."""
+
+    version: int
+    kind: str
+    bytes: int
+    changed: int
+    elements: int
+    version_hash: str
+    weights_digest: str
+    segments: int
+    seconds: float
+
+    @classmethod
+    def of(cls, m: Manifest, seconds: float) -> VersionInfo:
+        return cls(
+            m.version,
+            m.kind,
+            m.stats.bytes,
+            m.stats.changed,
+            m.stats.elements,
+            m.version_hash,
+            m.weights_digest,
+            len(m.objects),
+            seconds,
+        )
+
+    @property
+    def density(self) -> float:
+        return self.changed / self.elements if self.elements else 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tip:
+    """The last committed version, as the next publish needs it."""
+
+    version: int
+    version_hash: str
+    weights_digest: str
+    chain_bytes: int
+    """Bytes of the deltas since the last full version, this one's included (0 for a full version)."""
+    specs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def of(cls, m: Manifest) -> Tip:
+        return cls(
+            version=m.version,
+            version_hash=m.version_hash,
+            weights_digest=m.weights_digest,
+            chain_bytes=0 if m.kind == "full" else m.stats.chain_bytes,
+            specs=m.tensors,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "version_hash": self.version_hash,
+            "weights_digest": self.weights_digest,
+            "chain_bytes": self.chain_bytes,
+            "specs": [s.to_dict() for s in self.specs],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Tip:
+        specs = tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"])
+        return cls(
+            version=d["version"],
+            version_hash=d["version_hash"],
+            weights_digest=d["weights_digest"],
+            chain_bytes=d["chain_bytes"],
+            specs=specs,
+        )
+
+
+def committed_elsewhere(url: str, version: int) -> ConflictError:
+    """The error for a version another publisher committed first (the next publish reloads)."""
+    return ConflictError(
+        f"{url}: version {version} was committed by another publisher; reload and publish again", url=url
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublishPlan:
+    """The next version: its number, parent, tensor table, and whether it is full."""
+
+    version: int
+    parent: Tip | None
+    specs: tuple[TensorSpec, ...]
+    kind: Kind
+    full: bool
+
+    @property
+    def full_bytes(self) -> int:
+        """Bytes of every tensor's data: what a full copy costs."""
+        return sum(s.numel * s.width for s in self.specs)
+
+    @property
+    def same_layout(self) -> bool:
+        """Whether the tensor table is the parent's (a delta needs it; a full version may change it)."""
+        return self.parent is not None and self.parent.specs == self.specs
+
+    def outgrows(self, delta_bytes: int) -> bool:
+        """Whether a delta of ``delta_bytes`` would make the chain cost more than a full copy (auto only)."""
+        chain = self.parent.chain_bytes if self.parent is not None else 0
+        return self.kind == "auto" and chain + delta_bytes > self.full_bytes
+
+    def as_full(self) -> PublishPlan:
+        return dataclasses.replace(self, full=True)
+
+    def tip_after(self, info: VersionInfo) -> Tip:
+        """The tip once this plan's version is committed as ``info`` says."""
+        chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + info.bytes
+        return Tip(
+            version=self.version,
+            version_hash=info.version_hash,
+            weights_digest=info.weights_digest,
+            chain_bytes=chain,
+            specs=self.specs,
+        )
+
+    def manifest(
+        self,
+        *,
+        segments: tuple[Segment, ...],
+        index: Segment | None,
+        changed: int,
+        weights_digest: str,
+        files: tuple[Segment, ...],
+        step: int | None,
+        meta: Mapping[str, str] | None,
+    ) -> Manifest:
+        """The version's manifest, not yet sealed (hashed and signed), from the objects it names."""
+        if (index is not None) != self.full:
+            raise StoreError(f"version {self.version}: a full version names an index, a delta none")
+        nbytes = sum(e.size for e in segments) + (index.size if index is not None else 0)
+        chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + nbytes
+        return Manifest(
+            version=self.version,
+            kind="full" if self.full else "delta",
+            parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),
+            created=datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            step=step,
+            tensors=self.specs,
+            segments=segments,
+            index=index,
+            stats=Stats(sum(s.numel for s in self.specs), changed, nbytes, chain, self.full_bytes),
+            weights_digest=weights_digest,
+            meta=dict(meta or {}),
+            files=files,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "parent": None if self.parent is None else self.parent.to_dict(),
+            "specs": [s.to_dict() for s in self.specs],
+            "kind": self.kind,
+            "full": self.full,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PublishPlan:
+        return cls(
+            version=d["version"],
+            parent=None if d["parent"] is None else Tip.from_dict(d["parent"]),
+            specs=tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"]),
+            kind=d["kind"],
+            full=d["full"],
+        )
+
+
+def plan_next(
+    tip: Tip | None,
+    specs: tuple[TensorSpec, ...],
+    *,
+    kind: str,
+    full_every: int,
+    version: int | None = None,
+    url: str = "",
+) -> PublishPlan:
+    """Plan the version after ``tip`` (the first one when None) with tensor table ``specs``.
+
+    ``kind`` full or delta forces it; auto makes every version that is a multiple of
+    ``full_every`` full (and the publisher may turn a delta full when :meth:`PublishPlan.outgrows`
+    says so). ``version``, when given, must be the next one, else ConflictError."""
+    if kind not in KINDS:
+        raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+    nxt = 0 if tip is None else tip.version + 1
+    if version is not None and version != nxt:
+        raise ConflictError(f"{url}: asked to publish version {version}, but the next version is {nxt}")
+    if tip is None and kind == "delta":
+        raise LayoutError("version 0 must be full; the first publish of a run cannot be a delta")
+    if tip is not None and tip.specs != specs and kind != "full":
+        raise LayoutError(layout_message(tip.specs, specs, nxt))
+    full = tip is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
+    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full)  # type: ignore[arg-type]
+
+
+def layout_message(old: tuple[TensorSpec, ...], new: tuple[TensorSpec, ...], version: int) -> str:
+    a = {s.name: s for s in old}
+    b = {s.name: s for s in new}
+    diffs = [f"added {n!r}" for n in sorted(b.keys() - a.keys())]
+    diffs += [f"removed {n!r}" for n in sorted(a.keys() - b.keys())]
+    diffs += [
+        f"{n!r} {a[n].dtype}{list(a[n].shape)} -> {b[n].dtype}{list(b[n].shape)}"
+        for n in sorted(a.keys() & b.keys())
+        if a[n] != b[n]
+    ]
+    return (
+        f"version {version}: tensor layout changed since version {version - 1} ({'; '.join(diffs[:5])}"
+        f"{'; ...' if len(diffs) > 5 else ''}); a delta cannot change names, shapes or dtypes: "
+        "publish with kind='full' to start a new chain"
+    )

@@ -1,0 +1,199 @@
+"""Publishing a planned version: each publisher's part, cut-through uploads, its baseline.
+
+A version is published by one or more publishers (a process, or each rank of a sharded
+trainer), each over the elements it owns: a *range* ``[lo, hi)`` of each flattened tensor it
+publishes, the whole tensor for a single process. Each publisher diffs its ranges against its
+:class:`Baseline` (the bits it last published, the only copy of the model it keeps), uploads
+sealed segments while extraction goes on, and reports a :class:`Part`: the objects it wrote,
+the elements it changed and its share of the additive weights digest. The commit
+(:meth:`~aurora_store.bucket.run.Run.commit`) turns the parts into the manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aurora_store import codec
+from aurora_store.bucket.plan import PublishPlan, Tip
+from aurora_store.errors import StoreError
+from aurora_store.format import dtypes
+from aurora_store.format.delta import DeltaBuilder, SealedObject
+from aurora_store.format.digest import Digest, tensor_keys
+from aurora_store.format.manifest import Block, Segment, TensorSpec
+
+Ranges = Mapping[str, tuple[int, int]]
+"""Tensor name -> the flat element range ``[lo, hi)`` a publisher owns (tensors it does not publish are absent)."""
+_DIGEST_CHUNK = 1 << 20
+
+
+def whole(specs: Iterable[TensorSpec]) -> dict[str, tuple[int, int]]:
+    """Every element of every tensor: what a single-process publisher owns."""
+    return {s.name: (0, s.numel) for s in specs if s.numel}
+
+
+@dataclass(slots=True)
+class Part:
+    """One publisher's share of a version."""
+
+    entries: list[Segment]
+    """The objects it uploaded: delta segments, or a full version's shards."""
+    changed: int
+    """Elements of its ranges that differ from the parent (all of them without a comparable parent)."""
+    digest: Digest
+    """Its share of the weights digest: a delta's change to the parent's, a full version's sum over its elements."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON, for a rank to send rank 0 (no pickle crosses ranks)."""
+        kind = "delta" if any(e.blocks for e in self.entries) else "full"
+        return {
+            "entries": [e.to_dict(kind) for e in self.entries],
+            "changed": self.changed,
+            "digest": self.digest.hex(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], specs: tuple[TensorSpec, ...]) -> Part:
+        """The inverse of :meth:`to_dict`, block headers checked by their codecs (``specs``: the plan's)."""
+        entries = []
+        for e in d["entries"]:
+            blocks = tuple(_block(b, specs) for b in e.get("blocks", ()))
+            entries.append(
+                Segment(e["key"], e["size"], e["sha256"], blocks=blocks, tensors=tuple(e.get("tensors", ())))
+            )
+        return cls(entries, int(d["changed"]), Digest.from_hex(d["digest"]))
+
+
+def _block(b: Mapping[str, Any], specs: tuple[TensorSpec, ...]) -> Block:
+    c = codec.get(b["codec"])
+    if c is None:
+        raise StoreError(f"a publisher's part names codec {b['codec']!r}, expected one of {codec.names()}")
+    span = dtypes.dtype(specs[b["tensor"]].dtype).span(b["stop"] - b["start"])
+    header = c.parse_header(b, length=b["length"], span=span, what="a publisher's part: block")
+    return Block(b["tensor"], b["start"], b["stop"], c.name, b["offset"], b["length"], header)
+
+
+@dataclass(slots=True)
+class Baseline:
+    """What a publisher last committed: that version's :class:`Tip`, and the words of its ranges then."""
+
+    tip: Tip
+    ranges: dict[str, tuple[int, int]]
+    words: dict[str, np.ndarray]
+
+    def fits(self, specs: tuple[TensorSpec, ...], ranges: Ranges) -> bool:
+        """Whether it holds exactly these ranges of this tensor table (a delta can be taken against it)."""
+        return self.tip.specs == specs and self.ranges == dict(ranges)
+
+    def advance(self, tip: Tip, words: Mapping[str, np.ndarray], builder: DeltaBuilder | None) -> None:
+        """Move to the version just committed: a delta's changes in place, else a copy of ``words``."""
+        if builder is None:
+            self.words = {k: np.array(v, copy=True) for k, v in words.items()}
+        else:
+            for c in builder.changes:
+                self.words[c.name][c.positions - self.ranges[c.name][0]] = c.new
+        self.tip = tip
+
+
+class Uploads:
+    """The objects of one version uploading on a pool while the publisher goes on (cut-through).
+
+    At most ``max_pending`` are held in memory at once: submitting one more first waits for the
+    oldest. :meth:`wait` returns their manifest entries in submission order, or raises the
+    first upload's error after every upload has finished."""
+
+    def __init__(
+        self, pool: ThreadPoolExecutor, put: Callable[[SealedObject], None], *, max_pending: int | None = None
+    ) -> None:
+        self._pool, self._put, self._max = pool, put, max_pending
+        self._pending: list[Future[None]] = []
+        self._entries: list[Segment] = []
+        self._failure: BaseException | None = None
+
+    def submit(self, obj: SealedObject) -> None:
+        if self._max is not None:
+            while sum(not f.done() for f in self._pending) >= self._max:
+                self._settle(next(f for f in self._pending if not f.done()))
+        self._entries.append(obj.entry)
+        self._pending.append(self._pool.submit(self._put, obj))
+
+    def _settle(self, f: Future[None]) -> None:
+        exc = f.exception()
+        if exc is not None and self._failure is None:
+            self._failure = exc
+
+    def wait(self) -> list[Segment]:
+        for f in self._pending:
+            self._settle(f)
+        self._pending = []
+        if self._failure is not None:
+            raise self._failure
+        return list(self._entries)
+
+
+def delta_part(
+    plan: PublishPlan,
+    base: Baseline,
+    words: Mapping[str, np.ndarray],
+    uploads: Uploads,
+    *,
+    segment_bytes: int,
+    rank: int = 0,
+    world: int = 1,
+    may_abandon: bool = False,
+) -> tuple[Part, DeltaBuilder] | None:
+    """Diff the publisher's ranges (``words``, against ``base``) into segments, uploading each as
+    it is sealed. Rank ``r`` of ``world`` numbers its segments r, r + world, ... so ranks never
+    collide. With ``may_abandon`` it stops, and returns None, as soon as the plan says the chain
+    would outgrow a full copy (objects already uploaded then belong to no manifest)."""
+    builder = DeltaBuilder(plan.version, plan.specs, segment_bytes, first_ordinal=rank, ordinal_step=world)
+    abandoned = False
+    try:
+        for s in plan.specs:
+            if s.name not in base.ranges:
+                continue
+            for obj in builder.add_tensor(s, base.words[s.name], words[s.name], start=base.ranges[s.name][0]):
+                uploads.submit(obj)
+            if may_abandon and plan.outgrows(builder.encoded_bytes):
+                abandoned = True
+                break
+        if not abandoned:
+            for obj in builder.finish():
+                uploads.submit(obj)
+    finally:
+        entries = uploads.wait()  # every upload has finished, or the first error is raised
+    if abandoned:
+        return None
+    return Part(entries, builder.changed, builder.digest_change()), builder
+
+
+def elements_part(
+    specs: tuple[TensorSpec, ...], ranges: Ranges, words: Mapping[str, np.ndarray], base: Baseline | None
+) -> tuple[int, Digest]:
+    """For a full version: how many elements of the ranges changed since ``base`` (all of them
+    when it is not comparable) and the ranges' share of the weights digest (O(elements))."""
+    digest = Digest()
+    changed = 0
+    comparable = base is not None and base.fits(specs, ranges)
+    for s in specs:
+        if s.name not in ranges:
+            continue
+        lo, hi = ranges[s.name]
+        new = words[s.name]
+        keys = tensor_keys(s.name, s.dtype, s.shape)
+        if lo == 0 and hi == s.numel:
+            digest.add_tensor(keys, new)  # whole tensors use every core
+        else:
+            for a in range(0, new.size, _DIGEST_CHUNK):
+                b = min(a + _DIGEST_CHUNK, new.size)
+                digest.add_elements(keys, np.arange(lo + a, lo + b, dtype=np.uint64), new[a:b])
+        changed += int(np.count_nonzero(base.words[s.name] != new)) if comparable and base else hi - lo
+    return changed, digest

@@ -1,0 +1,194 @@
+"""Reading versions: verified manifests, verified objects, full versions and decoded deltas.
+
+Every object is fetched with parallel ranged GETs, its size and SHA-256 checked against the
+manifest before a single byte is decoded. A delta is decoded completely and its weights digest
+checked before anything is written to the target weights, so a failed apply leaves them exactly
+at the old version. An error about an object carries that object's URL. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from aurora_store.bucket.limits import Limits
+from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError
+from aurora_store.format import signing
+from aurora_store.format.blocks import DecodedBlock, OldWords, apply_blocks, decode_block
+from aurora_store.format.digest import Digest
+from aurora_store.format.full import check_index, read_shard
+from aurora_store.format.keys import VERSIONS_DIR, committed_version, manifest_key
+from aurora_store.format.manifest import Manifest, Segment, check_link
+from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.format.weights import WeightState, full_digest
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from aurora_store.bucket.objectstore import ObjectStore
+
+
+@contextmanager
+def about(url: str) -> Iterator[None]:
+    """Errors raised while handling the object at ``url`` name it in :attr:`StoreError.url`."""
+    try:
+        yield
+    except StoreError as exc:
+        if exc.url is None:
+            exc.url = url
+        raise
+
+
+class Reader:
+    """Verified access to one run's versions."""
+
+    def __init__(self, store: ObjectStore, limits: Limits, verify_key: Ed25519PublicKey | None) -> None:
+        self.store = store
+        self.limits = limits
+        self.verify_key = verify_key
+        self._manifests: dict[int, Manifest] = {}
+        self._verified_files: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------ manifests
+
+    def versions(self) -> list[int]:
+        """Versions with a manifest (committed), ascending."""
+        found = (committed_version(key) for key in self.store.list_keys(VERSIONS_DIR))
+        return sorted(v for v in found if v is not None)
+
+    def manifest(self, version: int) -> Manifest:
+        """The verified manifest of ``version`` (parsed, hash-checked, signature-checked)."""
+        if version in self._manifests:
+            return self._manifests[version]
+        return self.manifest_with_bytes(version)[0]
+
+    def manifest_with_bytes(self, version: int) -> tuple[Manifest, bytes]:
+        """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET."""
+        url = self.store.url(manifest_key(version))
+        with about(url):
+            data = self.store.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
+            m = parse_manifest(
+                data,
+                expect_version=version,
+                max_bytes=self.limits.max_manifest_bytes,
+                max_segment_bytes=self.limits.max_segment_bytes,
+                what=url,
+            )
+            if self.verify_key is not None:
+                signing.verify(m, self.verify_key, url)
+        self._manifests[version] = m
+        return m, data
+
+    def chain(self, version: int) -> list[Manifest]:
+        """Manifests from the nearest full version up to ``version``, parent hashes checked."""
+        chain = [self.manifest(version)]
+        while chain[-1].kind != "full":
+            child = chain[-1]
+            assert child.parent is not None
+            try:
+                parent = self.manifest(child.parent.version)
+            except MissingError:
+                url = self.store.url(manifest_key(child.parent.version))
+                raise ChainError(
+                    f"version {child.version} needs version {child.parent.version}, which is missing ({url})", url=url
+                ) from None
+            with about(self.store.url(manifest_key(child.version))):
+                check_link(parent, child)
+            chain.append(parent)
+        chain.reverse()
+        return chain
+
+    # ------------------------------------------------------------ objects
+
+    def fetch(self, seg: Segment) -> bytes:
+        """An object's bytes, verified against its manifest entry."""
+        url = self.store.url(seg.key)
+        with about(url):
+            if seg.size > self.limits.max_segment_bytes:
+                raise LimitError(f"{url}: {seg.size} bytes exceeds the segment cap")
+            data = self.store.get_sized(seg.key, seg.size, self.limits.part_bytes)
+            got = hashlib.sha256(data).hexdigest()
+            if got != seg.sha256:
+                raise CorruptError(f"{url}: sha256 {got}, manifest says {seg.sha256}")
+        return data
+
+    def verify_files(self, m: Manifest) -> None:
+        """Check the attachments ``m`` vouches for (each distinct file once per reader)."""
+        for f in m.files:
+            if (f.key, f.sha256) not in self._verified_files:
+                self.fetch(f)
+                self._verified_files.add((f.key, f.sha256))
+
+    # ------------------------------------------------------------ full versions
+
+    def load_full(self, m: Manifest) -> WeightState:
+        """Every tensor of full version ``m``, from its shards (in parallel), digest checked."""
+        if m.index is not None:
+            url = self.store.url(m.index.key)
+            data = self.fetch(m.index)
+            with about(url):
+                check_index(data, m, url)
+
+        def load(seg: Segment) -> tuple[dict[str, np.ndarray], Digest]:
+            data = self.fetch(seg)
+            with about(self.store.url(seg.key)):
+                words = read_shard(data, m, seg, self.store.url(seg.key))
+            specs = tuple(m.tensors[i] for i in seg.tensors)
+            return words, full_digest(specs, words)  # overlaps with other shards' I/O
+
+        words: dict[str, np.ndarray] = {}
+        digest = Digest()
+        for part, part_digest in self.store.map(load, m.segments):
+            words.update(part)
+            digest.add(part_digest)
+        if digest.hex() != m.weights_digest:
+            raise ChainError(
+                f"version {m.version}: weights digest {digest.hex()}, manifest says {m.weights_digest}",
+                url=self.store.url(manifest_key(m.version)),
+            )
+        return WeightState(m.tensors, words, m.version, m.version_hash, digest)
+
+    # ------------------------------------------------------------ deltas
+
+    def decode_delta(
+        self, m: Manifest, old_at: OldWords, on_segment: Callable[[Segment], None] | None = None
+    ) -> list[DecodedBlock]:
+        """Fetch, verify and decode every segment of a delta (in parallel); nothing is applied.
+
+        ``old_at(name, flat_index)`` gives the weights' words before this version (symbol
+        streams are split by the old elements' exponents)."""
+        cap = self.limits.max_block_decoded_bytes
+
+        def load(seg: Segment) -> list[DecodedBlock]:
+            data = memoryview(self.fetch(seg))
+            url = self.store.url(seg.key)
+            with about(url):
+                out = [decode_block(m, seg, b_i, data, url, cap, old_at) for b_i in range(len(seg.blocks))]
+            if on_segment is not None:
+                on_segment(seg)
+            return out
+
+        blocks: list[DecodedBlock] = []
+        for part in self.store.map(load, m.segments):
+            blocks.extend(part)
+        return blocks
+
+    def apply_delta(self, state: WeightState, m: Manifest, blocks: list[DecodedBlock] | None = None) -> None:
+        """Move ``state`` from ``m``'s parent to ``m``: all or nothing."""
+        url = self.store.url(manifest_key(m.version))
+        if m.parent is None or state.version != m.parent.version or state.version_hash != m.parent.version_hash:
+            raise ChainError(
+                f"version {m.version} applies to version {m.parent.version if m.parent else None}, "
+                f"weights are at {state.version}",
+                url=url,
+            )
+        if state.specs != m.tensors:
+            raise ChainError(f"version {m.version}: tensor table differs from version {state.version}", url=url)
+        if blocks is None:
+            blocks = self.decode_delta(m, state.old_at)
+        with about(url):
+            apply_blocks(state, m, blocks)

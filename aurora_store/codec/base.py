@@ -1,0 +1,104 @@
+"""What every block codec provides. Codecs turn arrays into bytes and back; they never see a
+store, a manifest or a tensor name, only a block's span and its header.
+
+A block's header is the codec's own frozen dataclass (its fields are the block's entries in the
+manifest besides ``tensor``, ``start``, ``stop``, ``codec``, ``offset`` and ``length``); the
+manifest parser hands those entries to :meth:`Codec.parse_header`, which checks them as hostile
+input. Every header has a ``count`` of coded elements.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from aurora_store.errors import CorruptError
+
+
+@dataclass(frozen=True, slots=True)
+class Exponent:
+    """Where a dtype keeps its exponent: ``(word >> shift) & ((1 << bits) - 1)``; bits 0: none."""
+
+    shift: int
+    bits: int
+
+    def of(self, words: np.ndarray) -> np.ndarray:
+        return ((words >> words.dtype.type(self.shift)) & words.dtype.type((1 << self.bits) - 1)).astype(np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The element range a block codes, as its codec sees it."""
+
+    elements: int
+    """Elements in the range (``stop - start``)."""
+    width: int
+    """Bytes per element word."""
+    exponent: Exponent
+    """The exponent field of the element type (``bits == 0`` when it has none)."""
+
+
+class Header(Protocol):
+    @property
+    def count(self) -> int:
+        """Elements the block codes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A block's payload and the header a reader needs to decode it."""
+
+    payload: bytes
+    header: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded block: block-relative positions with word deltas (``delta``) or new words (``words``)."""
+
+    positions: np.ndarray
+    delta: np.ndarray | None
+    words: np.ndarray | None
+
+
+OldAt = Callable[[np.ndarray], np.ndarray]
+"""``old_at(block-relative positions) -> words`` the weights held before this version."""
+
+
+class Codec(ABC):
+    """A block codec, registered by :attr:`name` in :mod:`aurora_store.codec`."""
+
+    name: ClassVar[str]
+    fields: ClassVar[frozenset[str]]
+    """The header's entries in a manifest block."""
+    sparse_only: ClassVar[bool] = False
+    """Only for element types the trainer updates by small steps (floats)."""
+
+    @abstractmethod
+    def parse_header(self, doc: Mapping[str, Any], *, length: int, span: Span, what: str) -> Any:
+        """The header from a manifest block's entries (``fields`` exactly), checked; CorruptError if not."""
+
+    @abstractmethod
+    def header_dict(self, header: Any) -> dict[str, Any]:
+        """The manifest entries of ``header`` (inverse of :meth:`parse_header`)."""
+
+    @abstractmethod
+    def decoded_bytes(self, header: Any, span: Span) -> int:
+        """Bytes decoding would allocate: checked against a cap before any decompression."""
+
+    @abstractmethod
+    def decode(self, payload: bytes | memoryview, header: Any, span: Span, old_at: OldAt, what: str) -> Decoded:
+        """Decode one block; every length is checked before anything is allocated."""
+
+
+def int_field(doc: Mapping[str, Any], name: str, lo: int, hi: int, what: str) -> int:
+    """Entry ``name`` of a hostile header as an integer in ``[lo, hi]``."""
+    v = doc.get(name)
+    if type(v) is not int or not lo <= v <= hi:
+        raise CorruptError(f"{what}.{name} must be an integer in [{lo}, {hi}], got {v!r}"[:300])
+    return v

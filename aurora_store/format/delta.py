@@ -1,0 +1,148 @@
+"""Building a delta version: changed elements become blocks, blocks fill segments.
+
+Pure computation over word arrays; no I/O. ``DeltaBuilder.add_tensor`` yields each
+segment as soon as it is sealed, so a caller can upload it while extraction goes on
+(cut-through); ``finish`` seals the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aurora_store.codec import dense, frames, sparse
+from aurora_store.codec.base import Encoded
+from aurora_store.errors import StoreError
+from aurora_store.format import dtypes
+from aurora_store.format.digest import Digest, tensor_keys
+from aurora_store.format.keys import object_key
+from aurora_store.format.manifest import Block, Segment, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SealedObject:
+    """An object ready to upload and the manifest entry that describes it."""
+
+    entry: Segment
+    data: bytes
+
+
+@dataclass(slots=True)
+class Change:
+    """Elements of one tensor that changed: flat positions with their old and new words."""
+
+    name: str
+    positions: np.ndarray
+    old: np.ndarray
+    new: np.ndarray
+
+
+def seal(version: int, ordinal: int, data: bytes, suffix: str, **entry: Any) -> SealedObject:
+    """``data`` as object ``ordinal`` of ``version`` under its content-addressed key."""
+    sha = hashlib.sha256(data).hexdigest()
+    return SealedObject(Segment(object_key(version, ordinal, sha, suffix), len(data), sha, **entry), data)
+
+
+@dataclass(slots=True)
+class DeltaBuilder:
+    version: int
+    specs: tuple[TensorSpec, ...]
+    segment_bytes: int = 4 << 20
+    level: int = frames.DEFAULT_LEVEL
+    first_ordinal: int = 0
+    """Ordinal (in the key) of the first sealed segment."""
+    ordinal_step: int = 1
+    """Ordinal increment between segments: a sharded publisher's rank r of W numbers its segments
+    r, r + W, r + 2W, ... so keys from different ranks of one version never collide."""
+    changes: list[Change] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict)
+    _parts: list[bytes] = field(default_factory=list)
+    _blocks: list[Block] = field(default_factory=list)
+    _fill: int = 0
+    _sealed: int = 0
+    _sealed_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self._index = {s.name: i for i, s in enumerate(self.specs)}
+
+    @property
+    def encoded_bytes(self) -> int:
+        """Bytes of every block encoded so far (sealed or not)."""
+        return self._sealed_bytes + self._fill
+
+    @property
+    def changed(self) -> int:
+        return sum(int(c.positions.size) for c in self.changes)
+
+    def add_tensor(self, spec: TensorSpec, old: np.ndarray, new: np.ndarray, start: int = 0) -> Iterator[SealedObject]:
+        """Diff one tensor (flat word arrays) and yield any segments this fills.
+
+        ``old`` and ``new`` may be a slice of the tensor, flat elements [start, start + len(new))
+        (a rank's shard): the blocks then tile that range only, and ``changes`` hold flat positions
+        in the whole tensor."""
+        if start < 0 or old.size != new.size or start + new.size > spec.numel:
+            raise StoreError(f"{spec.name}: elements [{start}, {start + new.size}) are not inside [0, {spec.numel})")
+        positions = sparse.changed_positions(old, new)
+        if positions.size == 0:
+            return
+        self.changes.append(Change(spec.name, positions + start, old[positions], new[positions]))
+        t = self._index[spec.name]
+        if dtypes.dtype(spec.dtype).sparse:
+            yield from self._add_sparse(t, spec, positions, old, new, start)
+        else:
+            yield from self._add_dense(t, spec, new, start)
+
+    def _add_sparse(
+        self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray, new: np.ndarray, base: int
+    ) -> Iterator[SealedObject]:
+        """Sparse blocks tiling [base, base + len(new)); ``positions`` are relative to ``base``."""
+        per_block = max(1, self.segment_bytes)
+        exponent = dtypes.dtype(spec.dtype).exponent
+        start = 0
+        for lo in range(0, positions.size, per_block):
+            chunk = positions[lo : lo + per_block]
+            stop = new.size if lo + per_block >= positions.size else int(chunk[-1]) + 1
+            rel = chunk - start if start else chunk
+            enc = sparse.encode(rel, old[chunk], new[chunk], exponent, self.level)
+            yield from self._append(enc, t, base + start, base + stop, sparse.NAME)
+            start = stop
+
+    def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray, base: int) -> Iterator[SealedObject]:
+        per_block = max(1, self.segment_bytes // spec.width)
+        for start in range(0, new.size, per_block):
+            stop = min(new.size, start + per_block)
+            yield from self._append(dense.encode(new[start:stop], self.level), t, base + start, base + stop, dense.NAME)
+
+    def _append(self, enc: Encoded, t: int, start: int, stop: int, codec: str) -> Iterator[SealedObject]:
+        if self._fill and self._fill + len(enc.payload) > self.segment_bytes:
+            yield self._seal()
+        self._blocks.append(Block(t, start, stop, codec, self._fill, len(enc.payload), enc.header))
+        self._parts.append(enc.payload)
+        self._fill += len(enc.payload)
+        if self._fill >= self.segment_bytes:
+            yield self._seal()
+
+    def _seal(self) -> SealedObject:
+        ordinal = self.first_ordinal + self._sealed * self.ordinal_step
+        obj = seal(self.version, ordinal, b"".join(self._parts), "seg", blocks=tuple(self._blocks))
+        self._parts, self._blocks, self._fill = [], [], 0
+        self._sealed += 1
+        self._sealed_bytes += obj.entry.size
+        return obj
+
+    def digest_change(self) -> Digest:
+        """What the changes so far add to the parent's weights digest (digests are additive)."""
+        change = Digest()
+        specs = {s.name: s for s in self.specs}
+        for c in self.changes:
+            s = specs[c.name]
+            change.update(tensor_keys(s.name, s.dtype, s.shape), c.positions, c.old, c.new)
+        return change
+
+    def finish(self) -> Iterator[SealedObject]:
+        if self._blocks:
+            yield self._seal()

@@ -1,0 +1,110 @@
+"""Where every object of a run lives: the one place key names are made and checked.
+
+A run is a prefix in a bucket. Under it (see docs/FORMAT.md, "Layout"):
+
+- ``versions/NNNNNNNNNN/manifest.json``: a version's manifest; its existence is the commit;
+- ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.seg``: a delta segment, content-addressed;
+- ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.safetensors``: a full version's shard;
+- ``versions/NNNNNNNNNN/model.safetensors.index-<sha256[:32]>.json``: its HF-style index;
+- ``files/<name>``: a run-level attachment (config.json, tokenizer files);
+- ``trainer/state-NNNNNNNNNN/...``: the trainer's resumable state, ``state.json`` last.
+
+Names starting with ``.tmp-`` are in-flight temporary files of a local store: never objects.
+Pure string rules, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aurora_store.errors import CorruptError
+
+MAX_VERSION = 10**10 - 1
+"""Versions are ten-digit directory names."""
+VERSIONS_DIR = "versions"
+MANIFEST = "manifest.json"
+FILES_DIR = "files"
+STATE_DIR = "trainer"
+STATE_COMMIT = "state.json"
+"""The trainer state's commit marker, written last."""
+INDEX_NAME = "model.safetensors.index.json"
+TMP_PREFIX = ".tmp-"
+"""Prefix of a local store's temporary files; no object is ever named with it."""
+
+_KEY_RE = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
+_VERSION_DIR = re.compile(r"[0-9]{10}")
+
+
+def version_dir(version: int) -> str:
+    return f"{VERSIONS_DIR}/{version:010d}"
+
+
+def manifest_key(version: int) -> str:
+    return f"{version_dir(version)}/{MANIFEST}"
+
+
+def object_key(version: int, ordinal: int, sha256: str, suffix: str) -> str:
+    """A segment's or shard's content-addressed key: a retried publish with other bytes never
+    collides with a crashed one."""
+    return f"{version_dir(version)}/{ordinal:05d}-{sha256[:32]}.{suffix}"
+
+
+def index_key(version: int, sha256: str) -> str:
+    return f"{version_dir(version)}/{INDEX_NAME.removesuffix('.json')}-{sha256[:32]}.json"
+
+
+def file_key(name: str) -> str:
+    return f"{FILES_DIR}/{name}"
+
+
+def state_dir(version: int) -> str:
+    return f"{STATE_DIR}/state-{version:010d}"
+
+
+def committed_version(key: str) -> int | None:
+    """The version whose manifest ``key`` is, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == VERSIONS_DIR and parts[2] == MANIFEST and _VERSION_DIR.fullmatch(parts[1]):
+        return int(parts[1])
+    return None
+
+
+def committed_state(key: str) -> int | None:
+    """The version whose trainer-state commit marker ``key`` is, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == STATE_DIR and parts[2] == STATE_COMMIT and parts[1].startswith("state-"):
+        digits = parts[1].removeprefix("state-")
+        if _VERSION_DIR.fullmatch(digits):
+            return int(digits)
+    return None
+
+
+def is_file_name(name: object) -> bool:
+    """Whether ``name`` is a plain file name of ``[A-Za-z0-9._-]``, not starting with '.'."""
+    return isinstance(name, str) and _FILE_NAME.fullmatch(name) is not None
+
+
+def check_file_name(name: str, what: str) -> str:
+    """An attachment name: a plain file name such as ``tokenizer_config.json``."""
+    if not is_file_name(name):
+        raise CorruptError(
+            f"{what}: attachment name {name!r} must be a plain file name of [A-Za-z0-9._-] (not starting with '.')"[
+                :300
+            ]
+        )
+    return name
+
+
+def check_key(key: str, version: int, what: str) -> str:
+    """A key named by a manifest must be a plain relative path inside its version's directory."""
+    prefix = version_dir(version) + "/"
+    if (
+        not isinstance(key, str)
+        or len(key) > 512
+        or not _KEY_RE.fullmatch(key)
+        or any(part in (".", "..") for part in key.split("/"))
+        or not key.startswith(prefix)
+    ):
+        raise CorruptError(f"{what}: key {key!r} escapes the run prefix (must be a plain path under {prefix!r})")
+    return key

@@ -1,0 +1,200 @@
+"""Version manifests: frozen dataclasses and their canonical JSON.
+
+A manifest is one canonical JSON object (sorted keys, no whitespace, ASCII, integers
+only: no floats). ``version_hash`` is the SHA-256 of the canonical encoding of every
+other field except ``signature``; ``parent`` carries the parent's version hash, so
+the hashes chain. Untrusted bytes become a :class:`Manifest` only through
+:func:`aurora_store.format.manifest_parser.parse_manifest`. No I/O and no torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aurora_store import codec
+from aurora_store.errors import ChainError
+from aurora_store.format import dtypes
+
+FORMAT = "aurora/1"
+
+
+def canonical(obj: Any) -> bytes:
+    """The one byte encoding that hashes and signatures cover."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def width(self) -> int:
+        return dtypes.dtype(self.dtype).width
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A range ``[start, stop)`` of one tensor's elements, coded inside a segment."""
+
+    tensor: int
+    """Index into the manifest's tensor table."""
+    start: int
+    stop: int
+    codec: str
+    """The codec's registered name (:mod:`aurora_store.codec`)."""
+    offset: int
+    """Byte offset of the block's payload in its segment."""
+    length: int
+    header: Any
+    """The codec's header (``count`` and whatever else it needs to decode the payload)."""
+
+    @property
+    def count(self) -> int:
+        """Elements the block codes."""
+        return int(self.header.count)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = codec.get(self.codec)
+        assert c is not None, f"block codec {self.codec!r} is not registered"
+        return {
+            "tensor": self.tensor,
+            "start": self.start,
+            "stop": self.stop,
+            "codec": self.codec,
+            "offset": self.offset,
+            "length": self.length,
+            **c.header_dict(self.header),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One immutable object of a version: a delta segment or a safetensors shard."""
+
+    key: str
+    size: int
+    sha256: str
+    blocks: tuple[Block, ...] = ()
+    tensors: tuple[int, ...] = ()
+
+    def to_dict(self, kind: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"key": self.key, "size": self.size, "sha256": self.sha256}
+        if kind == "delta":
+            d["blocks"] = [b.to_dict() for b in self.blocks]
+        else:
+            d["tensors"] = list(self.tensors)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    version: int
+    version_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    elements: int
+    changed: int
+    bytes: int
+    chain_bytes: int
+    full_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "elements": self.elements,
+            "changed": self.changed,
+            "bytes": self.bytes,
+            "chain_bytes": self.chain_bytes,
+            "full_bytes": self.full_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    alg: str
+    key_id: str
+    sig: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"alg": self.alg, "key_id": self.key_id, "sig": self.sig}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    version: int
+    kind: str
+    parent: Parent | None
+    created: str
+    step: int | None
+    tensors: tuple[TensorSpec, ...]
+    segments: tuple[Segment, ...]
+    index: Segment | None
+    stats: Stats
+    weights_digest: str
+    meta: dict[str, str] = field(default_factory=dict)
+    files: tuple[Segment, ...] = ()
+    """The run's attached files (config, tokenizer) at publish time, so the signature covers them."""
+    version_hash: str = ""
+    signature: Signature | None = None
+
+    def body(self) -> dict[str, Any]:
+        """Every field the version hash covers."""
+        return {
+            "format": FORMAT,
+            "version": self.version,
+            "kind": self.kind,
+            "parent": None
+            if self.parent is None
+            else {"version": self.parent.version, "version_hash": self.parent.version_hash},
+            "created": self.created,
+            "step": self.step,
+            "tensors": [t.to_dict() for t in self.tensors],
+            "segments": [s.to_dict(self.kind) for s in self.segments],
+            "index": None if self.index is None else self.index.to_dict("full"),
+            "stats": self.stats.to_dict(),
+            "weights_digest": self.weights_digest,
+            "meta": dict(self.meta),
+            "files": [f.to_dict("full") | {"tensors": []} for f in self.files],
+        }
+
+    def compute_hash(self) -> str:
+        return hashlib.sha256(canonical(self.body())).hexdigest()
+
+    def to_bytes(self) -> bytes:
+        doc = self.body()
+        doc["version_hash"] = self.version_hash
+        doc["signature"] = None if self.signature is None else self.signature.to_dict()
+        return canonical(doc)
+
+    @property
+    def objects(self) -> tuple[Segment, ...]:
+        """Every object the manifest names (segments, then the index of a full version)."""
+        return self.segments + ((self.index,) if self.index is not None else ())
+
+
+def check_link(parent: Manifest, child: Manifest) -> None:
+    """``child`` names ``parent`` by its hash, and a delta keeps its parent's tensor table."""
+    if child.parent is None or child.parent.version_hash != parent.version_hash:
+        raise ChainError(
+            f"version {child.version} names parent hash "
+            f"{child.parent.version_hash if child.parent else None}, version {parent.version} "
+            f"has {parent.version_hash}"
+        )
+    if child.kind == "delta" and child.tensors != parent.tensors:
+        raise ChainError(f"delta version {child.version} changes the tensor table of version {parent.version}")

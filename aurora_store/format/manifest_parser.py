@@ -1,0 +1,313 @@
+"""The manifest parser: every byte of a manifest is hostile until proven otherwise.
+
+Order of checks: size cap, then JSON with no floats, NaNs or repeated fields, then
+strict types and field sets, then ranges and coverage (blocks tile their segment,
+ranges stay inside their tensor, shards hold every tensor once), then the hash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from aurora_store import codec
+from aurora_store.errors import CorruptError, LimitError, StoreError
+from aurora_store.format import dtypes
+from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_key, manifest_key
+from aurora_store.format.manifest import FORMAT, Block, Manifest, Parent, Segment, Signature, Stats, TensorSpec
+
+MAX_ELEMENTS = 1 << 48
+HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX32 = re.compile(r"[0-9a-f]{32}")
+KEY_ID = re.compile(r"[0-9a-f]{16}")
+B64_SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
+_COMMON = frozenset({"tensor", "start", "stop", "codec", "offset", "length"})
+
+
+class _Reader:
+    """Typed accessors over an untrusted JSON object, naming the manifest in errors."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, msg: str) -> CorruptError:
+        return CorruptError(f"{self.what}: {msg}")
+
+    def obj(
+        self, v: Any, name: str, keys: AbstractSet[str], optional: AbstractSet[str] = frozenset()
+    ) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.fail(f"{name} must be an object")
+        missing = keys - v.keys()
+        extra = v.keys() - keys - optional
+        if missing or extra:
+            raise self.fail(f"{name} has missing fields {sorted(missing)} / unknown fields {sorted(extra)}")
+        return v
+
+    def int_(self, v: Any, name: str, lo: int = 0, hi: int = 1 << 62) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise self.fail(f"{name} must be an integer in [{lo}, {hi}], got {v!r}"[:300])
+        return v
+
+    def str_(self, v: Any, name: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
+        if not isinstance(v, str) or len(v) > max_len or (pattern is not None and not pattern.fullmatch(v)):
+            raise self.fail(
+                f"{name} must be a string{' matching ' + pattern.pattern if pattern else ''}, got {v!r}"[:300]
+            )
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.fail(f"{name} is not valid Unicode") from None
+        return v
+
+    def list_(self, v: Any, name: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.fail(f"{name} must be a list")
+        return v
+
+
+def _no_floats(text: str) -> Any:
+    raise CorruptError(f"manifest contains a non-integer number {text!r}")
+
+
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise CorruptError(f"manifest repeats field {k!r}")
+        out[k] = v
+    return out
+
+
+def parse_manifest(
+    data: bytes,
+    *,
+    expect_version: int | None = None,
+    max_bytes: int = 64 << 20,
+    max_segment_bytes: int = 4 << 30,
+    what: str | None = None,
+) -> Manifest:
+    """Parse untrusted manifest bytes; ``what`` (the object's URL) prefixes every error."""
+    if what is None:
+        what = "manifest" if expect_version is None else manifest_key(expect_version)
+    if len(data) > max_bytes:
+        raise LimitError(f"{what}: {len(data)} bytes exceeds the manifest cap of {max_bytes}")
+    try:
+        doc = json.loads(
+            data.decode("utf-8"),
+            parse_float=_no_floats,
+            parse_constant=_no_floats,
+            object_pairs_hook=_no_dupes,
+        )
+    except StoreError as exc:
+        raise CorruptError(f"{what}: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"{what}: not valid JSON ({exc})"[:400]) from None
+    r = _Reader(what)
+    top = {
+        "files",
+        "format",
+        "version",
+        "kind",
+        "parent",
+        "created",
+        "step",
+        "tensors",
+        "segments",
+        "index",
+        "stats",
+        "weights_digest",
+        "meta",
+        "version_hash",
+        "signature",
+    }
+    r.obj(doc, "manifest", top)
+    if doc["format"] != FORMAT:
+        raise r.fail(f"format {doc['format']!r}, expected {FORMAT!r}")
+    version = r.int_(doc["version"], "version", 0, MAX_VERSION)
+    if expect_version is not None and version != expect_version:
+        raise r.fail(f"declares version {version}, expected {expect_version}")
+    kind = doc["kind"]
+    if kind not in ("full", "delta"):
+        raise r.fail(f"kind {kind!r}, expected 'full' or 'delta'")
+    if version == 0 and kind != "full":
+        raise r.fail("version 0 must be full")
+    parent = None
+    if doc["parent"] is None:
+        if version != 0:
+            raise r.fail("only version 0 may have no parent")
+    else:
+        p = r.obj(doc["parent"], "parent", {"version", "version_hash"})
+        parent = Parent(
+            r.int_(p["version"], "parent.version", 0, MAX_VERSION),
+            r.str_(p["version_hash"], "parent.version_hash", HEX64),
+        )
+        if parent.version != version - 1:
+            raise r.fail(f"parent is version {parent.version}, expected {version - 1}")
+    created = r.str_(doc["created"], "created", max_len=64)
+    step = None if doc["step"] is None else r.int_(doc["step"], "step")
+    tensors = _parse_tensors(r, doc["tensors"])
+    segments = tuple(
+        _parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
+        for i, s in enumerate(r.list_(doc["segments"], "segments"))
+    )
+    index = None
+    if kind == "full":
+        if doc["index"] is None:
+            raise r.fail("a full version must name its safetensors index")
+        ix = r.obj(doc["index"], "index", {"key", "size", "sha256", "tensors"})
+        if ix["tensors"] != []:
+            raise r.fail("index.tensors must be an empty list")
+        index = Segment(
+            check_key(ix["key"], version, what),
+            r.int_(ix["size"], "index.size", 0, max_segment_bytes),
+            r.str_(ix["sha256"], "index.sha256", HEX64),
+        )
+        _check_shard_coverage(r, segments, tensors)
+    elif doc["index"] is not None:
+        raise r.fail("a delta version has no index")
+    else:
+        _check_block_coverage(r, segments, tensors)
+    keys = [s.key for s in segments] + ([index.key] if index else [])
+    if len(set(keys)) != len(keys) or manifest_key(version) in keys:
+        raise r.fail("names an object twice (or names the manifest itself)")
+    st = r.obj(doc["stats"], "stats", {"elements", "changed", "bytes", "chain_bytes", "full_bytes"})
+    stats = Stats(*(r.int_(st[k], f"stats.{k}") for k in ("elements", "changed", "bytes", "chain_bytes", "full_bytes")))
+    if stats.elements != sum(t.numel for t in tensors):
+        raise r.fail(f"stats.elements {stats.elements} does not match the tensor table")
+    digest = r.str_(doc["weights_digest"], "weights_digest", HEX32)
+    meta = doc["meta"]
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise r.fail("meta must map strings to strings")
+    files = tuple(_parse_file(r, f, i, max_segment_bytes) for i, f in enumerate(r.list_(doc["files"], "files")))
+    if [f.key for f in files] != sorted({f.key for f in files}):
+        raise r.fail("files must be unique and sorted by key")
+    signature = None
+    if doc["signature"] is not None:
+        s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
+        signature = Signature(
+            r.str_(s["alg"], "signature.alg", re.compile("ed25519")),
+            r.str_(s["key_id"], "signature.key_id", KEY_ID),
+            r.str_(s["sig"], "signature.sig", B64_SIG),
+        )
+    m = Manifest(
+        version,
+        kind,
+        parent,
+        created,
+        step,
+        tensors,
+        segments,
+        index,
+        stats,
+        digest,
+        dict(meta),
+        files,
+        r.str_(doc["version_hash"], "version_hash", HEX64),
+        signature,
+    )
+    if m.compute_hash() != m.version_hash:
+        raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
+    return m
+
+
+def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
+    out = []
+    for i, t in enumerate(r.list_(raw, "tensors")):
+        t = r.obj(t, f"tensors[{i}]", {"name", "dtype", "shape"})
+        name = r.str_(t["name"], f"tensors[{i}].name", max_len=1024)
+        if not name:
+            raise r.fail(f"tensors[{i}] has an empty name")
+        try:
+            dtypes.dtype(t["dtype"])
+        except StoreError as exc:
+            raise r.fail(f"tensors[{i}]: {exc}") from None
+        shape = tuple(
+            r.int_(s, f"tensors[{i}].shape", 0, MAX_ELEMENTS) for s in r.list_(t["shape"], f"tensors[{i}].shape")
+        )
+        if len(shape) > 64:
+            raise r.fail(f"tensors[{i}] has {len(shape)} dimensions")
+        spec = TensorSpec(name, t["dtype"], shape)
+        if spec.numel > MAX_ELEMENTS:
+            raise LimitError(f"{r.what}: tensor {name!r} has {spec.numel} elements, over the cap")
+        out.append(spec)
+    names = [t.name for t in out]
+    if names != sorted(set(names)):
+        raise r.fail("tensor names must be unique and sorted")
+    return tuple(out)
+
+
+def _parse_segment(
+    r: _Reader, raw: Any, i: int, kind: str, version: int, tensors: tuple[TensorSpec, ...], max_segment_bytes: int
+) -> Segment:
+    name = f"segments[{i}]"
+    s = r.obj(raw, name, {"key", "size", "sha256", "blocks" if kind == "delta" else "tensors"})
+    key = check_key(s["key"], version, r.what)
+    size = s["size"]
+    if type(size) is int and size > max_segment_bytes:
+        raise LimitError(f"{r.what}: {name} {key} is {size} bytes, over the segment cap of {max_segment_bytes}")
+    size = r.int_(size, f"{name}.size")
+    sha = r.str_(s["sha256"], f"{name}.sha256", HEX64)
+    if kind == "full":
+        idx = tuple(r.int_(t, f"{name}.tensors", 0, len(tensors) - 1) for t in r.list_(s["tensors"], f"{name}.tensors"))
+        return Segment(key, size, sha, tensors=idx)
+    blocks = []
+    offset = 0
+    for j, b in enumerate(r.list_(s["blocks"], f"{name}.blocks")):
+        bn = f"{name}.blocks[{j}]"
+        if not isinstance(b, dict):
+            raise r.fail(f"{bn} must be an object")
+        name_ = b.get("codec")
+        c = codec.get(name_)
+        if c is None:
+            raise r.fail(f"{bn}: codec {name_!r}, expected one of {codec.names()}"[:300])
+        b = r.obj(b, bn, _COMMON | c.fields)
+        t = r.int_(b["tensor"], f"{bn}.tensor", 0, len(tensors) - 1)
+        spec = tensors[t]
+        start = r.int_(b["start"], f"{bn}.start", 0, spec.numel)
+        stop = r.int_(b["stop"], f"{bn}.stop", start + 1 if spec.numel else 0, spec.numel)
+        if stop <= start:
+            raise r.fail(f"{bn} covers no elements of {spec.name!r}")
+        off = r.int_(b["offset"], f"{bn}.offset")
+        length = r.int_(b["length"], f"{bn}.length", 1, size)
+        if off != offset:
+            raise r.fail(f"{bn} starts at byte {off}, expected {offset} (blocks must tile the segment)")
+        offset += length
+        dt = dtypes.dtype(spec.dtype)
+        if c.sparse_only and not dt.sparse:
+            raise r.fail(f"{bn}: {c.name} coding is not allowed for dtype {spec.dtype}")
+        header = c.parse_header(b, length=length, span=dt.span(stop - start), what=f"{r.what}: {bn}")
+        blocks.append(Block(t, start, stop, c.name, off, length, header))
+    if offset != size:
+        raise r.fail(f"{name} {key}: blocks cover {offset} bytes of {size}")
+    return Segment(key, size, sha, blocks=tuple(blocks))
+
+
+def _check_shard_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tuple[TensorSpec, ...]) -> None:
+    seen = sorted(t for s in segments for t in s.tensors)
+    if seen != list(range(len(tensors))):
+        raise r.fail("shards must hold every tensor exactly once")
+
+
+def _check_block_coverage(r: _Reader, segments: tuple[Segment, ...], tensors: tuple[TensorSpec, ...]) -> None:
+    ranges = sorted((b.tensor, b.start, b.stop) for s in segments for b in s.blocks)
+    for (t0, _, e0), (t1, s1, _) in itertools.pairwise(ranges):
+        if t0 == t1 and s1 < e0:
+            raise r.fail(f"blocks of tensor {tensors[t0].name!r} overlap at element {s1}")
+
+
+def _parse_file(r: _Reader, raw: Any, i: int, max_bytes: int) -> Segment:
+    f = r.obj(raw, f"files[{i}]", {"key", "size", "sha256", "tensors"})
+    key = r.str_(f["key"], f"files[{i}].key", max_len=512)
+    prefix, _, name = key.partition("/")
+    if prefix != FILES_DIR:
+        raise CorruptError(f"{r.what}: files[{i}] key {key!r} escapes the run prefix (must be {FILES_DIR}/<name>)")
+    check_file_name(name, r.what)
+    if f["tensors"] != []:
+        raise r.fail(f"files[{i}].tensors must be an empty list")
+    return Segment(
+        key, r.int_(f["size"], f"files[{i}].size", 0, max_bytes), r.str_(f["sha256"], f"files[{i}].sha256", HEX64)
+    )

@@ -1,0 +1,112 @@
+"""Ed25519 signatures over manifests.
+
+The signed message is ``b"aurora-manifest/1\\0" + bytes.fromhex(version_hash)``; the
+version hash covers every other field, so the signature covers the whole manifest
+and, through the parent hash, the chain. Keys may be given as cryptography key
+objects, raw 32-byte keys, or PEM bytes/files.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import os
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from aurora_store.errors import StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.format.manifest import Manifest, Signature
+
+_DOMAIN = b"aurora-manifest/1\0"
+SigningKeyLike = Ed25519PrivateKey | bytes | str | os.PathLike[str]
+VerifyKeyLike = Ed25519PublicKey | Ed25519PrivateKey | bytes | str | os.PathLike[str]
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    return hashlib.sha256(_raw_public(key)).hexdigest()[:16]
+
+
+def _read(material: bytes | str | os.PathLike[str]) -> bytes:
+    if isinstance(material, bytes):
+        return material
+    try:
+        with open(material, "rb") as f:
+            return f.read(1 << 16)
+    except OSError as exc:
+        raise StoreError(f"cannot read key file {os.fspath(material)!r}: {exc.strerror or exc}") from None
+
+
+def load_signing_key(key: SigningKeyLike) -> Ed25519PrivateKey:
+    if isinstance(key, Ed25519PrivateKey):
+        return key
+    raw = _read(key)
+    if len(raw) == 32:
+        return Ed25519PrivateKey.from_private_bytes(raw)
+    try:
+        loaded = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"signing key is neither 32 raw bytes nor an unencrypted PEM private key ({exc})") from None
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise UnsupportedError("signing key must be an Ed25519 private key")
+    return loaded
+
+
+def load_verify_key(key: VerifyKeyLike) -> Ed25519PublicKey:
+    if isinstance(key, Ed25519PublicKey):
+        return key
+    if isinstance(key, Ed25519PrivateKey):
+        return key.public_key()
+    raw = _read(key)
+    if len(raw) == 32:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    try:
+        loaded = serialization.load_pem_public_key(raw)
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"verify key is neither 32 raw bytes nor a PEM public key ({exc})") from None
+    if not isinstance(loaded, Ed25519PublicKey):
+        raise UnsupportedError("verify key must be an Ed25519 public key")
+    return loaded
+
+
+def generate_keypair() -> tuple[bytes, bytes]:
+    """A new (private PEM, public PEM) pair, for ``aurora keygen`` and tests."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return private, public
+
+
+def sign(version_hash: str, key: Ed25519PrivateKey) -> Signature:
+    sig = key.sign(_DOMAIN + bytes.fromhex(version_hash))
+    return Signature("ed25519", key_id(key.public_key()), base64.b64encode(sig).decode())
+
+
+def seal(m: Manifest, key: Ed25519PrivateKey | None) -> Manifest:
+    """``m`` with its version hash set and, when a key is given, its signature."""
+    m = dataclasses.replace(m, version_hash=m.compute_hash())
+    return m if key is None else dataclasses.replace(m, signature=sign(m.version_hash, key))
+
+
+def verify(manifest: Manifest, key: Ed25519PublicKey, what: str) -> None:
+    """Raise UnauthenticatedError unless ``manifest`` carries a valid signature by ``key``."""
+    s = manifest.signature
+    if s is None:
+        raise UnauthenticatedError(f"{what}: manifest is unsigned but a verify key was given")
+    if s.alg != "ed25519":
+        raise UnauthenticatedError(f"{what}: signature algorithm {s.alg!r}, expected 'ed25519'")
+    if s.key_id != key_id(key):
+        raise UnauthenticatedError(f"{what}: signed by key {s.key_id}, expected {key_id(key)}")
+    try:
+        raw = base64.b64decode(s.sig, validate=True)
+        key.verify(raw, _DOMAIN + bytes.fromhex(manifest.version_hash))
+    except (InvalidSignature, ValueError):
+        raise UnauthenticatedError(f"{what}: signature does not verify with key {key_id(key)}") from None

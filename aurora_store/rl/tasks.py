@@ -1,0 +1,121 @@
+"""RL tasks: prompts with a verifiable answer and an exact-match reward. No torch, no I/O.
+
+A task is any object with ``name``, ``prompts(rng, n)``, ``reward(prompt, completion)`` and
+``demos(rng, n)`` (prompt/answer pairs for the short supervised warm start). The trainer
+draws prompts from it and the actors score completions with it, so both name it the same
+way: a built-in name (``arith``, ``reverse``) or ``package.module:factory``, where
+``factory()`` returns the task. Prompts travel inside jobs as JSON, so a task's prompts
+must be plain strings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
+
+from aurora_store.rl.errors import TaskError
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt: ``text`` goes to the model, ``answer`` to the reward function only."""
+
+    id: str
+    text: str
+    answer: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "text": self.text, "answer": self.answer}
+
+    @classmethod
+    def from_dict(cls, d: object) -> Prompt:
+        if not isinstance(d, dict) or not all(isinstance(d.get(k), str) for k in ("id", "text", "answer")):
+            raise TaskError(f"a prompt is an object with string id, text and answer; got {str(d)[:120]!r}")
+        return cls(d["id"], d["text"], d["answer"])
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def prompts(self, rng: random.Random, n: int) -> list[Prompt]: ...
+
+    def reward(self, prompt: Prompt, completion: str) -> float: ...
+
+    def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]: ...
+
+
+class ExactMatch(ABC):
+    """A task whose prompts each have one right answer: reward 1 for it (whitespace aside), else 0.
+    Subclasses draw one ``(prompt text, answer)`` pair in :meth:`draw`."""
+
+    name = "exact-match"
+
+    @abstractmethod
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        """One prompt text and its answer."""
+
+    def prompts(self, rng: random.Random, n: int) -> list[Prompt]:
+        out = []
+        for _ in range(n):
+            text, answer = self.draw(rng)
+            out.append(Prompt(f"{text}{rng.getrandbits(32):08x}", text, answer))
+        return out
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if completion.strip() == prompt.answer else 0.0
+
+    def demos(self, rng: random.Random, n: int) -> list[tuple[str, str]]:
+        return [self.draw(rng) for _ in range(n)]
+
+
+class Arithmetic(ExactMatch):
+    """``a+b=`` with operands below ``limit``."""
+
+    name = "arith"
+
+    def __init__(self, limit: int = 10) -> None:
+        self.limit = limit
+
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        a, b = rng.randrange(self.limit), rng.randrange(self.limit)
+        return f"{a}+{b}=", str(a + b)
+
+
+class Reverse(ExactMatch):
+    """Reverse a short lowercase word: ``rev abc:`` → ``cba``."""
+
+    name = "reverse"
+
+    def __init__(self, max_len: int = 5) -> None:
+        self.max_len = max_len
+
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        word = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, self.max_len)))
+        return f"rev {word}:", word[::-1]
+
+
+BUILTIN: dict[str, type[ExactMatch]] = {"arith": Arithmetic, "reverse": Reverse}
+
+
+def load_task(spec: str) -> Task:
+    """A built-in task by name, or ``package.module:factory`` called with no arguments."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise TaskError(f"task {spec!r}: give a built-in name ({', '.join(BUILTIN)}) or 'package.module:factory'")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TaskError(f"task {spec!r}: cannot import it: {exc}") from None
+    try:
+        task: object = factory()
+    except TypeError as exc:  # not callable, or it wants arguments
+        raise TaskError(f"task {spec!r}: {attr} cannot be called with no arguments: {exc}") from None
+    if not isinstance(task, Task):
+        raise TaskError(f"task {spec!r}: {type(task).__name__} lacks name, prompts(), reward() or demos()")
+    return cast(Task, task)

@@ -1,0 +1,57 @@
+"""Servers that tests and benchmarks start: free loopback ports, waiting for a condition or
+for a server to answer, and a process's peak memory."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60, interval: float = 0.05) -> None:
+    """Poll ``cond`` until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+def wait_until_answers(
+    probe: Callable[[], object],
+    proc: subprocess.Popen[bytes] | None,
+    what: str,
+    *,
+    errors: tuple[type[BaseException], ...] = (OSError,),
+    timeout: float = 30,
+) -> None:
+    """Call ``probe`` until it returns without one of ``errors``; RuntimeError if ``proc`` (the
+    server being started, when there is one) exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe()
+            return
+        except errors:
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """Peak resident memory of a live process, in MiB (Linux's VmHWM; None elsewhere or once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,34 @@
+"""``aurora bench NAME``: registered through the ``aurora.commands`` entry point, like the roles.
+
+Each benchmark is a module ``bench.NAME`` with ``add_arguments(parser)`` and ``run(args)``; it is
+imported only when it runs, so ``aurora --help`` stays fast. Every benchmark prints one JSON
+object with ``--json`` and a table otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+BENCHMARKS = {
+    "codec": "size and speed of the sparse BF16 codec; see --help",
+    "transfer": "time to apply a version in every region over emulated WANs; see --help",
+    "schedule": "step makespan of the EMA batch split vs uniform and ideal; see --help",
+    "e2e": "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help",
+}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmarks (print JSON with --json)")
+    names = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, about in BENCHMARKS.items():
+        names.add_parser(name, add_help=False, help=about).set_defaults(handler=main, parses_rest=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Import ``bench.<name>``, parse the rest of the command line (``args.rest``) with its arguments, and run it."""
+    module = importlib.import_module(f"bench.{args.bench}")
+    parser = argparse.ArgumentParser(prog=f"aurora bench {args.bench}", description=module.__doc__)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(args.rest)) or 0)

@@ -1,0 +1,129 @@
+"""The trainer's options: one dataclass per section, the one source of ``aurora train``'s flags.
+
+``aurora train --help`` lists them by section, with the docstrings below as help
+(:mod:`aurora_store.options`); ``aurora demo`` takes the same sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aurora_store.options import option
+from aurora_store.rl.sampling import SamplingConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """The policy: the built-in tiny Qwen3 (built from a config, nothing downloaded)."""
+
+    hidden: int = 64
+    """Hidden size of the built-in model."""
+    layers: int = 2
+    """Decoder layers of the built-in model."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Where prompts come from."""
+
+    task: str = "arith"
+    """Built-in task (arith, reverse) or package.module:factory."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutConfig:
+    """What each step asks of the actors."""
+
+    prompts: int = 32
+    """Prompts per step."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerConfig:
+    """The GRPO loss, AdamW, and the supervised warm start before version 0."""
+
+    lr: float = 5e-4
+    """AdamW learning rate of the RL steps."""
+    clip: float = 0.2
+    """Importance ratios outside [1 - clip, 1 + clip] stop contributing gradient in the improving direction."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to version 0 as published; 0 turns it (and the reference model) off."""
+    sft_steps: int = 60
+    """Supervised warm-start steps before version 0."""
+    sft_lr: float = 3e-3
+    """Learning rate of the warm start."""
+    sft_batch: int = 64
+    """Demonstrations per warm-start step."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PublishConfig:
+    """How versions and resumable state go to the home bucket."""
+
+    full_every: int = 10
+    """A full checkpoint every this many versions (or sooner, when a delta chain outgrows one)."""
+    state_every: int = 5
+    """Save the resumable trainer state every this many versions."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleConfig:
+    """Leases and the throughput-proportional split of each step's prompts."""
+
+    lease_s: float = 30.0
+    """Job lease length in seconds; an expired lease is given to another actor."""
+    alpha: float = 0.5
+    """Share multiplier for an actor that rejoined, until it finishes a batch."""
+    sweep_s: float = 0.25
+    """How often expired leases are re-leased and idle actors rebalanced, in seconds."""
+    steal: bool = True
+    """Idle eligible actors take over half of the not-yet-started jobs of the most loaded actor."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    """Everything ``aurora train`` needs."""
+
+    store: str
+    """The home run's URI (any fsspec URI: s3://, gs://, file://, memory://)."""
+    redis: str = field(metadata=option(env="AURORA_REDIS"))
+    """Redis URL."""
+    run_id: str
+    """The run's name in Redis."""
+    region: str = "home"
+    """The home region's name in Redis."""
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
+    """fsspec storage options of the home bucket, as a JSON object."""
+    steps: int = 40
+    """The last version to publish (version t is the policy after step t)."""
+    seed: int = 0
+    """Seeds the model, the prompts of every step and the warm start."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Must match the actors' (``aurora actor`` takes the same section)."""
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass(kw_only=True, slots=True)
+class DemoConfig:
+    """``aurora demo``'s own options; the trainer's come from :class:`TrainerConfig`'s sections."""
+
+    json: bool = False
+    """End by printing one JSON object."""
+    workdir: str | None = None
+    """Where buckets, logs and the report go (default: a new temporary directory)."""
+    redis: str | None = None
+    """A real Redis URL (default: an embedded Redis-compatible server)."""
+    store: list[str] | None = field(default=None, metadata=option(nargs=3, metavar="URI"))
+    """Home and two regions' run URIs (default: local directories)."""
+    slowdowns: str = "1,2,3.3"
+    """Emulated slowness of the three actors (1 = full speed)."""
+
+
+DEMO_GIVES = frozenset({"store", "redis", "run_id", "region", "storage_options"})
+"""The trainer options ``aurora demo`` sets itself."""
