@@ -242,6 +242,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "stall_s_per_step": {m: modes[m]["stall_max_s"] for m in modes},
         "stall_fraction": {m: modes[m]["stall_fraction"] for m in modes},
         "sync_s": {m: modes[m]["sync_s"] for m in modes if "sync_s" in modes[m]},
+        "sync_s_at_least": {m: modes[m]["sync_s_at_least"] for m in modes if "sync_s_at_least" in modes[m]},
         "sync_budget_s": result["generation_s"] - result["training_s"],
         "delta_bytes_per_version": delta,
         "full_vs_delta_bytes": result["model_bytes"] / delta if delta else None,

@@ -189,13 +189,21 @@ def synced(
 
 def _add_sync_times(loop: dict[str, Any], started: dict[int, float], followers: list[Synced], timing: Timing) -> None:
     """Per step, seconds from the trainer's publish to every actor holding the version (or a newer one)
-    staged; the budget to hide it is generation_s - training_s (its batch starts that long after)."""
+    staged; the budget to hide it is generation_s - training_s (its batch starts that long after).
+
+    A version some actor had not staged when the run ended has no sync time; it took at least until
+    then, which ``sync_s_at_least`` counts (a mean that is a lower bound when any step is unfinished)."""
+    ended = time.perf_counter()
     for step in loop["steps"]:
         times = [min((t for sv, t in w.staged_at if sv >= step["version"]), default=None) for w in followers]
         done = None if None in times else max(t for t in times if t is not None)
         step["sync_s"] = done - started[step["version"]] if done is not None else None
-    timed = [st["sync_s"] for st in loop["steps"][timing.warmup_steps :] if st["sync_s"] is not None]
-    loop["sync_s"] = sum(timed) / len(timed) if timed else None
+    timed = loop["steps"][timing.warmup_steps :]
+    synced = [st["sync_s"] for st in timed if st["sync_s"] is not None]
+    loop["sync_s"] = sum(synced) / len(synced) if synced else None
+    bounds = [st["sync_s"] if st["sync_s"] is not None else ended - started[st["version"]] for st in timed]
+    loop["sync_s_at_least"] = sum(bounds) / len(bounds) if bounds else None
+    loop["unsynced_steps"] = len(timed) - len(synced)
     loop["sync_budget_s"] = timing.generation_s - timing.training_s
 
 

@@ -48,7 +48,10 @@ def test_ratios(result: dict[str, Any]) -> None:
     assert r["ours_vs_ideal"] >= 0.95  # nothing beats no transfer at all
     assert r["full_vs_ideal"] > r["ours_vs_ideal"]
     assert result["stall_s_per_step"]["full"] > result["stall_s_per_step"]["ours"]
-    assert 0 < result["sync_s"]["ours"] < result["sync_s"]["full"]
+    # the last versions may still be on their way when the run ends (full ones, on 2 cores, usually are):
+    # a full sync is compared by its lower bound
+    assert result["modes"]["ours"]["unsynced_steps"] < len(result["modes"]["ours"]["steps"]) - e2e.QUICK.warmup_steps
+    assert 0 < result["sync_s"]["ours"] < result["sync_s_at_least"]["full"]
 
 
 def test_weights_really_move(result: dict[str, Any]) -> None:

@@ -202,7 +202,9 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
 
 def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     trainer = loop.trainer("--steps", "16", "--full-every", "100")  # fulls only where a chain outgrows one
-    loop.actor("steady")
+    # steady is ten times slower, so a step lasts long enough for an actor that caught up to be handed work
+    # (with both at full speed the tiny model's steps take ~40 ms, and the run can end before it is eligible)
+    loop.actor("steady", "--slowdown", "10")
     lag = loop.actor("lag")
     run = open_run(loop.store)
 
