@@ -213,20 +213,12 @@ def test_stop_closes_open_connections(target: tuple[str, int]) -> None:
 
 
 def test_boto3_through_proxy(s3_server: S3Server) -> None:
-    import boto3
     from botocore.config import Config
 
     host, port = s3_server.endpoint.removeprefix("http://").split(":")
     body = os.urandom(MIB + 3)
     with WanProxy(host, int(port), Link(rtt_s=0.005, bandwidth_bps=1e9)) as proxy:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=proxy.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-            config=Config(max_pool_connections=4),
-        )
+        s3 = s3_server.client(proxy.endpoint, config=Config(max_pool_connections=4))
         bucket = s3_server.new_bucket()
         s3.put_object(Bucket=bucket, Key="v/1", Body=body)
         assert s3.get_object(Bucket=bucket, Key="v/1")["Body"].read() == body

@@ -44,18 +44,24 @@ class S3Server:
             "use_listings_cache": False,
         }
 
-    def new_bucket(self) -> str:
+    def client(self, endpoint: str | None = None, **kwargs: Any) -> Any:
+        """A boto3 S3 client of this server, or of ``endpoint`` (a proxy in front of it)."""
         import boto3
 
-        name = f"b-{uuid.uuid4().hex[:20]}"
-        client = boto3.client(
+        return boto3.client(
             "s3",
-            endpoint_url=self.endpoint,
+            endpoint_url=endpoint or self.endpoint,
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
             region_name="us-east-1",
+            **kwargs,
         )
+
+    def new_bucket(self) -> str:
+        name = f"b-{uuid.uuid4().hex[:20]}"
+        client = self.client()
         client.create_bucket(Bucket=name)
+        client.close()
         return name
 
     def reset(self) -> None:
