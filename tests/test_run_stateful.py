@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import aurora_store
 from aurora_store import ConflictError, LayoutError
 from aurora_store.bucket.audit import audit
-from aurora_store.bucket.publish import Baseline, Uploads, delta_part, whole
+from aurora_store.bucket.publish import Baseline, delta_part, whole
 from aurora_store.bucket.run import Run
 from aurora_store.tensors import to_words
 from tests.helpers import bits_equal, state_dict, step
@@ -94,7 +94,7 @@ class RunMachine(RuleBasedStateMachine):
         assert plan.parent == tip
         state = crashed.materialize_words(plan.parent.version)
         base = Baseline(plan.parent, whole(specs), state.words)
-        uploads = Uploads(crashed.store.pool, lambda obj: crashed.upload(plan.version, obj))
+        uploads = crashed.uploads(plan.version)
         delta_part(plan, base, words, uploads, segment_bytes=512)
         crashed.close()  # and no commit: the segments belong to no manifest
 

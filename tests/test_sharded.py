@@ -25,7 +25,7 @@ import aurora_store
 from aurora_store import CorruptError, StoreError, UnsupportedError
 from aurora_store.bucket.audit import audit
 from aurora_store.bucket.plan import PublishPlan
-from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, whole
+from aurora_store.bucket.publish import Baseline, Part, delta_part, whole
 from aurora_store.format.delta import DeltaBuilder
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Parent, TensorSpec
@@ -167,7 +167,7 @@ def test_one_plan_driven_by_two_ranks_commits_what_one_process_would(tmp_path: P
         ranges = _halves(specs, rank)
         base = Baseline(plan.parent, ranges, {k: old[k][lo:hi] for k, (lo, hi) in ranges.items()})  # type: ignore[arg-type]
         mine = {k: new[k][lo:hi] for k, (lo, hi) in ranges.items()}
-        uploads = Uploads(run.store.pool, lambda obj: run.upload(1, obj))
+        uploads = run.uploads(1)
         made = delta_part(plan, base, mine, uploads, segment_bytes=256, rank=rank, world=2)
         assert made is not None
         parts.append(Part.from_dict(made[0].to_dict(), plan.specs))  # as each rank sends rank 0 its part
@@ -192,7 +192,7 @@ def test_commit_checks_assembled_manifests(tmp_path: Path) -> None:
     parts = []
     for rank in (0, 1):  # both claim the whole tensors
         base = Baseline(plan.parent, whole(specs), dict(old))
-        uploads = Uploads(run.store.pool, lambda obj: run.upload(1, obj))
+        uploads = run.uploads(1)
         made = delta_part(plan, base, new, uploads, segment_bytes=4 << 20, rank=rank, world=2)
         assert made is not None
         parts.append(made[0])

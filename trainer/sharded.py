@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from aurora_store import errors
 from aurora_store.bucket.plan import KINDS, Kind, PublishPlan, Tip, VersionInfo
-from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, elements_part
+from aurora_store.bucket.publish import Baseline, Part, delta_part, elements_part
 from aurora_store.errors import ConflictError, StoreError, UnsupportedError
 from aurora_store.format.delta import DeltaBuilder
 from aurora_store.format.full import build_shard, plan_shards
@@ -157,12 +157,11 @@ class ShardedPublisher:
     def _delta(self, comm: Collectives, plan: PublishPlan, local: LocalShards) -> tuple[Part, DeltaBuilder]:
         """This rank's delta part: its ranges diffed and uploaded (no collectives: failures are reported)."""
         assert self._base is not None
-        uploads = Uploads(self.run.store.pool, lambda obj: self.run.upload(plan.version, obj))
         made = delta_part(
             plan,
             self._base,
             local.words,
-            uploads,
+            self.run.uploads(plan.version),
             segment_bytes=self.run.config.segment_bytes,
             rank=comm.rank,
             world=comm.size,
@@ -177,7 +176,7 @@ class ShardedPublisher:
         there. Every rank takes part in every transfer even after a local failure, so none waits forever."""
         failure: BaseException | None = None
         concurrency = self.run.config.concurrency  # bounds the shards held in memory
-        uploads = Uploads(self.run.store.pool, lambda obj: self.run.upload(plan.version, obj), max_pending=concurrency)
+        uploads = self.run.uploads(plan.version, max_pending=concurrency)
         for g, members in enumerate(plan_shards(plan.specs, self.run.config.shard_bytes)):
             owner = g % comm.size
             words: dict[str, np.ndarray] = {}

@@ -201,9 +201,13 @@ class Run:
         builder: DeltaBuilder | None = None
         if not plan.full:
             assert base is not None
-            uploads = Uploads(self.store.pool, lambda obj: self.upload(plan.version, obj))
             made = delta_part(
-                plan, base, words, uploads, segment_bytes=self.config.segment_bytes, may_abandon=plan.kind == "auto"
+                plan,
+                base,
+                words,
+                self.uploads(plan.version),
+                segment_bytes=self.config.segment_bytes,
+                may_abandon=plan.kind == "auto",
             )
             if made is None:
                 plan = plan.as_full()
@@ -211,7 +215,7 @@ class Run:
                 part, builder = made
         if part is None:
             # shards upload one at a time while the next is built: never a second copy of the model in memory
-            uploads = Uploads(self.store.pool, lambda obj: self.upload(plan.version, obj), max_pending=1)
+            uploads = self.uploads(plan.version, max_pending=1)
             for g, members in enumerate(plan_shards(specs, self.config.shard_bytes)):
                 uploads.submit(build_shard(plan.version, g, specs, members, words))
             entries = uploads.wait()
@@ -225,6 +229,10 @@ class Run:
         else:
             self._base = Baseline(tip, dict(ranges), {k: np.array(words[k], copy=True) for k in ranges})
         return info
+
+    def uploads(self, version: int, *, max_pending: int | None = None) -> Uploads:
+        """Cut-through uploads of objects of ``version`` on the store's pool, each announced as it lands."""
+        return Uploads(self.store.pool, lambda obj: self.upload(version, obj), max_pending=max_pending)
 
     def upload(self, version: int, obj: SealedObject) -> None:
         """Put one object of the version being published (put-if-absent; a retry with the same bytes
