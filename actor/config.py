@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aurora_store.options import option
-from aurora_store.rl.sampling import SamplingConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,10 +62,8 @@ class EngineConfig:
 
 @dataclass(kw_only=True, slots=True)
 class WorkerConfig:
-    """Everything ``aurora actor`` needs."""
+    """Everything ``aurora actor`` needs; how to sample and score comes from the run (aurora_run.json)."""
 
     sync: SyncConfig
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """Must match the trainer's."""
     engine: EngineConfig = field(default_factory=EngineConfig)

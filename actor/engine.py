@@ -39,6 +39,8 @@ class Engine(Protocol):
         max_new_tokens: int,
         temperature: float,
         seed: int,
+        top_p: float = 1.0,
     ) -> list[list[Completion]]:
-        """``samples`` completions for each prompt (token ids, BOS included), in prompt order."""
+        """``samples`` completions for each prompt (its ids as the model sees it), in prompt order;
+        log-probabilities after temperature and top-p, as the tokens were sampled."""
         ...

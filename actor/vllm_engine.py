@@ -83,6 +83,7 @@ class VllmEngine:
         enforce_eager: bool = True,
         logprobs_mode: str | None = "processed_logprobs",
         seed: int = 0,
+        stop_token_ids: list[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
         try:
@@ -91,7 +92,8 @@ class VllmEngine:
         except (OSError, ValueError) as exc:
             raise StoreError(f"{model_dir}: no readable config.json ({exc})") from None
         eos = config.get("eos_token_id")
-        self.stop_token_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        default = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default
         self.prefix_caching = enable_prefix_caching
         self._lock = threading.RLock()
 
@@ -136,6 +138,7 @@ class VllmEngine:
         max_new_tokens: int,
         temperature: float,
         seed: int,
+        top_p: float = 1.0,
     ) -> list[list[Completion]]:
         from vllm import SamplingParams
 
@@ -143,6 +146,7 @@ class VllmEngine:
             SamplingParams(
                 n=samples,
                 temperature=temperature,
+                top_p=top_p,
                 max_tokens=max_new_tokens,
                 logprobs=0,  # the sampled token's log-probability only
                 seed=s,

@@ -1,8 +1,10 @@
 """``aurora actor`` (also ``python -m actor.worker``): the rollout actor process.
 
-Registers, keeps a heartbeat, takes the jobs leased to it, generates on exactly the version
-each job names, scores completions with the task's reward, and submits results tagged with
-lease token, version and version hash. A background thread stages the next version while
+Builds its tokenizer, engine and reward from the run (``actor.assemble``), registers, keeps a
+heartbeat, takes the jobs leased to it, generates on exactly the version each job names as the
+run says to sample, scores completions with the run's reward in a process of its own under a
+time limit (``actor.rewards``), and submits results tagged with lease token, version and
+version hash. A background thread stages the next version while
 the engine generates; the main loop applies it between batches, never during one. An
 actor with no work applies whatever is staged, so one that fell behind catches up by deltas
 and becomes eligible again once it holds the latest version or the one before.
@@ -12,22 +14,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
-import random
 import signal
-import tempfile
 import threading
 import time
 import zlib
-from collections import defaultdict
-from typing import Any
+from collections import Counter, defaultdict
 
 import torch
 
+from actor import assemble
 from actor.config import WorkerConfig
-from actor.engine import Engine
-from actor.torch_engine import TorchEngine
+from actor.engine import Completion
+from actor.rewards import RewardPool
 from actor.updater import Updater
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator
@@ -35,11 +34,10 @@ from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Lease
 from aurora_store.errors import AuroraError, StoreError
 from aurora_store.options import add_options, build
-from aurora_store.rl.models import build_model
-from aurora_store.rl.tasks import Prompt, TaskError, load_task
-from aurora_store.rl.tokenizers import CharTokenizer
+from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
+CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 
 
 class Worker:
@@ -65,10 +63,11 @@ class Worker:
 
     def setup(self) -> None:
         self._wait_for_version()
-        config = json.loads(self.run.files.get("config.json"))
-        self.tok = CharTokenizer.from_json(self.run.files.get("tokenizer.json"))
-        self.task = load_task(json.loads(self.run.files.get("task.json"))["task"])
-        self.engine = self._engine(config)
+        files = assemble.run_files(self.run)
+        self.spec = assemble.run_spec(self.run, files)
+        self.tok = assemble.tokenizer(self.spec, files)
+        self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s)
+        self.engine = assemble.engine(self.run, self.spec, files, self.cfg.engine, self.wid)
         self.up = Updater(
             self.run,
             region=self.cfg.sync.region,
@@ -78,6 +77,7 @@ class Worker:
             live=self.engine.live,
         )
         held = self.up.bootstrap()
+        self.vocab = assemble.vocab_size(self.run, files)
         self.coord.register("actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s)
         rejoined = self.board.joined(self.wid)
         if not rejoined:
@@ -86,29 +86,22 @@ class Worker:
         self._applied(held.version)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 
-    def _engine(self, config: dict[str, Any]) -> Engine:
-        if self.cfg.engine.engine == "torch":
-            return TorchEngine(build_model(config, dtype=torch.bfloat16), device=self.cfg.engine.device)
-        # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
-        # applied in place on vLLM's own parameters (actor/vllm_engine.py; unverified without a GPU)
-        from actor.vllm_engine import VllmEngine
-        from aurora_store.bucket.replay import replay
-
-        out = tempfile.mkdtemp(prefix=f"aurora-{self.wid}-")
-        replay(self.run, None, out, force=True)
-        return VllmEngine(out, tensor_parallel_size=self.cfg.engine.tensor_parallel)
+    def _sample(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
+        s = self.spec.sampling
+        return self.engine.generate(
+            prompts,
+            samples=s.group,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=seed,
+        )
 
     def _calibrate(self) -> None:
-        """One batch on the task's demo prompts, so the first split already knows this actor's speed."""
-        demos = self.task.demos(random.Random(self.wid), self.cfg.rollout.batch)
+        """One batch on a fixed prompt, so the first split already knows this actor's speed."""
+        prompt = self.tok.prompt_ids(CALIBRATION_PROMPT)
         t0 = time.perf_counter()
-        outs = self.engine.generate(
-            [self.tok.encode(p) for p, _ in demos],
-            samples=self.cfg.sampling.group,
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
-            temperature=self.cfg.sampling.temperature,
-            seed=0,
-        )
+        outs = self._sample([prompt] * self.cfg.rollout.batch, seed=0)
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for comps in outs for c in comps)
         self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
@@ -160,7 +153,7 @@ class Worker:
         by_version: dict[int, list[tuple[Lease, Prompt]]] = defaultdict(list)
         for lease in leases:
             try:
-                by_version[lease.version].append((lease, Prompt.from_dict(lease.prompt)))
+                by_version[lease.version].append((lease, self._prompt(lease)))
             except TaskError as exc:  # another process wrote the job: give it back, never die of it
                 log.warning("actor %s: job %s: %s", self.wid, lease.job, exc)
                 self.board.release(lease)
@@ -183,32 +176,41 @@ class Worker:
                 continue
             self._generate(batch)
 
+    def _prompt(self, lease: Lease) -> Prompt:
+        """The job's prompt, its ids checked against the model (the trainer tokenized it; an older
+        trainer's jobs carry text only, tokenized here)."""
+        prompt = Prompt.from_dict(lease.prompt)
+        if not prompt.ids:
+            return Prompt(prompt.id, prompt.text, prompt.answer, tuple(self.tok.prompt_ids(prompt.text)))
+        if max(prompt.ids) >= self.vocab:
+            raise TaskError(f"prompt {prompt.id!r} holds token id {max(prompt.ids)}, the model has {self.vocab}")
+        return prompt
+
     def _generate(self, batch: list[tuple[Lease, Prompt]]) -> None:
         held = self.up.held
         assert held is not None
         t0 = time.perf_counter()
         with self.up.lock.read():  # a batch runs on one whole version
-            outs = self.engine.generate(
-                [self.tok.encode(prompt.text) for _, prompt in batch],
-                samples=self.cfg.sampling.group,
-                max_new_tokens=self.cfg.sampling.max_new_tokens,
-                temperature=self.cfg.sampling.temperature,
-                seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode()),
+            outs = self._sample(
+                [list(p.ids) for _, p in batch], seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode())
             )
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
         for (lease, prompt), comps in zip(batch, outs, strict=True):
-            payload = {
-                "completions": [
+            completions, failures = [], Counter[str]()
+            for c in comps:
+                reward, failure = self.rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
+                if failure is not None:
+                    failures[failure] += 1
+                completions.append(
                     {
                         "tokens": list(c.token_ids),
                         "logprobs": list(c.logprobs),
                         "finish": c.finish_reason,
-                        "reward": self.task.reward(prompt, self.tok.decode(c.token_ids)),
+                        "reward": reward,
                     }
-                    for c in comps
-                ],
-            }
+                )
+            payload = {"completions": completions, "reward_failures": dict(failures)}
             tokens += sum(len(c.token_ids) for c in comps)
             self.board.submit(
                 lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload

@@ -96,3 +96,12 @@ def redis_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Tiny HF checkpoints made here: ``qwen3`` (tied embeddings) and ``llama``, each with a BPE tokenizer."""
+    from tests.hf_models import save_model
+
+    root = tmp_path_factory.mktemp("hf")
+    return {arch: save_model(root / arch, arch) for arch in ("qwen3", "llama")}

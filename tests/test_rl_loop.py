@@ -88,8 +88,6 @@ class Loop:
                 self.run_id,
                 "--worker-id",
                 wid,
-                "--group",
-                str(GROUP),
                 "--heartbeat-s",
                 "2",
                 *extra,

@@ -16,16 +16,17 @@ from hypothesis import strategies as st
 
 from actor.torch_engine import TorchEngine
 from aurora_store.bucket.run import open_run
-from aurora_store.coord.jobs import Result
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.jobs import JobBoard, Result
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, tiny_config
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt, TaskError, load_task
 from aurora_store.rl.tokenizers import EOS, CharTokenizer
-from trainer.config import TrainerConfig
+from trainer.config import ScheduleConfig
+from trainer.dispatch import Dispatcher
 from trainer.grpo import GRPOConfig, Sample, advantages, batch, loss, token_logprobs
-from trainer.loop import Trainer
 from trainer.state import load_state, save_state, saved_versions
 
 TOK = CharTokenizer()
@@ -37,26 +38,28 @@ def tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 
 
 @pytest.fixture
-def trainer(redis_server: Any) -> Trainer:
-    cfg = TrainerConfig(
-        store=f"memory://trainer-{uuid.uuid4().hex}/run",
-        redis=redis_server.url,
-        run_id="t",
+def trainer(redis_server: Any) -> Dispatcher:
+    coord = Coordinator(redis_server.url, f"t-{uuid.uuid4().hex[:6]}")
+    d = Dispatcher(
+        coord,
+        JobBoard(coord),
+        schedule=ScheduleConfig(),
         sampling=SamplingConfig(group=2, max_new_tokens=4),
+        vocab_size=TOK.vocab_size,
+        tag="t",
     )
-    t = Trainer(cfg)
-    t.published = {0: "h0", 1: "h1", 2: "h2"}
-    return t
+    d.published = {0: "h0", 1: "h1", 2: "h2"}
+    return d
 
 
-def actor(t: Trainer, wid: str, version: int, *, alive: bool = True, role: str = "actor") -> None:
+def actor(t: Dispatcher, wid: str, version: int, *, alive: bool = True, role: str = "actor") -> None:
     t.coord.register(role, "home", worker_id=wid, ttl_s=30)
     t.coord.update_worker(wid, version=version)
     if not alive:
         t.coord.r.delete(t.coord.key("hb", wid))
 
 
-def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Trainer) -> None:
+def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Dispatcher) -> None:
     actor(trainer, "latest", 2)
     actor(trainer, "one-behind", 1)
     actor(trainer, "two-behind", 0)
@@ -65,7 +68,7 @@ def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Trainer) 
     assert set(trainer._eligible()) == {"latest", "one-behind"}
 
 
-def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Trainer) -> None:
+def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> None:
     actor(trainer, "busy", 2)
     actor(trainer, "idle", 2)
     prompts = {f"j{i}": Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)}
@@ -104,11 +107,16 @@ GOOD = {"tokens": [5, EOS], "logprobs": [-0.5, -0.1], "reward": 1.0}
         {"completions": [GOOD, {**GOOD, "logprobs": [math.nan, -0.1]}]},
         {"completions": [GOOD, {**GOOD, "reward": math.inf}]},
         {"completions": [GOOD, {**GOOD, "reward": "1"}]},
+        {"completions": [GOOD, GOOD], "reward_failures": []},
+        {"completions": [GOOD, GOOD], "reward_failures": {"error": 3}},  # more failures than completions
+        {"completions": [GOOD, GOOD], "reward_failures": {"mystery": 1}},
+        {"completions": [GOOD, GOOD], "reward_failures": {"timeout": -1}},
     ],
 )
-def test_hostile_payloads_are_refused(trainer: Trainer, bad: dict[str, Any]) -> None:
+def test_hostile_payloads_are_refused(trainer: Dispatcher, bad: dict[str, Any]) -> None:
     assert trainer._check_payload(result(bad)) == "bad_payload"
     assert trainer._check_payload(result({"completions": [GOOD, GOOD]})) is None
+    assert trainer._check_payload(result({"completions": [GOOD, GOOD], "reward_failures": {"timeout": 2}})) is None
 
 
 def test_advantages() -> None:
@@ -131,8 +139,8 @@ def test_grpo_step_raises_the_logprob_of_a_rewarded_completion() -> None:
         for i, (t, r) in enumerate(((good, 1.0), (bad, 0.0)))
     ]
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    value, info = loss(model, samples, advantages([1.0, 0.0]), GRPO)
-    assert info["logprob_drift"] < 1e-6, "on-policy: the ratio starts at 1"
+    value, sums = loss(model, samples, advantages([1.0, 0.0]), GRPO)
+    assert sums.drift / sums.tokens < 1e-6, "on-policy: the ratio starts at 1"
     value.backward()
     opt.step()
     with torch.no_grad():
@@ -148,9 +156,9 @@ def test_clipped_ratio_gives_no_gradient_past_the_clip() -> None:
     with torch.no_grad():
         lp = float(token_logprobs(model, ids, attn, 1.0)[0, len(prompt) - 1])
     stale = Sample(prompt, (5,), (lp - 1.0,), 1.0)  # ratio e ≈ 2.7, beyond 1 + 0.2, advantage > 0
-    value, info = loss(model, [stale, Sample(prompt, (6,), (lp,), 0.0)], [1.0, 0.0], GRPO)
+    value, sums = loss(model, [stale, Sample(prompt, (6,), (lp,), 0.0)], [1.0, 0.0], GRPO)
     value.backward()
-    assert info["clip_frac"] > 0
+    assert sums.clipped > 0
     assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in model.parameters())
 
 
@@ -164,8 +172,8 @@ def test_actor_logprobs_are_the_trainers() -> None:
     samples = [Sample(tuple(p), c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, outs, strict=True) for c in cs]
     assert all(len(cs) == 3 for cs in outs)
     assert all(c.finish_reason == ("stop" if c.token_ids[-1] == EOS else "length") for cs in outs for c in cs)
-    _, info = loss(model, samples, [0.0] * len(samples), GRPOConfig(clip=0.2, kl_coef=0.0, temperature=0.7))
-    assert info["logprob_drift"] < 1e-5
+    _, sums = loss(model, samples, [0.0] * len(samples), GRPOConfig(clip=0.2, kl_coef=0.0, temperature=0.7))
+    assert sums.drift / sums.tokens < 1e-5
 
 
 def test_state_round_trip_and_refusals() -> None:

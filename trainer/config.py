@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aurora_store.options import option
 from aurora_store.rl.sampling import SamplingConfig
@@ -15,20 +15,53 @@ from aurora_store.rl.sampling import SamplingConfig
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    """The policy: the built-in tiny Qwen3 (built from a config, nothing downloaded)."""
+    """The policy: a user's HF causal LM, or the built-in tiny Qwen3 (built from a config, nothing downloaded)."""
 
+    model: str | None = field(default=None, metadata=option(metavar="PATH_OR_ID"))
+    """A HF causal LM and its tokenizer: a local directory (read offline) or a hub id (downloaded and
+    cached by transformers). Default: the built-in tiny Qwen3 with a character tokenizer."""
     hidden: int = 64
     """Hidden size of the built-in model."""
     layers: int = 2
     """Decoder layers of the built-in model."""
+    device: str = "auto"
+    """Where the trainer computes: cpu, cuda, or auto (cuda when present; each torchrun rank takes its own GPU)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    """Where prompts come from."""
+    """Where prompts come from: a data set, or a built-in task."""
 
+    data: str | None = field(default=None, metadata=option(metavar="PATH"))
+    """A data set: a JSONL, Parquet or CSV file, or a directory of them. Default: the built-in --task."""
+    data_format: Literal["gsm8k", "math", "deepscaler"] | None = None
+    """Column and gold-answer preset: gsm8k (question; answer ending in '#### N'), math (problem; the last
+    \\boxed{} of solution), deepscaler (problem; answer)."""
+    prompt_field: str | None = None
+    """The prompt column (overrides the preset's)."""
+    answer_field: str | None = None
+    """The gold-answer column (overrides the preset's)."""
     task: str = "arith"
-    """Built-in task (arith, reverse) or package.module:factory."""
+    """Built-in task (arith, reverse) or package.module:factory, when no --data is given."""
+    max_prompt_tokens: int = 1024
+    """Prompts longer than this (chat template included) are skipped and counted, once, at load."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template to prompts, when it has one."""
+    system_prompt: str | None = None
+    """A system message before every prompt (with the chat template)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardConfig:
+    """How actors score completions."""
+
+    reward: str | None = None
+    """math (math-verify on the final answer), exact, regex:PATTERN, task:NAME or package.module:function.
+    Default: the built-in task's own, or math with a --data-format."""
+    reward_timeout_s: float = 10.0
+    """Longest one reward call may take on an actor; a call that raises or hangs scores 0 and is counted."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,16 +74,26 @@ class RolloutConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    """The GRPO loss, AdamW, and the supervised warm start before version 0."""
+    """The GRPO loss, AdamW, and the supervised warm start before version 0 (built-in tasks only)."""
 
     lr: float = 5e-4
-    """AdamW learning rate of the RL steps."""
+    """AdamW learning rate of the RL steps, after the warm-up."""
+    warmup_steps: int = 0
+    """Steps over which the learning rate rises linearly to --lr, then stays there."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (0: no clipping)."""
     clip: float = 0.2
     """Importance ratios outside [1 - clip, 1 + clip] stop contributing gradient in the improving direction."""
+    loss_norm: Literal["token", "sequence"] = "token"
+    """token: every completion token weighs the same (DAPO, Dr. GRPO); sequence: each completion's mean over
+    its tokens, then the mean over completions (GRPO)."""
     kl_coef: float = 0.0
-    """Weight of the KL penalty to version 0 as published; 0 turns it (and the reference model) off."""
+    """Weight of the KL penalty to version 0 as published; 0 turns it off. On, it holds a second copy of the
+    model (FP32 on CPU, the compute dtype on GPU) and a second forward pass per micro-batch."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one forward/backward micro-batch (padded rows x width); gradients accumulate over them."""
     sft_steps: int = 60
-    """Supervised warm-start steps before version 0."""
+    """Supervised warm-start steps before version 0 (built-in tasks, which have demonstrations)."""
     sft_lr: float = 3e-3
     """Learning rate of the warm start."""
     sft_batch: int = 64
@@ -98,12 +141,13 @@ class TrainerConfig:
     steps: int = 40
     """The last version to publish (version t is the policy after step t)."""
     seed: int = 0
-    """Seeds the model, the prompts of every step and the warm start."""
+    """Seeds the model, the order of the data, the prompts of built-in tasks and the warm start."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """Must match the actors' (``aurora actor`` takes the same section)."""
+    """Recorded in the run (aurora_run.json): actors sample as it says."""
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

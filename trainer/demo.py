@@ -116,12 +116,6 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                             stores[0],
                             "--slowdown",
                             str(slow),
-                            "--group",
-                            str(cfg.sampling.group),
-                            "--max-new-tokens",
-                            str(cfg.sampling.max_new_tokens),
-                            "--temperature",
-                            str(cfg.sampling.temperature),
                         ],
                         work / f"actor-{region}.log",
                     )

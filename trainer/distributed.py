@@ -31,6 +31,12 @@ class Dist:
         """Rank 0's ``obj`` (JSON-able) on every rank."""
         return obj if self._comm is None else self._comm.broadcast_json(obj)
 
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Element-wise sums of every rank's ``values`` (metrics; JSON over the group, no pickle)."""
+        if self._comm is None:
+            return values
+        return [sum(col) for col in zip(*self._comm.all_gather_json(values), strict=True)]
+
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over every decoder layer and the root; the model as is on one rank."""
         if self.world == 1:

@@ -3,13 +3,21 @@
 For each prompt the actors sample a group of completions; a completion's advantage is its
 reward minus the group mean, over the group's standard deviation. The loss is PPO's clipped
 surrogate with the ratio taken against the log-probabilities the actor reported when it
-sampled (so one-step-stale rollouts are corrected, and clipped), averaged over completion
-tokens, plus an optional KL penalty to a frozen reference (the k3 estimator).
+sampled (so one-step-stale rollouts are corrected, and clipped), plus an optional KL penalty
+to a frozen reference (the k3 estimator). It is normalised one of two ways:
+
+- ``token``: the sum over every completion token of the batch, over the batch's token count
+  (DAPO, Dr. GRPO): a long completion weighs as many tokens as it has;
+- ``sequence``: each completion's mean over its tokens, then the mean over completions (GRPO).
+
+The batch may be cut into micro-batches (and over data-parallel ranks): each part divides by
+the whole batch's normaliser, so their gradients add up to the whole batch's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +34,8 @@ class GRPOConfig:
     """Weight of the KL penalty to the reference model; 0 turns it (and the reference) off."""
     temperature: float
     """The sampling temperature the actors used; log-probabilities are taken at the same one."""
+    norm: str = "token"
+    """``token`` or ``sequence`` (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,22 @@ class Sample:
     reward: float
 
 
+@dataclass(slots=True)
+class Sums:
+    """A micro-batch's contributions to the step's metrics, as sums (they add across micro-batches and ranks)."""
+
+    tokens: float = 0.0
+    sequences: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clipped: float = 0.0
+    drift: float = 0.0
+
+    def add(self, other: Sums) -> None:
+        for f in self.__slots__:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+
 def advantages(rewards: Sequence[float], eps: float = 1e-4) -> list[float]:
     """(r - mean) / (std + eps) within one group; all zeros when every reward is equal."""
     t = torch.tensor(rewards, dtype=torch.float64)
@@ -47,7 +73,9 @@ def advantages(rewards: Sequence[float], eps: float = 1e-4) -> list[float]:
     return ((t - t.mean()) / (std + eps)).tolist() if std > 0 else [0.0] * t.numel()
 
 
-def batch(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch(
+    samples: Sequence[Sample], device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask, completion mask (over targets) and old log-probs."""
     seqs = [list(s.prompt_ids) + list(s.token_ids) for s in samples]
     width = max(len(x) for x in seqs)
@@ -61,13 +89,27 @@ def batch(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.
         p, n = len(s.prompt_ids), len(s.token_ids)
         comp[i, p - 1 : p - 1 + n] = 1.0  # logits at position j predict token j + 1
         old[i, p - 1 : p - 1 + n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    if device is not None and device.type != "cpu":
+        return ids.to(device), attn.to(device), comp.to(device), old.to(device)
     return ids, attn, comp, old
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast on CUDA (FP32 master weights, BF16 matmuls); nothing on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _log_softmax(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
+    with autocast(ids.device):
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    return F.log_softmax(logits.float() / temperature, dim=-1)
 
 
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
     """log p(token j+1 | tokens ≤ j) for every position, at ``temperature``."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float() / temperature
-    return torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, 1:, None]).squeeze(2)
+    return torch.gather(_log_softmax(model, ids, attn, temperature), 2, ids[:, 1:, None]).squeeze(2)
 
 
 def loss(
@@ -78,29 +120,60 @@ def loss(
     reference: torch.nn.Module | None = None,
     *,
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO loss over ``samples`` (token-mean, or token-sum over ``normalizer``: a data-parallel
-    rank passes the global token count over the world size) and diagnostics."""
-    ids, attn, comp, old = batch(samples)
-    new = token_logprobs(model, ids, attn, cfg.temperature)
-    a = torch.tensor(adv, dtype=torch.float32)[:, None]
+    weight: float = 1.0,
+) -> tuple[torch.Tensor, Sums]:
+    """The GRPO loss of ``samples`` and its metric sums. ``normalizer`` is the whole batch's token
+    count (``token``) or completion count (``sequence``); None: these samples are the batch.
+    ``weight`` 0 makes a stand-in micro-batch (a rank with no samples still runs its collectives)."""
+    device = next(model.parameters()).device
+    ids, attn, comp, old = batch(samples, device)
+    logp = _log_softmax(model, ids, attn, cfg.temperature)
+    new = torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2)
+    a = torch.tensor(adv, dtype=torch.float32, device=device)[:, None]
     ratio = torch.exp(new - old)
-    surrogate = torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
-    per_token = -surrogate
-    kl = torch.zeros(())
+    per_token = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
+    k3 = torch.zeros_like(new)
     if cfg.kl_coef > 0 and reference is not None:
         with torch.no_grad():
             ref = token_logprobs(reference, ids, attn, cfg.temperature)
         d = ref - new
         k3 = torch.exp(d) - d - 1
         per_token = per_token + cfg.kl_coef * k3
-        kl = (k3 * comp).sum() / comp.sum().clamp(min=1)
-    n = comp.sum().clamp(min=1)
-    total = (per_token * comp).sum() / (n if normalizer is None else max(normalizer, 1e-9))
+    lengths = comp.sum(dim=1).clamp(min=1)
+    if cfg.norm == "sequence":
+        numerator = ((per_token * comp).sum(dim=1) / lengths).sum()
+        denominator = normalizer if normalizer is not None else float(len(samples))
+    else:
+        numerator = (per_token * comp).sum()
+        denominator = normalizer if normalizer is not None else float(comp.sum().item())
+    total = numerator * weight / max(denominator, 1e-9)
     with torch.no_grad():
-        clipped = (((ratio - 1).abs() > cfg.clip).float() * comp).sum() / n
-        drift = ((new - old).abs() * comp).sum() / n
-    return total, {"clip_frac": float(clipped), "kl": float(kl), "logprob_drift": float(drift)}
+        entropy = -(logp.exp() * logp).sum(dim=-1)
+        sums = Sums(
+            tokens=float(comp.sum()) * weight,
+            sequences=float(len(samples)) * weight,
+            kl=float((k3 * comp).sum()) * weight,
+            entropy=float((entropy * comp).sum()) * weight,
+            clipped=float((((ratio - 1).abs() > cfg.clip).float() * comp).sum()) * weight,
+            drift=float(((new - old).abs() * comp).sum()) * weight,
+        )
+    return total, sums
+
+
+def micro_batches(samples: Sequence[Sample], budget: int) -> Iterator[list[int]]:
+    """Indices of ``samples`` in consecutive micro-batches whose padded size (rows x longest row) stays
+    within ``budget`` tokens; a sample longer than the budget is a micro-batch of its own."""
+    current: list[int] = []
+    width = 0
+    for i, s in enumerate(samples):
+        n = len(s.prompt_ids) + len(s.token_ids)
+        if current and max(width, n) * (len(current) + 1) > budget:
+            yield current
+            current, width = [], 0
+        current.append(i)
+        width = max(width, n)
+    if current:
+        yield current
 
 
 def sft_loss(
@@ -108,6 +181,7 @@ def sft_loss(
 ) -> torch.Tensor:
     """Cross-entropy on answer tokens only (the supervised warm start)."""
     samples = [Sample(tuple(p), tuple(a), (0.0,) * len(a), 0.0) for p, a in zip(prompts, answers, strict=True)]
-    ids, attn, comp, _ = batch(samples)
+    device = next(model.parameters()).device
+    ids, attn, comp, _ = batch(samples, device)
     new = token_logprobs(model, ids, attn, 1.0)
     return -(new * comp).sum() / comp.sum().clamp(min=1)

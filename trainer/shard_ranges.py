@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from aurora_store.errors import UnsupportedError
 from aurora_store.format.manifest import TensorSpec
+from aurora_store.rl.models import tied_names
 from aurora_store.tensors import to_words
 
 
@@ -28,10 +29,18 @@ class LocalShards:
     words: dict[str, np.ndarray]
 
 
+def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` without tied duplicates: a tensor two names share (tied embeddings) is
+    published once, under its first name, as transformers and vLLM load it back."""
+    state = module.state_dict()
+    tied = tied_names(state)
+    return {k: v for k, v in state.items() if k not in tied}
+
+
 def local_words(
     module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None
 ) -> LocalShards:
-    """The words this rank publishes of ``module.state_dict()``: each DTensor's local shard (a
+    """The words this rank publishes of :func:`published_state`: each DTensor's local shard (a
     contiguous range of the flattened tensor) and, on rank 0 of ``group`` only, the tensors every
     rank holds whole (buffers, unsharded parameters). Floating-point tensors are cast to ``dtype``
     (round to nearest even, as the actors hold them); None publishes them as they are."""
@@ -39,7 +48,7 @@ def local_words(
 
     first = not dist.is_initialized() or dist.get_rank(group) == 0
     specs, ranges, words = [], {}, {}
-    for name, t in module.state_dict().items():
+    for name, t in published_state(module).items():
         if isinstance(t, DTensor):
             rng = _flat_range(name, t)
             local = t.to_local().detach()

@@ -37,7 +37,7 @@ from aurora_store.errors import ConflictError, StoreError, UnsupportedError
 from aurora_store.format.delta import DeltaBuilder
 from aurora_store.format.full import build_shard, plan_shards
 from trainer.collectives import Collectives
-from trainer.shard_ranges import LocalShards, local_words, range_table
+from trainer.shard_ranges import LocalShards, local_words, published_state, range_table
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
@@ -71,7 +71,7 @@ class ShardedPublisher:
         if not (dist.is_available() and dist.is_initialized()):
             state = {
                 k: v.detach().to(self.dtype) if self.dtype is not None and v.is_floating_point() else v.detach()
-                for k, v in self.model.state_dict().items()
+                for k, v in published_state(self.model).items()
             }
             return self.run.publish(state, kind=kind, step=step, meta=meta)
         t0 = time.perf_counter()

@@ -33,19 +33,20 @@ class SavedState:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor: a DTensor shard is gathered (a collective: every rank must call)."""
+    """The whole tensor, on the CPU: a DTensor shard is gathered (a collective: every rank must call)."""
     full = getattr(t, "full_tensor", None)
-    return (full() if full is not None else t).detach()
+    return (full() if full is not None else t).detach().cpu()
 
 
 def _like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` laid out as ``like``: this rank's shard when ``like`` is a DTensor."""
     mesh = getattr(like, "device_mesh", None)
     if mesh is None:
-        return full
+        return full.to(like.device)
     from torch.distributed.tensor import distribute_tensor
 
-    return distribute_tensor(full.to(like.dtype), mesh, like.placements)  # type: ignore[attr-defined]
+    on_mesh = full.to(device=mesh.device_type, dtype=like.dtype)
+    return distribute_tensor(on_mesh, mesh, like.placements)  # type: ignore[attr-defined]
 
 
 def save_state(

@@ -1,12 +1,20 @@
-"""Causal LMs built from a config (nothing is downloaded), and the checks a config read from a
-bucket must pass before anything is allocated.
+"""Causal LMs: a user's own (any HF ``AutoModelForCausalLM``), or one built from a config
+(nothing is downloaded), and the checks a config read from a bucket must pass before anything
+is allocated.
 
-The trainer attaches ``config.json`` to every run, so an actor builds the same architecture
-from the store alone and then loads a version's weights.
+The trainer attaches ``config.json`` (and ``generation_config.json``) to every run, so an actor
+builds the same architecture from the store alone and then loads a version's weights. Tensors
+an architecture ties (Qwen3-0.6B's ``lm_head`` is its ``embed_tokens``) are published once,
+under the first name, as transformers and vLLM expect them back.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aurora_store.rl.errors import ModelError
@@ -72,5 +80,64 @@ def build_model(config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype | N
         raise ModelError(f"model config: {exc}"[:500]) from None
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
-    model.generation_config.pad_token_id = PAD
+    if config.get("pad_token_id") is not None:
+        model.generation_config.pad_token_id = config["pad_token_id"]
     return model
+
+
+def load_pretrained(path: str, *, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """The causal LM at ``path`` with its own weights: a local directory is read offline; a hub
+    id goes through transformers' own download and cache."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype or torch.float32, local_files_only=os.path.isdir(path)
+        )
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelError(f"cannot load a causal LM from {path!r}: {exc}"[:500]) from None
+
+
+def model_files(model: Any) -> dict[str, bytes]:
+    """``config.json`` (recording BF16, what versions hold) and ``generation_config.json`` when the
+    model has one: what a loader needs beside the weights."""
+    with tempfile.TemporaryDirectory(prefix="aurora-config-") as d:
+        config = model.config.to_dict()
+        config["dtype"] = "bfloat16"
+        config.pop("torch_dtype", None)
+        out = {"config.json": json.dumps(config, indent=2, sort_keys=True).encode() + b"\n"}
+        gen = getattr(model, "generation_config", None)
+        if gen is not None and getattr(model, "can_generate", lambda: True)():
+            gen.save_pretrained(d)
+            if Path(d, "generation_config.json").exists():
+                out["generation_config.json"] = Path(d, "generation_config.json").read_bytes()
+    return out
+
+
+def generation_eos(files: Mapping[str, bytes]) -> tuple[int, ...]:
+    """The EOS ids ``generation_config.json`` names (one or a list), if there is one."""
+    raw = files.get("generation_config.json")
+    if raw is None:
+        return ()
+    try:
+        eos = json.loads(raw).get("eos_token_id")
+    except (ValueError, AttributeError):
+        raise ModelError("generation_config.json is not a JSON object") from None
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(i for i in ids if type(i) is int and i >= 0)
+
+
+def tied_names(state: Mapping[str, Any]) -> set[str]:
+    """Names of a state dict whose tensor is the same one as an earlier name's (tied weights)."""
+    seen: set[object] = set()
+    tied = set()
+    for name, t in state.items():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        ident = (
+            (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape)) if local.numel() else id(t)
+        )
+        if ident in seen:
+            tied.add(name)
+        seen.add(ident)
+    return tied

@@ -1,4 +1,8 @@
-"""What the trainer and every actor must agree on when completions are sampled."""
+"""What the trainer and every actor must agree on when completions are sampled.
+
+The trainer takes these as flags and records them in the run (``aurora_run.json``,
+:mod:`aurora_store.rl.runspec`); actors read them from there.
+"""
 
 from __future__ import annotations
 
@@ -15,3 +19,6 @@ class SamplingConfig:
     """Longest completion, in tokens."""
     temperature: float = 1.0
     """Sampling temperature; the trainer takes log-probabilities at the same one."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p (1: all).
+    The trainer's importance ratios use the temperature-scaled, untruncated distribution."""

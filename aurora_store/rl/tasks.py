@@ -13,28 +13,45 @@ from __future__ import annotations
 import importlib
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from aurora_store.rl.errors import TaskError
+
+MAX_PROMPT_IDS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One prompt: ``text`` goes to the model, ``answer`` to the reward function only."""
+    """One prompt: ``text`` (as ``ids``, the tokens the model is given) goes to the model,
+    ``answer`` to the reward function only."""
 
     id: str
     text: str
     answer: str
+    ids: tuple[int, ...] = ()
+    """The prompt's token ids, chat template applied: the trainer tokenizes once, jobs carry them."""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "text": self.text, "answer": self.answer}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "text": self.text, "answer": self.answer}
+        if self.ids:
+            d["ids"] = list(self.ids)
+        return d
 
     @classmethod
     def from_dict(cls, d: object) -> Prompt:
+        """A prompt from a job's JSON (hostile: another process wrote it)."""
         if not isinstance(d, dict) or not all(isinstance(d.get(k), str) for k in ("id", "text", "answer")):
             raise TaskError(f"a prompt is an object with string id, text and answer; got {str(d)[:120]!r}")
-        return cls(d["id"], d["text"], d["answer"])
+        ids = d.get("ids", [])
+        if (
+            not isinstance(ids, list)
+            or len(ids) > MAX_PROMPT_IDS
+            or not all(type(i) is int and 0 <= i < 1 << 31 for i in ids)
+        ):
+            raise TaskError(f"prompt {d['id'][:80]!r}: ids must be a list of token ids")
+        return cls(d["id"], d["text"], d["answer"], tuple(ids))
 
 
 @runtime_checkable
@@ -119,3 +136,36 @@ def load_task(spec: str) -> Task:
     if not isinstance(task, Task):
         raise TaskError(f"task {spec!r}: {type(task).__name__} lacks name, prompts(), reward() or demos()")
     return cast(Task, task)
+
+
+class PromptSource(Protocol):
+    """Where a trainer's prompts come from, step by step (a data set, or a task)."""
+
+    skipped: int
+    """Prompts dropped for being too long."""
+
+    def for_step(self, step: int, n: int) -> list[Prompt]:
+        """Step ``step``'s ``n`` prompts (steps count from 1); the same on every call and every restart."""
+        ...
+
+    def position(self, step: int, n: int) -> dict[str, Any]:
+        """Where the run is after ``step`` steps, for the trainer state."""
+        ...
+
+
+class TaskPrompts:
+    """A task's prompts, drawn from a generator seeded by the run's seed and the step."""
+
+    skipped = 0
+
+    def __init__(self, task: Task, encode: Callable[[str], list[int]], *, seed: int) -> None:
+        self.task = task
+        self.encode = encode
+        self.seed = seed
+
+    def for_step(self, step: int, n: int) -> list[Prompt]:
+        prompts = self.task.prompts(random.Random(f"{self.seed}:{step}"), n)
+        return [Prompt(p.id, p.text, p.answer, tuple(self.encode(p.text))) for p in prompts]
+
+    def position(self, step: int, n: int) -> dict[str, Any]:
+        return {"task": self.task.name}

@@ -1,0 +1,94 @@
+"""What an actor builds from its region's bucket alone: the run's spec, its tokenizer, its engine.
+
+Sampling (group size, lengths, temperature, top-p), the reward and the tokenizer's settings come
+from the run's ``aurora_run.json``, written by the trainer, never from actor flags that could
+disagree with it. A run an earlier trainer started has no ``aurora_run.json``: its
+``task.json`` names the task and the defaults of that time apply. The torch engine is the
+model built from the run's ``config.json`` in BF16, its weights then loaded from the version
+the actor bootstraps on; vLLM loads that version replayed as a HF directory.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from actor.config import EngineConfig
+from actor.engine import Engine
+from actor.torch_engine import TorchEngine
+from aurora_store.bucket.run import Run
+from aurora_store.rl.errors import ModelError
+from aurora_store.rl.models import build_model, check_config
+from aurora_store.rl.runspec import NAME as RUN_SPEC
+from aurora_store.rl.runspec import RunSpec, RunSpecError
+from aurora_store.rl.sampling import SamplingConfig
+from aurora_store.rl.tokenizers import CHAR_KIND, EOS, Tokenizer, from_files
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def run_files(run: Run) -> dict[str, bytes]:
+    """Every file attached to the run."""
+    return {name: run.files.get(name) for name in run.files.names()}
+
+
+def run_spec(run: Run, files: Mapping[str, bytes]) -> RunSpec:
+    """The run's ``aurora_run.json``, or for a run an earlier trainer started, what its ``task.json`` implies."""
+    if RUN_SPEC in files:
+        return RunSpec.from_bytes(files[RUN_SPEC], f"{run.uri}/files/{RUN_SPEC}")
+    if "task.json" not in files:
+        raise RunSpecError(f"{run.uri}: the run has neither {RUN_SPEC} nor task.json")
+    try:
+        task = json.loads(files["task.json"])["task"]
+    except (ValueError, KeyError, TypeError):
+        raise RunSpecError(f"{run.uri}/files/task.json: not a task record") from None
+    if not isinstance(task, str):
+        raise RunSpecError(f"{run.uri}/files/task.json: the task must be named by a string")
+    return RunSpec(
+        tokenizer=CHAR_KIND,
+        chat_template=False,
+        system_prompt=None,
+        sampling=SamplingConfig(),
+        reward=f"task:{task}",
+        reward_timeout_s=10.0,
+        eos_ids=(EOS,),
+    )
+
+
+def tokenizer(spec: RunSpec, files: Mapping[str, bytes]) -> Tokenizer:
+    return from_files(
+        spec.tokenizer, files, chat_template=spec.chat_template, system_prompt=spec.system_prompt, eos_ids=spec.eos_ids
+    )
+
+
+def vocab_size(run: Run, files: Mapping[str, bytes]) -> int:
+    """Rows of the model's embedding (``config.json``): every prompt id must be below it."""
+    return int(_config(run, files)["vocab_size"])
+
+
+def _config(run: Run, files: Mapping[str, bytes]) -> dict[str, Any]:
+    if "config.json" not in files:
+        raise ModelError(f"{run.uri}: the run has no config.json")
+    try:
+        return check_config(json.loads(files["config.json"]))
+    except ValueError as exc:
+        raise ModelError(f"{run.uri}/files/config.json: not JSON ({exc})") from None
+
+
+def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfig, worker_id: str) -> Engine:
+    config = _config(run, files)
+    if cfg.engine == "torch":
+        model = build_model(config, dtype=torch.bfloat16)
+        return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
+    # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
+    # applied in place on vLLM's own parameters (actor/vllm_engine.py; unverified without a GPU)
+    from actor.vllm_engine import VllmEngine
+    from aurora_store.bucket.replay import replay
+
+    out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
+    replay(run, None, out, force=True)
+    return VllmEngine(out, tensor_parallel_size=cfg.tensor_parallel, stop_token_ids=list(spec.eos_ids))

@@ -1,0 +1,98 @@
+"""Rewards: final-answer extraction, math-verify, exact, regex, task and user functions, and the
+actor's reward process surviving rewards that raise, hang, lie or die."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actor.rewards import RewardPool
+from aurora_store.rl.errors import TaskError
+from aurora_store.rl.rewards import final_answer, load_reward
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("so the answer is \\boxed{72}. Then 5", "72"),
+        ("first \\boxed{1} then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
+        ("work...\n#### 1,250\nthanks", "1,250"),
+        ("she has 3 left, and 12 in all", "12"),
+        ("-7.5 degrees", "-7.5"),
+        ("nothing numeric", None),
+    ],
+)
+def test_the_final_answer_of_a_completion(completion: str, answer: str | None) -> None:
+    assert final_answer(completion) == answer
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "reward"),
+    [
+        ("\\boxed{72}", "72", 1.0),
+        ("#### 1,000", "1000", 1.0),
+        ("the total is 18 dollars", "18", 1.0),
+        ("it is 3/4", "0.75", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "\\frac12", 1.0),
+        ("\\boxed{73}", "72", 0.0),
+        ("no idea", "5", 0.0),
+    ],
+)
+def test_math_reward_compares_final_answers(completion: str, gold: str, reward: float) -> None:
+    assert load_reward("math")("q", completion, gold) == reward
+
+
+def test_exact_regex_task_and_user_rewards() -> None:
+    assert load_reward("exact")("q", " 42\n", "42") == 1.0 and load_reward("exact")("q", "420", "42") == 0.0
+    rx = load_reward(r"regex:answer: (\d+)")
+    assert rx("q", "answer: 3, no, answer: 42", "42") == 1.0 and rx("q", "answer: 3", "42") == 0.0
+    assert rx("q", "nothing", "42") == 0.0
+    assert load_reward("task:arith")("3+4=", "7", "7") == 1.0
+    assert load_reward("tests.reward_fns:length_over_ten")("q", "abcde", "") == 0.5
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "nope",
+        "regex:(",
+        "task:nope",
+        "no.such.module:f",
+        "tests.reward_fns:missing",
+        "tests.reward_fns:NOT_CALLABLE",
+    ],
+)
+def test_bad_reward_specs(spec: str) -> None:
+    with pytest.raises(TaskError):
+        load_reward(spec)
+
+
+def test_the_reward_process_scores_and_survives_every_failure() -> None:
+    with RewardPool("tests.reward_fns:length_over_ten", timeout_s=5) as pool:
+        assert pool.score("q", "abcdefghij", "") == (1.0, None)
+    for spec, kind in (
+        ("tests.reward_fns:raises", "error"),
+        ("tests.reward_fns:nan", "invalid"),
+        ("tests.reward_fns:text", "invalid"),
+        ("tests.reward_fns:dies", "crashed"),
+    ):
+        with RewardPool(spec, timeout_s=5) as pool:
+            assert pool.score("q", "a completion", "") == (0.0, kind), spec
+            assert pool.score("q", "another", "") == (0.0, kind), "the pool goes on after a failure"
+            assert pool.failures == {kind: 2}
+
+
+def test_a_hanging_reward_is_cut_off_at_its_time_limit() -> None:
+    with RewardPool("tests.reward_fns:hangs", timeout_s=0.5) as pool:
+        t0 = time.monotonic()
+        assert pool.score("q", "slow", "") == (0.0, "timeout")
+        assert time.monotonic() - t0 < 5
+        assert pool.score("q", "0", "") == (0.0, None), "a fresh process serves the next call"
+        assert pool.failures == {"timeout": 1}
+
+
+def test_a_reward_that_cannot_load_is_refused_at_start() -> None:
+    with pytest.raises(TaskError, match="cannot import"):
+        RewardPool("no.such.module:f", timeout_s=1)

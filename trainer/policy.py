@@ -1,0 +1,158 @@
+"""The policy the trainer trains, and everything a run records about it.
+
+A new run starts from a user's HF causal LM (``--model``: a local directory read offline, or a
+hub id) or from the built-in tiny Qwen3 with a character tokenizer. Masters are FP32 (a BF16
+checkpoint widens exactly, so version 0 is its bits); versions are published in BF16. The run
+records what actors and ``aurora replay`` need to rebuild the model and tokenizer from the
+bucket alone (``config.json``, ``generation_config.json``, the tokenizer's files) and, in
+``aurora_run.json``, how to sample and score. A resumed run rebuilds its policy from those
+files; its weights then come from the trainer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aurora_store.bucket.run import Run
+from aurora_store.rl.errors import ModelError
+from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
+from aurora_store.rl.runspec import NAME as RUN_SPEC
+from aurora_store.rl.runspec import RunSpec, RunSpecError
+from aurora_store.rl.tokenizers import CHAR_KIND, HF_KIND, CharTokenizer, HFTokenizer, Tokenizer, from_files
+from trainer.config import TrainerConfig
+
+
+@dataclass(slots=True)
+class Policy:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    files: dict[str, bytes]
+    """The run's attachments that describe it: config, generation config, tokenizer files."""
+    vocab_size: int
+    """Rows of the model's embedding: every token id an actor returns must be below it."""
+
+
+def device_for(cfg: TrainerConfig, local_rank: int) -> torch.device:
+    """Where this rank computes: ``--device``, or with ``auto`` its own GPU when there is one."""
+    want = cfg.model.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(want)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"--device {cfg.model.device}: no CUDA device here")
+        if device.index is None:
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def new_policy(cfg: TrainerConfig) -> Policy:
+    """Version 0's policy: the user's model (FP32 masters) or the built-in tiny one."""
+    m, d = cfg.model, cfg.data
+    if m.model is None:
+        chars = CharTokenizer()
+        model = build_model(tiny_config(chars.vocab_size, hidden=m.hidden, layers=m.layers), seed=cfg.seed)
+        return Policy(model, chars, {**model_files(model), **chars.files()}, chars.vocab_size)
+    model = load_pretrained(m.model, dtype=torch.float32)
+    files = model_files(model)
+    hf = HFTokenizer.load(
+        m.model, chat_template=d.chat_template, system_prompt=d.system_prompt, eos_ids=generation_eos(files)
+    )
+    return Policy(model, hf, {**files, **hf.files()}, _vocab(model))
+
+
+def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy:
+    """A resumed run's policy, rebuilt from the run's own files (its weights come from the trainer state).
+    ``spec`` is the run's recorded one; a run an earlier trainer started has none."""
+    files = {name: run.files.get(name) for name in run.files.names()}
+    if "config.json" not in files:
+        raise ModelError(f"{run.uri}: the run has no config.json")
+    try:
+        config: dict[str, Any] = json.loads(files["config.json"])
+    except ValueError as exc:
+        raise ModelError(f"{run.uri}: config.json is not JSON: {exc}") from None
+    model = build_model(config, seed=cfg.seed)
+    if spec is None:
+        kind = HF_KIND if "tokenizer_config.json" in files else CHAR_KIND
+        tok = from_files(kind, files, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
+    else:
+        tok = from_files(
+            spec.tokenizer,
+            files,
+            chat_template=spec.chat_template,
+            system_prompt=spec.system_prompt,
+            eos_ids=spec.eos_ids,
+        )
+    return Policy(model, tok, files, _vocab(model))
+
+
+def _vocab(model: torch.nn.Module) -> int:
+    emb = model.get_input_embeddings()  # type: ignore[operator]
+    return int(emb.weight.shape[0])
+
+
+def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
+    """What this trainer's actors must do, from its options."""
+    reward = cfg.reward.reward
+    if reward is None:
+        if cfg.data.data is None:
+            reward = f"task:{cfg.data.task}"
+        elif cfg.data.data_format is not None:
+            reward = "math"
+        else:
+            raise RunSpecError("--data without --data-format needs a --reward (math, exact, regex:..., module:fn)")
+    hf = isinstance(policy.tokenizer, HFTokenizer)
+    return RunSpec(
+        tokenizer=policy.tokenizer.kind,
+        chat_template=bool(hf and policy.tokenizer.chat_template),  # type: ignore[attr-defined]
+        system_prompt=cfg.data.system_prompt if hf else None,
+        sampling=cfg.sampling,
+        reward=reward,
+        reward_timeout_s=cfg.reward.reward_timeout_s,
+        eos_ids=policy.tokenizer.eos_ids,
+    )
+
+
+def recorded_spec(run: Run) -> RunSpec | None:
+    """The run's ``aurora_run.json``, or None for a run started by an earlier trainer (it had none)."""
+    if RUN_SPEC not in run.files.names():
+        return None
+    return RunSpec.from_bytes(run.files.get(RUN_SPEC), f"{run.uri}/files/{RUN_SPEC}")
+
+
+def record(run: Run, policy: Policy, spec: RunSpec) -> None:
+    """Attach the policy's files and the run spec (before version 0, so its manifest lists them)."""
+    for name, data in sorted(policy.files.items()):
+        run.files.put(name, data)
+    run.files.put(RUN_SPEC, spec.to_bytes())
+
+
+def check_resume(run: Run, recorded: RunSpec | None, mine: RunSpec) -> None:
+    """A restarted trainer must sample and score as the run was started; say what differs if not."""
+    if recorded is not None and recorded != mine:
+        raise RunSpecError(
+            f"{run.uri}: this run was started with other settings ({'; '.join(recorded.differences(mine))}); "
+            "restart with the run's own, or start a new run"
+        )
+
+
+def reference_model(policy: Policy, run: Run, device: torch.device) -> torch.nn.Module:
+    """The frozen KL reference: version 0 exactly as published (BF16 weights; FP32 on CPU)."""
+    config = json.loads(policy.files["config.json"])
+    ref = build_model(config, seed=0)
+    weights = run.materialize(0)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(weights[name].float())
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return ref.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
