@@ -114,8 +114,15 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, *, exclude: frozenset[str] = frozenset()) -> None:
-    """One flag per leaf field of ``cls`` (except the dests in ``exclude``), grouped by section."""
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    exclude: frozenset[str] = frozenset(),
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """One flag per leaf field of ``cls`` (except the dests in ``exclude``), grouped by section;
+    ``defaults`` (by dest) replaces a field's default for this command (a recipe: ``aurora demo``'s)."""
     groups: dict[str, Any] = {}
     for section, dest, f, tp, doc in _leaves(cls):
         if dest in exclude:
@@ -127,8 +134,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, exclude: frozense
             target = groups[section]
         meta = f.metadata.get(_KEY, {})
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-        default = _default(f)
-        kw: dict[str, Any] = {"dest": dest, "help": doc}
+        default = (defaults or {}).get(dest, _default(f))
+        kw: dict[str, Any] = {"dest": dest, "help": doc.replace("%", "%%")}  # argparse formats help with %
         env = meta.get("env")
         if env:
             default = os.environ.get(env, None if default is dataclasses.MISSING else default)

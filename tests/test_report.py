@@ -1,4 +1,4 @@
-"""The HTML run report: five well-formed SVG charts, escaped strings, degenerate data, shape errors."""
+"""The HTML run report: eight well-formed SVG charts, escaped strings, degenerate data, shape errors."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ def realistic(steps: int = 20) -> dict[str, Any]:
                 "full_bytes": 988_000_000 if s % 5 == 0 else 0,  # 0: no full snapshot this version
                 "density": 0.04 + 0.01 * math.sin(s),
                 "publish_s": 1.5 + 0.1 * s,
+                "entropy": 2.0 - 0.05 * s,
+                "kl": 0.001 * s,
+                "clip_frac": None if s % 4 == 0 else 0.02,  # None: a step that trained nothing
+                "response_len": 180.0 + 3 * s,
             }
             for s in range(steps)
         ],
@@ -55,10 +59,10 @@ def notes(text: str) -> list[str]:
 
 
 def check(text: str) -> list[ET.Element]:
-    """The whole page and every chart are well-formed; there are always five charts, each titled."""
+    """The whole page and every chart are well-formed; there are always eight charts, each titled."""
     ET.fromstring(text.split("\n", 1)[1])  # after the doctype, the page is XML too
     charts = svgs(text)
-    assert len(charts) == 5
+    assert len(charts) == 8
     for svg in charts:
         assert svg.tag == f"{SVG}svg"
         title = svg.find(f"{SVG}title")
@@ -78,17 +82,23 @@ def test_realistic_report(tmp_path: Path) -> None:
         "Mean reward per step",
         "Bytes per version",
         "Changed fraction per version",
+        "Entropy and KL per completion token",
+        "Tokens whose ratio was clipped",
+        "Mean completion length",
         "Publish to apply, per region (max over actors)",
         "Share of work per step",
     ]
-    reward, size, _, apply, share = ("".join(svg.itertext()) for svg in charts)
+    reward, size, _, policy, clipped, length, apply, share = ("".join(svg.itertext()) for svg in charts)
+    assert "entropy" in policy and "kl" in policy and "nats" in policy and "tokens" in length
+    assert "clip" in clipped
+    assert len(charts[4].findall(f"{SVG}circle")) == 15, "steps that trained nothing have no clip fraction"
     assert "step" in reward and "mean reward" in reward and "0.4" in reward
     assert "delta" in size and "full" in size and "100M" in size and "1G" in size  # log ticks, readable
     assert "us-east" in apply and "eu-west" in apply and "ap-south" in apply
     assert all(a in share for a in ("us-east/a0", "eu-west/a0"))
     assert len(charts[0].findall(f"{SVG}circle")) == 20  # one marker per step
-    assert len(charts[3].findall(f"{SVG}polyline")) == 3  # one series per region
-    assert len(charts[4].findall(f"{SVG}rect")) > 20 * 4  # stacked: a segment per actor per step
+    assert len(charts[6].findall(f"{SVG}polyline")) == 3  # one series per region
+    assert len(charts[7].findall(f"{SVG}rect")) > 20 * 4  # stacked: a segment per actor per step
     assert notes(text) == ["skipped 16 value(s) &lt;= 0 on the log axis"]  # the versions with no full snapshot
     assert "<td>versions verified</td>" in text.replace("th>", "td>") and "0.61" in text
     assert len(re.findall(r"<td>\d+(\.\d+)?%</td>", text)) == 4  # total-share table, one row per actor
@@ -103,7 +113,7 @@ def test_apply_takes_the_slowest_actor_per_region() -> None:
             {"version": 2, "region": "r", "actor": "b", "seconds": float("nan")},
         ]
     }
-    chart = check(render_report(data))[3]
+    chart = check(render_report(data))[6]
     ys = {c.get("cy") for c in chart.findall(f"{SVG}circle")}
     assert len(ys) == 1  # both versions plot at 9 s; the NaN does not replace a real value
 

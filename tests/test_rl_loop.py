@@ -68,6 +68,10 @@ class Loop:
                 "20",
                 "--state-every",
                 "1",
+                "--max-new-tokens",
+                "4",
+                "--lr",
+                "5e-4",
                 *extra,
             ],
         )
@@ -256,6 +260,8 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
             "3",
             "--state-every",
             "1",
+            "--max-new-tokens",
+            "4",
         ],
     )
     loop.actor("a")

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from aurora_store.options import add_options, build
-from trainer.config import DEMO_GIVES, DemoConfig, TrainerConfig
+from trainer.config import DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
 
 
 def register(sub: Any) -> None:
@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("demo", help="the whole RL loop on one machine: trainer, relays, actors in three regions")
     add_options(p, DemoConfig)
-    add_options(p, TrainerConfig, exclude=DEMO_GIVES)
+    add_options(p, TrainerConfig, exclude=DEMO_GIVES, defaults=DEMO_RECIPE)
     p.set_defaults(handler=demo_main)
 
 

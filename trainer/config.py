@@ -76,8 +76,8 @@ class RolloutConfig:
 class OptimizerConfig:
     """The GRPO loss, AdamW, and the supervised warm start before version 0 (built-in tasks only)."""
 
-    lr: float = 5e-4
-    """AdamW learning rate of the RL steps, after the warm-up."""
+    lr: float = 1e-6
+    """AdamW learning rate of the RL steps, after the warm-up (1e-6 changes ~1% of an LLM's BF16 weights a step)."""
     warmup_steps: int = 0
     """Steps over which the learning rate rises linearly to --lr, then stays there."""
     max_grad_norm: float = 1.0
@@ -171,3 +171,14 @@ class DemoConfig:
 
 DEMO_GIVES = frozenset({"store", "redis", "run_id", "region", "storage_options"})
 """The trainer options ``aurora demo`` sets itself."""
+
+DEMO_RECIPE = {
+    "steps": 250,
+    "rollout.prompts": 64,
+    "optim.lr": 1.2e-5,
+    "optim.sft_steps": 100,
+    "sampling.max_new_tokens": 4,
+}
+"""``aurora demo``'s defaults for the built-in tiny model, where real RL runs: measured on 2 cores, a
+delta changes 7.7-9.4% of the BF16 weights (about 1/20 of a full copy) and the reward rises by
+more than twice its standard error (3 seeds), in under two minutes."""

@@ -10,7 +10,9 @@ only through the buckets and Redis, as on a real deployment.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -200,6 +202,26 @@ class _Progress:
         return t
 
 
+def _policy(r: StepReport) -> dict[str, float | None]:
+    """The step's policy metrics for the report; None where the step trained nothing (no group had a signal)."""
+    trained = bool(r.stats.get("micro_batches"))
+    return {
+        k: r.stats.get(k) if trained else None for k in ("entropy", "kl", "clip_frac", "response_len")
+    }  # kl: None without a reference
+
+
+def _rise(reports: list[StepReport], k: int) -> tuple[float, float, float]:
+    """Mean reward of the first and the last ``k`` steps, and the standard error of their difference."""
+    if not reports:
+        return 0.0, 0.0, 0.0
+    a, b = [r.reward_mean for r in reports[:k]], [r.reward_mean for r in reports[-k:]]
+    return statistics.fmean(a), statistics.fmean(b), math.sqrt(_var(a) / len(a) + _var(b) / len(b))
+
+
+def _var(xs: list[float]) -> float:
+    return statistics.variance(xs) if len(xs) > 1 else 0.0
+
+
 def _finish(
     console: Console,
     work: Path,
@@ -209,8 +231,7 @@ def _finish(
     elapsed: float,
 ) -> dict[str, Any]:
     k = max(1, min(5, len(reports) // 4))
-    first = sum(r.reward_mean for r in reports[:k]) / k
-    last = sum(r.reward_mean for r in reports[-k:]) / k
+    first, last, stderr = _rise(reports, k)
     published = {r.version: r.published_ms for r in reports}
     apply_rows = [
         {
@@ -226,16 +247,21 @@ def _finish(
     for r in reports:
         for actor, n in r.shares.items():
             shares[actor].append({"step": r.step, "prompts": n})
-    delta_mean = sum(r.delta_bytes for r in reports) / max(len(reports), 1)
+    deltas = [r for r in reports if r.kind == "delta"]
+    delta_mean = sum(r.delta_bytes for r in deltas) / max(len(deltas), 1)
     summary = {
         "steps": len(reports),
         "reward_first": round(first, 4),
         "reward_last": round(last, 4),
-        "reward_rose": last > first,
+        "reward_stderr": round(stderr, 4),
+        "reward_rose": last - first > 2 * stderr,
         "versions_verified": verified,
+        "delta_versions": len(deltas),
+        "density_mean": round(sum(r.density for r in deltas) / max(len(deltas), 1), 4),
         "delta_bytes_mean": round(delta_mean),
         "full_bytes": reports[0].full_bytes if reports else 0,
         "dropped_results": dict(reports[-1].dropped) if reports else {},
+        "reward_failures": dict(reports[-1].reward_failures) if reports else {},
         "wall_s": round(elapsed, 1),
         "workdir": str(work),
     }
@@ -251,6 +277,7 @@ def _finish(
                 "full_bytes": r.full_bytes,
                 "density": r.density,
                 "publish_s": r.publish_s,
+                **_policy(r),
             }
             for r in reports
         ],
@@ -260,10 +287,10 @@ def _finish(
     summary["report"] = write_report(data, str(work / "report.html"))
     console.print()
     console.print(
-        f"reward {first:.3f} -> {last:.3f} over {len(reports)} steps; {verified} versions verified in "
-        f"{len(REGIONS)} regions; mean delta {delta_mean:,.0f} B vs full {summary['full_bytes']:,} B; "
-        f"report: {summary['report']}"
+        f"reward {first:.3f} -> {last:.3f} (± {stderr:.3f}) over {len(reports)} steps; {verified} versions "
+        f"verified in {len(REGIONS)} regions; a delta changed {summary['density_mean']:.1%} of the weights, "
+        f"{delta_mean:,.0f} B against {summary['full_bytes']:,} B for a full copy; report: {summary['report']}"
     )
-    if last <= first:
-        console.print("[yellow]mean reward did not rise over this run[/]")
+    if not summary["reward_rose"]:
+        console.print("[yellow]mean reward did not rise by more than twice its standard error over this run[/]")
     return summary

@@ -27,8 +27,8 @@ class StepStats:
     """Completion tokens trained on."""
     response_len: float
     """Mean completion length, in tokens."""
-    kl: float
-    """Mean k3 KL to the reference per completion token (0 without a reference)."""
+    kl: float | None
+    """Mean k3 KL to the reference per completion token; None without a reference (--kl-coef 0)."""
     entropy: float
     """Mean entropy of the policy per completion token, in nats."""
     clip_frac: float
@@ -102,7 +102,7 @@ def optimizer_step(
     return StepStats(
         tokens=total_tokens,
         response_len=total_tokens / max(len(samples), 1),
-        kl=totals.kl / per_token,
+        kl=totals.kl / per_token if reference is not None else None,
         entropy=totals.entropy / per_token,
         clip_frac=totals.clipped / per_token,
         logprob_drift=totals.drift / per_token,

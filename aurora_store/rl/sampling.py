@@ -15,7 +15,7 @@ class SamplingConfig:
 
     group: int = 8
     """Completions sampled per prompt (the GRPO group)."""
-    max_new_tokens: int = 4
+    max_new_tokens: int = 1024
     """Longest completion, in tokens."""
     temperature: float = 1.0
     """Sampling temperature; the trainer takes log-probabilities at the same one."""
