@@ -16,6 +16,7 @@ BENCHMARKS = {
     "transfer": "time to apply a version in every region over emulated WANs; see --help",
     "schedule": "step makespan of the EMA batch split vs uniform and ideal; see --help",
     "e2e": "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help",
+    "full": "publish and materialize a full version against safetensors' own save and verified read; see --help",
 }
 
 

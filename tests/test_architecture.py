@@ -33,7 +33,7 @@ LAYERS: dict[str, float] = {
 
 THIRD_PARTY = {
     "aurora_store.codec": {"numpy", "zstandard"},
-    "aurora_store.format": {"numpy", "zstandard", "cryptography"},
+    "aurora_store.format": {"numpy", "zstandard", "cryptography", "numba"},  # numba: the digest's compiled mixer
     "aurora_store.coord": {"redis", "fakeredis"},
 }
 """Third-party imports these layers may make at all (a format layer with no fsspec, redis or torch)."""

@@ -130,7 +130,7 @@ def worker(uri: str, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def _fail(version: int, obj: Any) -> None:
+def _fail(version: int, obj: Any, staged: Any = None) -> None:
     raise StoreError(f"injected upload failure of {obj.entry.key}")
 
 

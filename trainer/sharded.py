@@ -35,7 +35,7 @@ from aurora_store.bucket.plan import KINDS, Kind, PublishPlan, Tip, VersionInfo
 from aurora_store.bucket.publish import Baseline, Part, delta_part, elements_part
 from aurora_store.errors import ConflictError, StoreError, UnsupportedError
 from aurora_store.format.delta import DeltaBuilder
-from aurora_store.format.full import build_shard, plan_shards
+from aurora_store.format.full import plan_shards
 from trainer.collectives import Collectives
 from trainer.shard_ranges import LocalShards, local_words, published_state, range_table
 
@@ -177,6 +177,7 @@ class ShardedPublisher:
         failure: BaseException | None = None
         concurrency = self.run.config.concurrency  # bounds the shards held in memory
         uploads = self.run.uploads(plan.version, max_pending=concurrency)
+        counting = self.run.store.pool.submit(elements_part, plan.specs, local.ranges, local.words, self._base)
         for g, members in enumerate(plan_shards(plan.specs, self.run.config.shard_bytes)):
             owner = g % comm.size
             words: dict[str, np.ndarray] = {}
@@ -192,13 +193,16 @@ class ShardedPublisher:
                     out[lo:hi] = mine
             if comm.rank == owner and failure is None:
                 try:
-                    uploads.submit(build_shard(plan.version, g, plan.specs, members, words))
+                    self.run.put_shard(uploads, plan, g, members, words)
                 except Exception as exc:  # reported after every transfer is done
                     failure = exc
         entries, failed = _attempt(uploads.wait)
         if failure or failed:
             return None, failure or failed
-        changed, digest = elements_part(plan.specs, local.ranges, local.words, self._base)
+        counted, failed = _attempt(counting.result)
+        if counted is None:
+            return None, failed
+        changed, digest = counted
         return Part(entries or [], changed, digest), None
 
     def _gather(

@@ -24,14 +24,18 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
+import numpy as np
 
 from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError, UnsupportedError
 from aurora_store.format.keys import TMP_PREFIX
 
 _MEMORY_LOCK = threading.Lock()
+_PREADV = hasattr(os, "preadv")
+_SYNC_EVERY = 32 << 20
+"""A staged write makes every this many bytes durable while later pieces are still being made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,7 @@ class ObjectStore:
         try:
             with _translated(self.url(key), creating=True):
                 if self.is_local:
-                    return _local_put_if_absent(path, data)
+                    return _local_put_if_absent(self, key, data)
                 if self.protocol == "memory":
                     with _MEMORY_LOCK:
                         if self.fs.exists(path):
@@ -94,12 +98,20 @@ class ObjectStore:
         except _Exists:
             return False
 
-    def put_immutable(self, key: str, data: bytes | memoryview, *, verify: Callable[[bytes], bool]) -> bool:
+    def put_immutable(
+        self,
+        key: str,
+        data: bytes | memoryview,
+        *,
+        verify: Callable[[bytes], bool],
+        staged: StagedWrite | None = None,
+    ) -> bool:
         """Put-if-absent that tolerates an identical object already there (a retried write).
 
         Returns True if this call wrote the object. If another object holds the key and
-        ``verify`` rejects its bytes, that is a ConflictError: objects are never rewritten."""
-        if self.put_if_absent(key, data):
+        ``verify`` rejects its bytes, that is a ConflictError: objects are never rewritten.
+        ``staged``: ``data`` was already written there (see :meth:`stage`); it is linked, not rewritten."""
+        if staged.link(key) if staged is not None else self.put_if_absent(key, data):
             return True
         existing = self.get(key, max_bytes=len(data) + 1)
         if not verify(existing):
@@ -107,6 +119,11 @@ class ObjectStore:
                 f"{self.url(key)} already exists with different content; objects are immutable", url=self.url(key)
             )
         return False
+
+    def stage(self, directory: str) -> StagedWrite | None:
+        """Start writing an object of ``directory`` whose key is not known yet, or None where the
+        backend can only put whole objects (then put the bytes once the key is known)."""
+        return StagedWrite(self, directory) if self.is_local else None
 
     # ------------------------------------------------------------ reads
 
@@ -135,17 +152,55 @@ class ObjectStore:
         except _Unsatisfiable:
             return b""
 
-    def get_sized(self, key: str, size: int, part_bytes: int) -> bytes:
-        """Read an object of known ``size`` with parallel ranged GETs of ``part_bytes``.
+    def get_sized(self, key: str, size: int, part_bytes: int) -> memoryview:
+        """Read an object of known ``size`` with parallel ranged GETs of ``part_bytes``, into one
+        writable buffer (a shard's tensors are then used in place: no second copy).
 
         Returns exactly ``size`` bytes or raises: a shorter object is truncated, a longer one
         is not the object the manifest describes."""
+        buf = np.empty(size, dtype=np.uint8)
+        read = self._read_local if self.is_local and _PREADV else self._read_parts
+        got = read(key, buf, part_bytes)
+        if got != size:
+            what = "truncated" if got < size else "longer than recorded"
+            raise CorruptError(f"{self.url(key)} is {what}: {got} bytes, manifest says {size}", url=self.url(key))
+        return buf.data
+
+    def _read_parts(self, key: str, buf: np.ndarray, part_bytes: int) -> int:
+        """Ranged GETs into ``buf`` (one past its end, to see a longer object); the bytes seen."""
+        size = buf.size
         parts = [RangeRequest(key, lo, min(lo + part_bytes, size + 1)) for lo in range(0, size + 1, part_bytes)]
-        data = self.get_range(parts[0]) if len(parts) == 1 else b"".join(self.part_pool.map(self.get_range, parts))
-        if len(data) != size:
-            what = "truncated" if len(data) < size else "longer than recorded"
-            raise CorruptError(f"{self.url(key)} is {what}: {len(data)} bytes, manifest says {size}", url=self.url(key))
-        return data
+        results = [self.get_range(parts[0])] if len(parts) == 1 else self.part_pool.map(self.get_range, parts)
+        got = 0
+        for req, data in zip(parts, results, strict=True):
+            n = min(len(data), size - req.start)
+            buf[req.start : req.start + n] = np.frombuffer(data, dtype=np.uint8, count=n)
+            got += len(data)
+        return got
+
+    def _read_local(self, key: str, buf: np.ndarray, part_bytes: int) -> int:
+        """A local object read straight into ``buf`` by parallel ``preadv`` calls; the object's size."""
+        view = buf.data
+        with _translated(self.url(key)):
+            fd = os.open(self.path(key), os.O_RDONLY)
+            try:
+                n = os.fstat(fd).st_size
+                if n != buf.size:
+                    return n
+
+                def part(lo: int) -> int:
+                    hi = min(lo + part_bytes, n)
+                    at = lo
+                    while at < hi:
+                        got = os.preadv(fd, [view[at:hi]], at)
+                        if got == 0:
+                            break  # shrank under us: immutable objects do not; the caller says truncated
+                        at += got
+                    return at - lo
+
+                return sum(self.part_pool.map(part, range(0, n, part_bytes)))
+            finally:
+                os.close(fd)
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """Run ``fn`` over ``items`` on the store's I/O pool, yielding results in order."""
@@ -190,25 +245,70 @@ class ObjectStore:
             self._pool = self._part_pool = None
 
 
-def _local_put_if_absent(path: str, data: bytes | memoryview) -> bool:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    if os.path.exists(path):
+def _local_put_if_absent(store: ObjectStore, key: str, data: bytes | memoryview) -> bool:
+    if os.path.exists(store.path(key)):
         return False
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    staged = StagedWrite(store, key.rpartition("/")[0], url=store.url(key))
+    staged.write(data)
+    return staged.link(key)
+
+
+class StagedWrite:
+    """A local object written before its key is known: a shard whose SHA-256 (and so its key) is
+    still being computed streams its pieces into a temporary file of the key's directory as they
+    are made, and :meth:`link` makes it the object once the key is known. A reader never sees a
+    partial object; a failed or abandoned write leaves no object (:meth:`discard`)."""
+
+    def __init__(self, store: ObjectStore, directory: str, *, url: str | None = None) -> None:
+        """``url``: what errors name (the object's, when its key is known), else the directory."""
+        self._store, self._directory = store, directory
+        self._url = url or store.url(directory)
+        where = store.path(directory)
+        with _translated(self._url, creating=True):
+            os.makedirs(where, exist_ok=True)
+            self._tmp = os.path.join(where, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+            self._file: BinaryIO | None = open(self._tmp, "xb")  # noqa: SIM115 (closed by link or discard)
+        self._unsynced = 0
+
+    def write(self, piece: bytes | memoryview) -> None:
+        """Append the next piece (in order: one writer at a time)."""
+        if self._file is None:
+            raise StoreError("write to a staged object after it was linked or discarded")
+        with _translated(self._url):
+            self._file.write(piece)
+            self._unsynced += len(piece)
+            if self._unsynced >= _SYNC_EVERY:  # flush as it goes: the final fsync is then short
+                self._file.flush()
+                os.fdatasync(self._file.fileno())
+                self._unsynced = 0
+
+    def link(self, key: str) -> bool:
+        """Make the bytes written so far durable and the object ``key`` (in the staged directory).
+        False if ``key`` already exists; the temporary file is gone either way."""
+        if key.rpartition("/")[0] != self._directory or self._file is None:
+            self.discard()
+            raise StoreError(f"staged object of {self._directory!r} cannot become {key!r}")
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
+            with _translated(self._store.url(key), creating=True):
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                self._file = None
+                try:
+                    os.link(self._tmp, self._store.path(key))
+                except FileExistsError:
+                    return False
+                return True
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Drop what was written; nothing was published."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(self._tmp)
 
 
 class _Exists(Exception):

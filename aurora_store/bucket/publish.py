@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store import codec
+from aurora_store.bucket.objectstore import StagedWrite
 from aurora_store.bucket.plan import PublishPlan, Tip
 from aurora_store.errors import StoreError
 from aurora_store.format import dtypes
@@ -111,19 +112,31 @@ class Uploads:
     first upload's error after every upload has finished."""
 
     def __init__(
-        self, pool: ThreadPoolExecutor, put: Callable[[SealedObject], None], *, max_pending: int | None = None
+        self,
+        pool: ThreadPoolExecutor,
+        put: Callable[[SealedObject, StagedWrite | None], None],
+        *,
+        max_pending: int | None = None,
     ) -> None:
         self._pool, self._put, self._max = pool, put, max_pending
         self._pending: list[Future[None]] = []
         self._entries: list[Segment] = []
         self._failure: BaseException | None = None
 
-    def submit(self, obj: SealedObject) -> None:
+    def submit(self, obj: SealedObject, staged: StagedWrite | None = None) -> None:
+        """Upload ``obj`` (whose bytes are already in ``staged``, when given)."""
         if self._max is not None:
             while sum(not f.done() for f in self._pending) >= self._max:
                 self._settle(next(f for f in self._pending if not f.done()))
         self._entries.append(obj.entry)
-        self._pending.append(self._pool.submit(self._put, obj))
+        self._pending.append(self._pool.submit(self._upload, obj, staged))
+
+    def _upload(self, obj: SealedObject, staged: StagedWrite | None) -> None:
+        try:
+            self._put(obj, staged)
+        finally:
+            if staged is not None:
+                staged.discard()  # a no-op once linked; after a failure, no temporary file is left
 
     def _settle(self, f: Future[None]) -> None:
         exc = f.exception()

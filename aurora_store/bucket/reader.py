@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from aurora_store.bucket.objectstore import ObjectStore
+
+T = TypeVar("T")
+
+
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @contextmanager
@@ -104,17 +110,37 @@ class Reader:
 
     # ------------------------------------------------------------ objects
 
-    def fetch(self, seg: Segment) -> bytes:
-        """An object's bytes, verified against its manifest entry."""
+    def fetch(self, seg: Segment) -> memoryview:
+        """An object's bytes (a writable buffer), verified against its manifest entry."""
+        data = self._get(seg)
+        self._check(seg, _sha256(data))
+        return data
+
+    def fetch_then(self, seg: Segment, use: Callable[[memoryview], T]) -> T:
+        """``use(bytes of seg)``, run while their SHA-256 is computed beside it; its result is
+        returned only once the hash matches the manifest (a mismatch is the error reported, even
+        when ``use`` failed on the bytes: ``use`` must treat them as hostile, which parsers do)."""
+        data = self._get(seg)
+        hashing = self.store.part_pool.submit(_sha256, data)
+        try:
+            result = use(data)
+        except StoreError:
+            self._check(seg, hashing.result())
+            raise
+        self._check(seg, hashing.result())
+        return result
+
+    def _get(self, seg: Segment) -> memoryview:
         url = self.store.url(seg.key)
         with about(url):
             if seg.size > self.limits.max_segment_bytes:
                 raise LimitError(f"{url}: {seg.size} bytes exceeds the segment cap")
-            data = self.store.get_sized(seg.key, seg.size, self.limits.part_bytes)
-            got = hashlib.sha256(data).hexdigest()
-            if got != seg.sha256:
-                raise CorruptError(f"{url}: sha256 {got}, manifest says {seg.sha256}")
-        return data
+            return self.store.get_sized(seg.key, seg.size, self.limits.part_bytes)
+
+    def _check(self, seg: Segment, got: str) -> None:
+        if got != seg.sha256:
+            url = self.store.url(seg.key)
+            raise CorruptError(f"{url}: sha256 {got}, manifest says {seg.sha256}", url=url)
 
     def verify_files(self, m: Manifest) -> None:
         """Check the attachments ``m`` vouches for (each distinct file once per reader)."""
@@ -134,11 +160,14 @@ class Reader:
                 check_index(data, m, url)
 
         def load(seg: Segment) -> tuple[dict[str, np.ndarray], Digest]:
-            data = self.fetch(seg)
-            with about(self.store.url(seg.key)):
-                words = read_shard(data, m, seg, self.store.url(seg.key))
-            specs = tuple(m.tensors[i] for i in seg.tensors)
-            return words, full_digest(specs, words)  # overlaps with other shards' I/O
+            url = self.store.url(seg.key)
+
+            def parse(data: memoryview) -> tuple[dict[str, np.ndarray], Digest]:
+                with about(url):
+                    words = read_shard(data, m, seg, url)  # views into the shard's buffer: no copy
+                return words, full_digest(tuple(m.tensors[i] for i in seg.tensors), words)
+
+            return self.fetch_then(seg, parse)  # the digest runs beside the shard's SHA-256 and other shards' I/O
 
         words: dict[str, np.ndarray] = {}
         digest = Digest()

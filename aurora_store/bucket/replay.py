@@ -154,7 +154,7 @@ def _write_attachments(
     return files, skipped
 
 
-def _write(directory: str, name: str, data: bytes) -> None:
+def _write(directory: str, name: str, data: bytes | bytearray | memoryview) -> None:
     with open(os.path.join(directory, name), "xb") as f:
         f.write(data)
         f.flush()

@@ -20,7 +20,7 @@ import numpy as np
 
 from aurora_store.bucket.attachments import Attachments
 from aurora_store.bucket.limits import Limits
-from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
 from aurora_store.bucket.plan import Kind, PublishPlan, Tip, VersionInfo, committed_elsewhere, plan_next
 from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, elements_part, whole
 from aurora_store.bucket.reader import Reader
@@ -29,8 +29,8 @@ from aurora_store.errors import AuroraError, ConflictError, MissingError, StoreE
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
-from aurora_store.format.full import build_index, build_shard, plan_shards
-from aurora_store.format.keys import manifest_key
+from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
+from aurora_store.format.keys import manifest_key, version_dir
 from aurora_store.format.manifest import Manifest, Segment, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.format.weights import WeightState
@@ -213,33 +213,72 @@ class Run:
                 plan = plan.as_full()
             else:
                 part, builder = made
+        held: dict[str, np.ndarray] | None = None
         if part is None:
-            # shards upload one at a time while the next is built: never a second copy of the model in memory
-            uploads = self.uploads(plan.version, max_pending=1)
-            for g, members in enumerate(plan_shards(specs, self.config.shard_bytes)):
-                uploads.submit(build_shard(plan.version, g, specs, members, words))
-            entries = uploads.wait()
-            changed, digest = elements_part(specs, ranges, words, base)
-            part = Part(entries, changed, digest)
+            part, held = self._full_part(plan, words, base)
         info = self.commit(plan, [part], step=step, meta=meta, started=t0)
         tip = plan.tip_after(info)
-        if base is not None and base.fits(specs, ranges):
+        if held is not None:
+            self._base = Baseline(tip, dict(ranges), {k: held[k] for k in ranges})
+        elif base is not None and base.fits(specs, ranges):
             base.advance(tip, words, builder)
             self._base = base
         else:
             self._base = Baseline(tip, dict(ranges), {k: np.array(words[k], copy=True) for k in ranges})
         return info
 
+    def _full_part(
+        self, plan: PublishPlan, words: Mapping[str, np.ndarray], base: Baseline | None
+    ) -> tuple[Part, dict[str, np.ndarray]]:
+        """Build the shards of a full version one after another, each uploading while the next is built,
+        with the weights digest computed beside them. Returns the part and views of every tensor in
+        the shards' buffers: the next baseline, so the model is copied once, into the shards (and
+        uploads in flight hold no bytes of their own)."""
+        ranges = whole(plan.specs)
+        counting = self.store.pool.submit(elements_part, plan.specs, ranges, words, base)
+        uploads = self.uploads(plan.version)
+        held: dict[str, np.ndarray] = {}
+        for g, members in enumerate(plan_shards(plan.specs, self.config.shard_bytes)):
+            held.update(shard_words(self.put_shard(uploads, plan, g, members, words)))
+        entries = uploads.wait()
+        changed, digest = counting.result()
+        return Part(entries, changed, digest), held
+
     def uploads(self, version: int, *, max_pending: int | None = None) -> Uploads:
         """Cut-through uploads of objects of ``version`` on the store's pool, each announced as it lands."""
-        return Uploads(self.store.pool, lambda obj: self.upload(version, obj), max_pending=max_pending)
+        return Uploads(
+            self.store.pool, lambda obj, staged: self.upload(version, obj, staged=staged), max_pending=max_pending
+        )
 
-    def upload(self, version: int, obj: SealedObject) -> None:
+    def upload(self, version: int, obj: SealedObject, *, staged: StagedWrite | None = None) -> None:
         """Put one object of the version being published (put-if-absent; a retry with the same bytes
         is a success) and announce it: for publishers that build objects themselves (sharded ranks)."""
         sha = obj.entry.sha256
-        self.store.put_immutable(obj.entry.key, obj.data, verify=lambda b: hashlib.sha256(b).hexdigest() == sha)
+        verify = lambda b: hashlib.sha256(b).hexdigest() == sha  # noqa: E731
+        self.store.put_immutable(obj.entry.key, obj.data, verify=verify, staged=staged)
         self._announce("segment", version, obj.entry)
+
+    def put_shard(
+        self,
+        uploads: Uploads,
+        plan: PublishPlan,
+        ordinal: int,
+        members: list[TensorSpec],
+        words: Mapping[str, np.ndarray],
+    ) -> SealedObject:
+        """Build shard ``ordinal`` of full version ``plan`` and submit it to ``uploads``. On a local
+        store its bytes are written while it is being hashed, and only linked under its key here."""
+        staged = self.store.stage(version_dir(plan.version))
+        try:
+            shard = build_shard(
+                plan.version, ordinal, plan.specs, members, words, sink=staged.write if staged else None
+            )
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        uploads.submit(shard, staged)
+        return shard
 
     def commit(
         self,

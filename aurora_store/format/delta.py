@@ -28,7 +28,8 @@ class SealedObject:
     """An object ready to upload and the manifest entry that describes it."""
 
     entry: Segment
-    data: bytes
+    data: bytes | memoryview
+    """A full version's shard is a writable buffer: its publisher keeps views of it as its baseline."""
 
 
 @dataclass(slots=True)

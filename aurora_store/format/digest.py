@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,64 @@ def tensor_keys(name: str, dtype: str, shape: tuple[int, ...]) -> tuple[int, ...
     return tuple(int.from_bytes(raw[8 * j : 8 * j + 8], "little") for j in range(2 * LANES))
 
 
-def _fmix(x: np.ndarray) -> np.ndarray:
+_EMPTY = np.empty(0, np.uint64)
+
+
+def _compile() -> Any:
+    """The compiled mixer (numba, cached on disk), or None when numba is not installed or turned off."""
+    if os.environ.get("AURORA_DIGEST_NUMPY"):
+        return None
+    try:
+        import numba
+    except ImportError:
+        return None
+    golden = _GOLDEN
+
+    def lanes(k0: Any, k1: Any, k2: Any, k3: Any, index: Any, base: int, words: Any) -> tuple[Any, Any]:
+        a = np.uint64(0)
+        b = np.uint64(0)
+        for i in range(words.size):
+            idx = np.uint64(base + i) if index.size == 0 else index[i]
+            w = np.uint64(words[i])
+            a += mixj(mixj(idx ^ k0) + (w ^ k1) * golden)
+            b += mixj(mixj(idx ^ k2) + (w ^ k3) * golden)
+        return a, b
+
+    try:
+        mixj = numba.njit(cache=True, nogil=True)(_fmix)  # the numpy mixer, compiled for one element
+        kernel = numba.njit(cache=True, nogil=True)(lanes)
+        zero = np.uint64(0)
+        kernel(zero, zero, zero, zero, _EMPTY, 0, np.zeros(1, np.uint16))  # compiles (or loads) now, not mid-publish
+        return kernel
+    except Exception:  # a numba that cannot compile here: the numpy mixer gives the same bits
+        return None
+
+
+_KERNEL: Any = None
+_KERNEL_READY = False
+
+
+def _kernel() -> Any:
+    global _KERNEL, _KERNEL_READY
+    if not _KERNEL_READY:
+        _KERNEL, _KERNEL_READY = _compile(), True
+    return _KERNEL
+
+
+def _sums(keys: tuple[int, ...], index: np.ndarray | None, base: int, words: np.ndarray) -> list[int]:
+    """Lane sums of elements ``index`` (or ``base, base+1, ...`` when None) with ``words``."""
+    k = _kernel()
+    if k is None:
+        idx = np.arange(base, base + words.size, dtype=np.uint64) if index is None else index
+        return _lane_sums(keys, idx, words)
+    u = [np.uint64(v) for v in keys]
+    idx = _EMPTY if index is None else np.ascontiguousarray(index, dtype=np.uint64)
+    a, b = k(u[0], u[1], u[2], u[3], idx, base, np.ascontiguousarray(words))
+    return [int(a), int(b)]
+
+
+def _fmix(x: Any) -> Any:
+    """The 64-bit finaliser, on an array (numpy) or on one element (compiled)."""
     x ^= x >> _S33
     x *= _M1
     x ^= x >> _S33
@@ -84,21 +142,29 @@ class Digest:
 
     def add_elements(self, keys: tuple[int, ...], index: np.ndarray, words: np.ndarray, sign: int = 1) -> None:
         """Add (or with ``sign=-1`` remove) elements at flat ``index`` with bit ``words``."""
+        if _kernel() is not None:
+            self._add(_sums(keys, index, 0, words), sign)
+            return
         for lo in range(0, index.size, _CHUNK):
             self._add(_lane_sums(keys, index[lo : lo + _CHUNK], words[lo : lo + _CHUNK]), sign)
 
-    def add_tensor(self, keys: tuple[int, ...], words: np.ndarray, sign: int = 1) -> None:
-        """Add every element of a flat word array (O(numel): full versions only; uses every core)."""
+    def add_range(self, keys: tuple[int, ...], start: int, words: np.ndarray, sign: int = 1) -> None:
+        """Add the elements ``start, start + 1, ...`` with bit ``words`` (a rank's shard of a tensor)."""
+        self.add_tensor(keys, words, sign, start=start)
+
+    def add_tensor(self, keys: tuple[int, ...], words: np.ndarray, sign: int = 1, *, start: int = 0) -> None:
+        """Add every element of a flat word array (O(numel): full versions only; uses every core);
+        ``start`` is the flat index of its first element."""
         flat = words.reshape(-1)
 
         def span(lo: int, hi: int) -> list[int]:
+            if _kernel() is not None:
+                return _sums(keys, None, start + lo, flat[lo:hi])
             acc = [0] * LANES
             for a in range(lo, hi, _CHUNK):
                 b = min(a + _CHUNK, hi)
-                acc = [
-                    (x + y) & _MASK
-                    for x, y in zip(acc, _lane_sums(keys, np.arange(a, b, dtype=np.uint64), flat[a:b]), strict=True)
-                ]
+                part = _lane_sums(keys, np.arange(start + a, start + b, dtype=np.uint64), flat[a:b])
+                acc = [(x + y) & _MASK for x, y in zip(acc, part, strict=True)]
             return acc
 
         step = 64 * _CHUNK

@@ -30,10 +30,13 @@ class Entry:
     stop: int
 
 
-def build(
-    tensors: Sequence[tuple[str, str, tuple[int, ...], np.ndarray]], metadata: dict[str, str] | None = None
-) -> bytes:
-    """Serialise ``(name, dtype, shape, words)`` tuples, in the given order."""
+Tensors = Sequence[tuple[str, str, tuple[int, ...], np.ndarray]]
+"""``(name, dtype, shape, words)`` tuples, in file order."""
+
+
+def layout(tensors: Tensors, metadata: dict[str, str] | None = None) -> tuple[bytes, list[int]]:
+    """The file's first bytes (length prefix and padded JSON header) and each tensor's byte offset
+    in the file, with the file's size last."""
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
@@ -44,9 +47,28 @@ def build(
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    parts = [len(raw).to_bytes(8, "little"), raw]
-    parts += [np.ascontiguousarray(w).astype(w.dtype.newbyteorder("<"), copy=False).tobytes() for *_, w in tensors]
-    return b"".join(parts)
+    head = len(raw).to_bytes(8, "little") + raw
+    offsets = [len(head)]
+    for *_, words in tensors:
+        offsets.append(offsets[-1] + words.size * words.dtype.itemsize)
+    return head, offsets
+
+
+def little_bytes(words: np.ndarray) -> np.ndarray:
+    """A tensor's words as the flat little-endian bytes the file holds (a view when they already are)."""
+    w = np.ascontiguousarray(words).reshape(-1)
+    return w.astype(w.dtype.newbyteorder("<"), copy=False).view(np.uint8)
+
+
+def build(tensors: Tensors, metadata: dict[str, str] | None = None) -> bytearray:
+    """Serialise ``tensors`` into one buffer: one copy of the data, no intermediate bytes."""
+    head, offsets = layout(tensors, metadata)
+    out = bytearray(offsets[-1])
+    out[: len(head)] = head
+    dst = np.frombuffer(out, dtype=np.uint8)
+    for (*_, w), lo, hi in zip(tensors, offsets[:-1], offsets[1:], strict=True):
+        dst[lo:hi] = little_bytes(w)
+    return out
 
 
 def parse(data: bytes | memoryview, what: str) -> tuple[dict[str, Entry], int]:
@@ -99,8 +121,8 @@ def parse(data: bytes | memoryview, what: str) -> tuple[dict[str, Entry], int]:
 
 
 def words(data: bytes | memoryview, base: int, entry: Entry) -> np.ndarray:
-    """A writable copy of one tensor's elements as flat little-endian words."""
+    """One tensor's elements as flat little-endian words, writable: a view into ``data`` when it
+    is a writable buffer (the tensor then lives in it), else a copy."""
     width = dtypes.dtype(entry.dtype).width
-    return np.frombuffer(
-        data, dtype=f"<u{width}", count=(entry.stop - entry.start) // width, offset=base + entry.start
-    ).copy()
+    out = np.frombuffer(data, dtype=f"<u{width}", count=(entry.stop - entry.start) // width, offset=base + entry.start)
+    return out if out.flags.writeable else out.copy()

@@ -7,6 +7,7 @@ pytest then runs every contract check below against that backend.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -111,6 +112,34 @@ class StoreTests:
         store.put_if_absent(f"files/{TMP_PREFIX}half-written", b"1")
         store.put_if_absent("files/real", b"1")
         assert store.list_keys("files") == ["files/real"]
+
+    def test_staged_writes_become_objects_only_when_linked(self, store: ObjectStore) -> None:
+        d = "versions/0000000001"
+        staged = store.stage(d)
+        if staged is None:
+            assert not store.is_local, "a local store writes shards while they are hashed"
+            return
+        for piece in (b"abc", memoryview(b"defg"), b""):
+            staged.write(piece)
+        assert store.list_keys(d) == [], "nothing is an object before it is linked"
+        assert staged.link(f"{d}/00000-x.safetensors")
+        assert store.get_sized(f"{d}/00000-x.safetensors", 7, 3) == b"abcdefg"
+        again = store.stage(d)
+        assert again is not None
+        again.write(b"other")
+        assert not again.link(f"{d}/00000-x.safetensors"), "an object is never replaced"
+        assert store.get(f"{d}/00000-x.safetensors", max_bytes=10) == b"abcdefg"
+        dropped, astray = store.stage(d), store.stage(d)
+        assert dropped is not None and astray is not None
+        dropped.write(b"half")
+        dropped.discard()
+        astray.write(b"elsewhere")
+        with pytest.raises(StoreError, match="cannot become"):
+            astray.link("versions/0000000002/00000-y.safetensors")
+        with pytest.raises(StoreError, match="after it was linked or discarded"):
+            dropped.write(b"late")
+        assert store.list_keys("versions") == [f"{d}/00000-x.safetensors"]
+        assert sorted(os.listdir(store.path(d))) == ["00000-x.safetensors"], "no temporary file is left"
 
     def test_map_keeps_order(self, store: ObjectStore) -> None:
         keys = [f"m/{i:03d}" for i in range(40)]
