@@ -91,4 +91,9 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
 
     out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
     replay(run, None, out, force=True)
-    return VllmEngine(out, tensor_parallel_size=cfg.tensor_parallel, stop_token_ids=list(spec.eos_ids))
+    return VllmEngine(
+        out,
+        tensor_parallel_size=cfg.tensor_parallel,
+        stop_token_ids=list(spec.eos_ids),
+        weight_transfer=cfg.vllm_weight_transfer,
+    )

@@ -58,6 +58,9 @@ class EngineConfig:
     """Torch intra-op threads."""
     tensor_parallel: int = 1
     """vLLM tensor-parallel size."""
+    vllm_weight_transfer: Literal["auto", "native", "extension"] = "auto"
+    """How versions reach vLLM's workers: native (vLLM's weight-transfer API, backend aurora),
+    extension (the worker extension, for older vLLM), or auto (native where vLLM offers it)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -44,3 +44,7 @@ class Engine(Protocol):
         """``samples`` completions for each prompt (its ids as the model sees it), in prompt order;
         log-probabilities after temperature and top-p, as the tokens were sampled."""
         ...
+
+    def applied(self, version: int, version_hash: str) -> None:
+        """The live weights now hold ``version`` (an engine that tracks weight versions records it)."""
+        ...

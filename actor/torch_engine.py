@@ -34,6 +34,9 @@ class TorchEngine:
         # transformers 5 renamed the KV-cache argument from past_key_values to cache
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
+    def applied(self, version: int, version_hash: str) -> None:
+        """The torch engine keeps no record of weight versions: the updater's is the one."""
+
     @torch.no_grad()
     def generate(
         self,

@@ -1,46 +1,116 @@
 """The vLLM rollout engine: generation with ``vllm.LLM``, live weights written in place on its workers.
 
 The engine loads a local model directory (an ``aurora replay`` output) and exposes its
-parameters as :class:`~actor.vllm_weights.VllmWeights`: each apply scatters the changed BF16
-words straight into the fused, TP-sharded parameters on every worker, through
-``LLM.collective_rpc("aurora_op", ...)`` and :class:`~actor.vllm_weights.AuroraWorkerExtension`
-(``worker_extension_cls``), arrays packed as bytes so they need neither vLLM's array
-encoding nor its pickle fallback. vLLM needs no reload for in-place parameter writes; KV blocks
-computed under the old weights would be reused by prefix caching, so it is off by default
-and, when enabled, reset after every write (``LLM.reset_prefix_cache()``). CUDA graphs capture
-parameter addresses, not values, so in-place writes are safe with them too; ``enforce_eager``
-defaults to True for start-up time and simpler debugging. vllm is imported only inside
-:class:`VllmEngine`, so this module imports without it.
+parameters as live weights under HF names. Where the installed vLLM offers its weight-transfer
+API, every write goes through it, to the ``aurora`` backend (:mod:`actor.vllm_transfer`), so vLLM
+knows each update and tracks the weight version; older vLLMs are written through
+:class:`~actor.vllm_weights.AuroraWorkerExtension` (``worker_extension_cls``), reached by
+``LLM.collective_rpc("aurora_op", ...)``, which also serves reads in every mode. Layouts mapped
+here (:class:`~actor.vllm_layout.VllmLayout`: dense Qwen/Llama-style models, any TP) are written
+as the changed BF16 words, straight into the fused, TP-sharded parameters
+(:class:`~actor.vllm_weights.VllmWeights`); layouts not mapped here (MoE) are handed to vLLM's
+own loaders as sparse checkpoint patches (:class:`~actor.vllm_patch_weights.VllmPatchWeights`),
+which needs the weight-transfer API. Arrays cross as bytes (:func:`~actor.vllm_weights.pack`),
+needing neither vLLM's array encoding nor its pickle fallback.
 
-Unverified here (written against vLLM's documented API, with no GPU or vllm on the build
+KV blocks computed under the old weights would be reused by prefix caching, so it is off by
+default and, when enabled, reset after every write, the reset's refusal being an error. CUDA
+graphs capture parameter addresses, not values, so in-place writes are safe with them too;
+``enforce_eager`` defaults to True for start-up time and simpler debugging. vllm is imported only
+inside :class:`VllmEngine`, so this module imports without it.
+
+Unverified here (written against vLLM 0.33.0's source, with no GPU or vllm on the build
 machine): ``worker_extension_cls`` and collective_rpc by method name reaching the worker
-(``get_model()``, TP rank from ``vllm.distributed``) with the packed payloads intact;
-``logprobs_mode="processed_logprobs"`` (an engine arg of vLLM releases after 0.10.0) giving
-log-probabilities after temperature, as :class:`~actor.engine.Completion` requires; the seed of child ``i`` of
-an ``n``-sample request being ``seed + i`` (vLLM's ParentRequest), which the per-prompt seeds
-are spaced for; the stop token staying in ``token_ids``. ``LLM`` is not thread-safe, so
-generation and every weight op hold one lock: staging's reads of parent words wait for the
-running batch, while fetching and verifying segments still overlap it.
+(``get_model()``, TP rank from ``vllm.distributed``) with the packed payloads intact; the
+weight-transfer backend being registered in the workers by the ``vllm.general_plugins`` entry
+point; ``logprobs_mode="processed_logprobs"`` giving log-probabilities after temperature, as
+:class:`~actor.engine.Completion` requires; the seed of child ``i`` of an ``n``-sample request
+being ``seed + i`` (vLLM's ParentRequest), which the per-prompt seeds are spaced for; the stop
+token staying in ``token_ids``. ``LLM`` is not thread-safe, so generation and every weight op
+hold one lock: staging's reads of parent words wait for the running batch, while fetching and
+verifying segments still overlap it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from actor import vllm_transfer
 from actor.engine import Completion
-from actor.vllm_layout import Geometry
+from actor.vllm_layout import Geometry, VllmLayout
+from actor.vllm_patch_weights import VllmPatchWeights
 from actor.vllm_weights import VllmWeights, pack, unpack
-from aurora_store.errors import StoreError
+from aurora_store.errors import LayoutError, StoreError, UnsupportedError
+from aurora_store.format.manifest import TensorSpec
+from aurora_store.tensors import to_words
 
 if TYPE_CHECKING:
     from vllm import LLM
 
 EXTENSION = "actor.vllm_weights.AuroraWorkerExtension"
+TRANSFER_CHOICES = ("auto", "native", "extension")
 _SEED_MASK = (1 << 63) - 1
+_RESET_TRIES = 50
+_RESET_WAIT_S = 0.02
+log = logging.getLogger(__name__)
+
+
+def model_specs(model_dir: str) -> tuple[TensorSpec, ...]:
+    """The tensors of a HF directory's safetensors files, from their headers only."""
+    from safetensors import safe_open
+
+    specs = []
+    for path in _safetensors(model_dir):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                part = f.get_slice(name)
+                specs.append(TensorSpec(name, part.get_dtype(), tuple(int(d) for d in part.get_shape())))
+    return tuple(sorted(specs, key=lambda s: s.name))
+
+
+def model_words(model_dir: str) -> tuple[tuple[TensorSpec, ...], dict[str, Any]]:
+    """Specs and words of every tensor of a HF directory (one model in host memory)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for path in _safetensors(model_dir):
+        tensors.update(load_file(path))
+    return to_words(tensors)
+
+
+def _safetensors(model_dir: str) -> list[str]:
+    paths = sorted(os.path.join(model_dir, n) for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+    if not paths:
+        raise StoreError(f"{model_dir}: no safetensors files")
+    return paths
+
+
+def choose_transfer(choice: str, config: dict[str, Any], specs: tuple[TensorSpec, ...], tp: int) -> tuple[bool, str]:
+    """Whether writes go through vLLM's weight-transfer API, and in which mode: ``mapped`` (this
+    project's in-place layout) or ``patches`` (vLLM's loaders, for layouts not mapped here)."""
+    if choice not in TRANSFER_CHOICES:
+        raise StoreError(f"weight transfer {choice!r}: expected one of {TRANSFER_CHOICES}")
+    reason = vllm_transfer.unavailable() if choice != "extension" else "the worker extension was asked for"
+    if choice == "native" and reason is not None:
+        raise UnsupportedError(f"vLLM's weight-transfer API cannot be used: {reason}")
+    try:
+        VllmLayout(specs, Geometry.from_config(config), tp)
+    except LayoutError as exc:
+        if reason is None and not vllm_transfer.has_patches():
+            reason = "this vLLM has no checkpoint weight patches (model_loader.checkpoint_weight_patch)"
+        if reason is not None:
+            raise LayoutError(
+                f"{exc}; a layout not mapped here needs vLLM's own loaders through its weight-transfer API, "
+                f"which cannot be used: {reason}"
+            ) from None
+        return True, "patches"
+    return reason is None, "mapped"
 
 
 def prompt_seeds(seed: int, prompts: int, samples: int) -> list[int]:
@@ -84,6 +154,7 @@ class VllmEngine:
         logprobs_mode: str | None = "processed_logprobs",
         seed: int = 0,
         stop_token_ids: list[int] | None = None,
+        weight_transfer: str = "auto",
         **llm_kwargs: Any,
     ) -> None:
         try:
@@ -95,12 +166,17 @@ class VllmEngine:
         default = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default
         self.prefix_caching = enable_prefix_caching
+        self.tp = tensor_parallel_size
         self._lock = threading.RLock()
+        self.native, self.mode = choose_transfer(weight_transfer, config, model_specs(model_dir), tensor_parallel_size)
 
         from vllm import LLM
 
         if logprobs_mode is not None:
             llm_kwargs["logprobs_mode"] = logprobs_mode
+        if self.native:
+            vllm_transfer.register()  # this process too: an in-process engine core creates the engine here
+            llm_kwargs["weight_transfer_config"] = {"backend": vllm_transfer.BACKEND}
         self.llm: LLM = LLM(
             model=model_dir,
             skip_tokenizer_init=True,  # prompts and outputs are token ids; the run's tokenizer may not be HF's
@@ -114,21 +190,57 @@ class VllmEngine:
             worker_extension_cls=EXTENSION,
             **llm_kwargs,
         )
-        self.live = VllmWeights(
-            Geometry.from_config(config),
-            runner=self._run,
-            tp_size=tensor_parallel_size,
-            after_write=self._after_write,
+        self.live: VllmWeights | VllmPatchWeights
+        if self.native:
+            self.llm.init_weight_transfer_engine({"init_info": {"mode": self.mode}})
+        if self.mode == "patches":
+            specs, words = model_words(model_dir)
+            self.live = VllmPatchWeights(specs, words, self._push, after_write=self._after_write)
+        else:
+            runner = vllm_transfer.split_runner(self.tp, self._push, self._rpc) if self.native else self._rpc
+            self.live = VllmWeights(
+                Geometry.from_config(config), runner=runner, tp_size=tensor_parallel_size, after_write=self._after_write
+            )
+        log.info(
+            "vLLM engine: %s, writes %s",
+            self.mode,
+            "through vLLM's weight-transfer API (backend aurora)" if self.native else "through the worker extension",
         )
 
-    def _run(self, op: str, args: tuple[Any, ...]) -> list[Any]:
+    def _rpc(self, op: str, args: tuple[Any, ...]) -> list[Any]:
+        """A worker op on every rank, through the worker extension (every read; writes on older vLLM)."""
         with self._lock:
             return list(unpack(self.llm.collective_rpc("aurora_op", args=(op, *pack(args)))))
 
+    def _push(self, op: str, *args: Any) -> None:
+        """One weight update of the aurora backend on every worker: vLLM knows an update happened."""
+        with self._lock:
+            self.llm.start_weight_update()
+            self.llm.update_weights({"update_info": {"op": op, "args": pack(list(args))}})
+            self.llm.finish_weight_update()
+
     def _after_write(self) -> None:
-        if self.prefix_caching:
+        """Reset the prefix cache: no KV block computed under the old weights may be served.
+        vLLM refuses (returns False) while any block is held; generation holds the lock, so none
+        should be, and a refusal that persists is an error rather than stale rollouts."""
+        if not self.prefix_caching:
+            return
+        with self._lock:
+            for _ in range(_RESET_TRIES):
+                if self.llm.reset_prefix_cache() is not False:
+                    return
+                time.sleep(_RESET_WAIT_S)
+        raise StoreError(
+            f"vLLM refused to reset its prefix cache {_RESET_TRIES} times after a weight update: "
+            "rollouts would reuse KV blocks of the old weights"
+        )
+
+    def applied(self, version: int, version_hash: str) -> None:
+        """Tell vLLM which version its weights are at (its ``get_weight_version()``)."""
+        setter = getattr(self.llm, "update_weight_version", None)
+        if setter is not None:
             with self._lock:
-                self.llm.reset_prefix_cache()
+                setter(f"{version}:{version_hash[:16]}")
 
     def generate(
         self,

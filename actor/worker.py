@@ -27,7 +27,7 @@ from actor import assemble
 from actor.config import WorkerConfig
 from actor.engine import Completion
 from actor.rewards import RewardPool
-from actor.updater import Updater
+from actor.updater import Held, Updater
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
@@ -83,7 +83,7 @@ class Worker:
         if not rejoined:
             self._calibrate()
         self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
-        self._applied(held.version)
+        self._applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 
     def _sample(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
@@ -110,10 +110,15 @@ class Worker:
         if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
             time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
 
-    def _applied(self, version: int) -> None:
+    def _applied(self, held: Held) -> None:
+        self.engine.applied(held.version, held.version_hash)
         with contextlib.suppress(CoordinationError):
             self.coord.note(
-                "applied", actor=self.wid, region=self.cfg.sync.region, version=version, ms=int(time.time() * 1000)
+                "applied",
+                actor=self.wid,
+                region=self.cfg.sync.region,
+                version=held.version,
+                ms=int(time.time() * 1000),
             )
 
     def _stager(self) -> None:
@@ -146,7 +151,7 @@ class Worker:
                 self.up.stage(version)
             held = self.up.apply()
             if held is not None:
-                self._applied(held.version)
+                self._applied(held)
         return True
 
     def serve(self, leases: list[Lease]) -> None:
@@ -247,7 +252,7 @@ class Worker:
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
                     held = self.up.apply()
                     if held is not None:
-                        self._applied(held.version)
+                        self._applied(held)
             except CoordinationError as exc:
                 log.warning("actor %s: %s", self.wid, exc)
                 registered = False

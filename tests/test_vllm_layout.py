@@ -364,7 +364,8 @@ def _vllm_and_cuda() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _vllm_and_cuda(), reason="needs vllm and a CUDA GPU")
-def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transfer", ["native", "extension"])
+def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, transfer: str) -> None:
     from actor.vllm_engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
@@ -376,7 +377,14 @@ def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path) -> 
         run.publish(sd)
         sd = step(sd, i, lr=1e-3)
     out = replay(run, 0, str(tmp_path / "v0"))
-    engine = VllmEngine(out.out, gpu_memory_utilization=0.2, max_model_len=64)
+    from actor.vllm_transfer import unavailable
+
+    if transfer == "native" and unavailable() is not None:
+        pytest.skip(f"this vLLM has no weight-transfer API: {unavailable()}")
+    engine = VllmEngine(
+        out.out, gpu_memory_utilization=0.2, max_model_len=64, weight_transfer=transfer, enable_prefix_caching=True
+    )
+    assert engine.native == (transfer == "native") and engine.mode == "mapped"
     up = Updater(run, region="local", live=engine.live)
     up.bootstrap(0)
     assert up.live_digest() == run.manifest(0).weights_digest
@@ -384,7 +392,12 @@ def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path) -> 
     assert [len(row) for row in got] == [3, 3]
     for c in (c for row in got for c in row):
         assert 0 < len(c.token_ids) == len(c.logprobs) <= 8 and all(x <= 0 for x in c.logprobs)
-    assert up.stage() is not None and up.apply() is not None
+    assert up.stage() is not None
+    held = up.apply()
+    assert held is not None
+    engine.applied(held.version, held.version_hash)
     assert up.live_digest() == run.manifest(2).weights_digest
+    if hasattr(engine.llm, "get_weight_version"):
+        assert engine.llm.get_weight_version() == f"2:{held.version_hash[:16]}"
     again = engine.generate([[1, 40, 41]], samples=1, max_new_tokens=8, temperature=0.0, seed=0)
     assert len(again[0][0].token_ids) > 0
