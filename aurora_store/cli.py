@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="write a version bit-exact as a HF model directory (transformers, vLLM)")
     _run_args(p)
-    p.add_argument("--version", type=int, required=True, help="version to rebuild")
+    p.add_argument("--version", type=int, default=None, help="version to rebuild (default: the latest)")
     p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
     p.add_argument("--shard-bytes", type=positive, default=None, help="target size of a safetensors shard")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")

@@ -97,6 +97,11 @@ def _leaves(cls: type, section: str = "") -> Iterator[tuple[str, str, dataclasse
         yield section, f"{section}.{f.name}" if section else f.name, f, tp, docs[f.name]
 
 
+def field_defaults(cls: type) -> dict[str, Any]:
+    """Every leaf field's default, by dest (``section.field``)."""
+    return {dest: _default(f) for _, dest, f, _, _ in _leaves(cls)}
+
+
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default

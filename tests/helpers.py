@@ -51,3 +51,23 @@ def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         if not torch.equal(x, y):
             return False
     return True
+
+
+def readme_commands(section: str) -> list[list[str]]:
+    """The ``aurora`` commands of the README's ``## section``'s bash blocks, as argv lists
+    (line continuations joined, comments dropped): the tests run what the README shows."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"## {section}\n")
+    end = text.find("\n## ", start + 1)
+    body = text[start : end if end != -1 else len(text)]
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", body, re.MULTILINE | re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv and argv[0] == "aurora":
+                out.append(argv)
+    return out

@@ -92,6 +92,27 @@ def test_the_demo_sets_the_trainers_connection_itself() -> None:
 
 
 @pytest.mark.parametrize(
+    ("argv", "lr", "new_tokens", "steps"),
+    [
+        ([], 1.2e-5, 4, 250),  # the recipe: the built-in model on a built-in task
+        (["--model", "./mine"], 1e-6, 1024, 40),  # a user's model: the trainer's own defaults
+        (["--data", "x.jsonl", "--lr", "1.2e-5"], 1.2e-5, 1024, 40),  # what is typed is kept
+        (["--max-new-tokens", "9"], 1.2e-5, 9, 250),
+    ],
+)
+def test_the_demo_recipe_is_for_the_built_in_model_only(
+    argv: list[str], lr: float, new_tokens: int, steps: int
+) -> None:
+    from aurora_store.cli import build_parser
+    from trainer.cli import _resolve_recipe
+
+    args = build_parser().parse_args(["demo", *argv])
+    _resolve_recipe(args)
+    cfg = build(TrainerConfig, args, store="home", redis="redis://e", run_id="d")
+    assert (cfg.optim.lr, cfg.sampling.max_new_tokens, cfg.steps) == (lr, new_tokens, steps)
+
+
+@pytest.mark.parametrize(
     "argv",
     [["--steps", "x"], ["--storage-options", "[1]"], ["--storage-options", "{"], ["--engine", "onnx"], []],
 )

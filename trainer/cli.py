@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Any
 
-from aurora_store.options import add_options, build
+from aurora_store.options import add_options, build, field_defaults
 from trainer.config import DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
 
 
@@ -20,10 +20,36 @@ def register(sub: Any) -> None:
     add_options(p, TrainerConfig)
     p.set_defaults(handler=train_main)
 
-    p = sub.add_parser("demo", help="the whole RL loop on one machine: trainer, relays, actors in three regions")
+    p = sub.add_parser(
+        "demo",
+        help="the whole RL loop on one machine: trainer, relays, actors in three regions",
+        epilog=f"The defaults of {', '.join('--' + d.split('.')[-1].replace('_', '-') for d in DEMO_RECIPE)} are a "
+        "recipe for the built-in model on a built-in task; with --model or --data, aurora train's own defaults apply.",
+    )
     add_options(p, DemoConfig)
     add_options(p, TrainerConfig, exclude=DEMO_GIVES, defaults=DEMO_RECIPE)
-    p.set_defaults(handler=demo_main)
+    p.set_defaults(handler=demo_main, **{dest: _Recipe(v) for dest, v in DEMO_RECIPE.items()})
+
+
+class _Recipe:
+    """A default of ``aurora demo``'s recipe, told apart from the same value typed on the command line."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _resolve_recipe(args: argparse.Namespace) -> None:
+    """The recipe's values for the built-in model on a built-in task; the trainer's own defaults for a
+    user's model or data (4 new tokens and a tiny model's learning rate would train nothing real)."""
+    builtin = getattr(args, "model.model") is None and getattr(args, "data.data") is None
+    plain = field_defaults(TrainerConfig)
+    for dest in DEMO_RECIPE:
+        value = getattr(args, dest)
+        if isinstance(value, _Recipe):
+            setattr(args, dest, value.value if builtin else plain[dest])
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -49,6 +75,7 @@ def train_main(args: argparse.Namespace) -> int:
 def demo_main(args: argparse.Namespace) -> int:
     from trainer.demo import run_demo
 
+    _resolve_recipe(args)
     demo = build(DemoConfig, args)
     summary = run_demo(demo, lambda **given: build(TrainerConfig, args, **given))
     if demo.json:

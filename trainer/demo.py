@@ -56,6 +56,7 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dict[str, Any]:
     """Run the demo; ``make_config(store=, redis=, run_id=)`` gives the trainer's config."""
     console = Console(stderr=True, quiet=demo.json)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the demo's own progress is the display
     work = Path(demo.workdir or tempfile.mkdtemp(prefix="aurora-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     stores = demo.store or [(work / "buckets" / r / "run").resolve().as_uri() for r in REGIONS]
@@ -254,7 +255,7 @@ def _finish(
         "reward_first": round(first, 4),
         "reward_last": round(last, 4),
         "reward_stderr": round(stderr, 4),
-        "reward_rose": last - first > 2 * stderr,
+        "reward_rose": last - first > 2 * stderr if k >= 2 else None,  # null: too few steps to tell
         "versions_verified": verified,
         "delta_versions": len(deltas),
         "density_mean": round(sum(r.density for r in deltas) / max(len(deltas), 1), 4),
@@ -291,6 +292,8 @@ def _finish(
         f"verified in {len(REGIONS)} regions; a delta changed {summary['density_mean']:.1%} of the weights, "
         f"{delta_mean:,.0f} B against {summary['full_bytes']:,} B for a full copy; report: {summary['report']}"
     )
-    if not summary["reward_rose"]:
+    if summary["reward_rose"] is None:
+        console.print("[yellow]too few steps to tell whether the reward rose (8 or more are needed)[/]")
+    elif not summary["reward_rose"]:
         console.print("[yellow]mean reward did not rise by more than twice its standard error over this run[/]")
     return summary
