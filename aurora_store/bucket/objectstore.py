@@ -34,6 +34,7 @@ from aurora_store.format.keys import TMP_PREFIX
 
 _MEMORY_LOCK = threading.Lock()
 _PREADV = hasattr(os, "preadv")
+_DATASYNC = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 _SYNC_EVERY = 32 << 20
 """A staged write makes every this many bytes durable while later pieces are still being made."""
 
@@ -249,7 +250,11 @@ def _local_put_if_absent(store: ObjectStore, key: str, data: bytes | memoryview)
     if os.path.exists(store.path(key)):
         return False
     staged = StagedWrite(store, key.rpartition("/")[0], url=store.url(key))
-    staged.write(data)
+    try:
+        staged.write(data)
+    except BaseException:
+        staged.discard()  # a full disk leaves no temporary file behind
+        raise
     return staged.link(key)
 
 
@@ -279,7 +284,7 @@ class StagedWrite:
             self._unsynced += len(piece)
             if self._unsynced >= _SYNC_EVERY:  # flush as it goes: the final fsync is then short
                 self._file.flush()
-                os.fdatasync(self._file.fileno())
+                _DATASYNC(self._file.fileno())
                 self._unsynced = 0
 
     def link(self, key: str) -> bool:
