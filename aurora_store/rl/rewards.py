@@ -15,14 +15,13 @@ scores 0 and is counted, never kills an actor.
 
 from __future__ import annotations
 
-import importlib
 import re
 import threading
 from collections.abc import Callable
 
 from aurora_store.rl.data import last_boxed
 from aurora_store.rl.errors import TaskError
-from aurora_store.rl.tasks import Prompt, load_task
+from aurora_store.rl.tasks import Prompt, import_object, load_task
 
 Reward = Callable[[str, str, str], float]
 """``reward(prompt text, completion text, gold answer) -> float``."""
@@ -106,13 +105,7 @@ def load_reward(spec: str) -> Reward:
         return regex_reward(spec.removeprefix("regex:"))
     if spec.startswith("task:"):
         return task_reward(spec.removeprefix("task:"))
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise TaskError(f"reward {spec!r}: give math, exact, regex:PATTERN, task:NAME or 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise TaskError(f"reward {spec!r}: cannot import it: {exc}") from None
+    fn = import_object(spec, "reward", "math, exact, regex:PATTERN, task:NAME or 'package.module:function'")
     if not callable(fn):
-        raise TaskError(f"reward {spec!r}: {attr} is not callable")
+        raise TaskError(f"reward {spec!r}: {spec.partition(':')[2]} is not callable")
     return fn

@@ -118,17 +118,24 @@ class Reverse(ExactMatch):
 BUILTIN: dict[str, type[ExactMatch]] = {"arith": Arithmetic, "reverse": Reverse}
 
 
+def import_object(spec: str, what: str, usage: str) -> Any:
+    """The object ``package.module:attr`` names (a user's task factory or reward); a TaskError
+    naming ``what`` when ``spec`` is not of that form (``usage`` says what is) or cannot be imported."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise TaskError(f"{what} {spec!r}: give {usage}")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as exc:  # ImportError, AttributeError, or whatever the user's module raises on import
+        raise TaskError(f"{what} {spec!r}: cannot import it: {exc}") from None
+
+
 def load_task(spec: str) -> Task:
     """A built-in task by name, or ``package.module:factory`` called with no arguments."""
     if spec in BUILTIN:
         return BUILTIN[spec]()
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise TaskError(f"task {spec!r}: give a built-in name ({', '.join(BUILTIN)}) or 'package.module:factory'")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise TaskError(f"task {spec!r}: cannot import it: {exc}") from None
+    factory = import_object(spec, "task", f"a built-in name ({', '.join(BUILTIN)}) or 'package.module:factory'")
+    attr = spec.partition(":")[2]
     try:
         task: object = factory()
     except TypeError as exc:  # not callable, or it wants arguments
