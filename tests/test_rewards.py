@@ -4,12 +4,14 @@ actor's reward process surviving rewards that raise, hang, lie or die."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from actor.rewards import RewardPool
 from aurora_store.rl.errors import TaskError
 from aurora_store.rl.rewards import final_answer, load_reward
+from aurora_store.rl.tasks import load_task
 
 
 @pytest.mark.parametrize(
@@ -67,6 +69,16 @@ def test_exact_regex_task_and_user_rewards() -> None:
 def test_bad_reward_specs(spec: str) -> None:
     with pytest.raises(TaskError):
         load_reward(spec)
+
+
+def test_a_users_module_that_fails_on_import_is_a_task_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('the user module is broken')\n")
+    (tmp_path / "bad_syntax_tasks.py").write_text("def factory(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TaskError, match="reward 'broken_rewards:f': cannot import it: the user module is broken"):
+        load_reward("broken_rewards:f")
+    with pytest.raises(TaskError, match="task 'bad_syntax_tasks:factory': cannot import it"):
+        load_task("bad_syntax_tasks:factory")
 
 
 def test_the_reward_process_scores_and_survives_every_failure() -> None:
