@@ -9,6 +9,7 @@ import torch
 
 from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
+from aurora_store.format.manifest_parser import check_tensor_name
 
 _TO_NAME = {
     torch.bfloat16: "BF16",
@@ -38,8 +39,7 @@ def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, 
     specs = []
     words = {}
     for name, t in state_dict.items():
-        if not isinstance(name, str) or not name or len(name) > 1024:
-            raise StoreError(f"tensor names must be non-empty strings, got {name!r}"[:200])
+        check_tensor_name(name, StoreError)
         if not isinstance(t, torch.Tensor):
             raise StoreError(f"{name!r} is a {type(t).__name__}, expected a torch.Tensor")
         if t.layout != torch.strided or t.is_meta:

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from aurora_store import errors
-from aurora_store.bucket.plan import KINDS, Kind, PublishPlan, Tip, VersionInfo
+from aurora_store.bucket.plan import KINDS, Kind, PublishPlan, Tip, VersionInfo, check_publish_args
 from aurora_store.bucket.publish import Baseline, Part, delta_part, elements_part
 from aurora_store.errors import ConflictError, StoreError, UnsupportedError
 from aurora_store.format.delta import DeltaBuilder
@@ -68,6 +68,7 @@ class ShardedPublisher:
         publisher committed the version (the next call reloads and continues on top of it)."""
         if kind not in KINDS:
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+        step, meta = check_publish_args(step, meta)  # on every rank, before any rank writes a byte
         if not (dist.is_available() and dist.is_initialized()):
             state = {
                 k: v.detach().to(self.dtype) if self.dtype is not None and v.is_floating_point() else v.detach()

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from aurora_store.errors import ConflictError, LayoutError, StoreError
 from aurora_store.format.manifest import Manifest, Parent, Segment, Stats, TensorSpec
+from aurora_store.format.manifest_parser import check_meta, check_step, check_tensor_name
 
 Kind = Literal["auto", "full", "delta"]
 KINDS = ("auto", "full", "delta")
@@ -194,6 +195,14 @@ class PublishPlan:
         )
 
 
+def check_publish_args(step: Any, meta: Any) -> tuple[int | None, dict[str, str]]:
+    """A publisher's ``step`` and ``meta``, checked by the readers' own rules (StoreError), so a
+    publish never commits a manifest its readers refuse."""
+    if meta is not None and not isinstance(meta, Mapping):
+        raise StoreError(f"meta must map strings to strings, got {type(meta).__name__}")
+    return check_step(step, StoreError), check_meta(dict(meta or {}), StoreError)
+
+
 def plan_next(
     tip: Tip | None,
     specs: tuple[TensorSpec, ...],
@@ -210,6 +219,8 @@ def plan_next(
     says so). ``version``, when given, must be the next one, else ConflictError."""
     if kind not in KINDS:
         raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+    for s in specs:
+        check_tensor_name(s.name, StoreError)  # the readers' rule, before the first byte is written
     nxt = 0 if tip is None else tip.version + 1
     if version is not None and version != nxt:
         raise ConflictError(f"{url}: asked to publish version {version}, but the next version is {nxt}")

@@ -21,7 +21,15 @@ import numpy as np
 from aurora_store.bucket.attachments import Attachments
 from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
-from aurora_store.bucket.plan import Kind, PublishPlan, Tip, VersionInfo, committed_elsewhere, plan_next
+from aurora_store.bucket.plan import (
+    Kind,
+    PublishPlan,
+    Tip,
+    VersionInfo,
+    check_publish_args,
+    committed_elsewhere,
+    plan_next,
+)
 from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, elements_part, whole
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.state import StateStore
@@ -190,6 +198,7 @@ class Run:
         """:meth:`publish` for callers that already hold bit patterns (flat little-endian word
         arrays, as :func:`aurora_store.tensors.to_words` makes them): benchmarks, sharded ranks."""
         t0 = time.perf_counter()
+        step, meta = check_publish_args(step, meta)
         try:
             plan = self.plan(specs, kind=kind, version=version, held=self._base.tip if self._base else None)
         except ConflictError:
@@ -295,6 +304,7 @@ class Run:
         first tensor and its index is built and uploaded here. The manifest is parsed back with
         the readers' rules before it is written. ConflictError if the version is already committed."""
         t0 = time.perf_counter() if started is None else started
+        step, meta = check_publish_args(step, meta)
         entries = [e for p in parts for e in p.entries]
         digest = Digest() if plan.full or plan.parent is None else Digest.from_hex(plan.parent.weights_digest)
         for p in parts:

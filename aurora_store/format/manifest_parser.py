@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -67,6 +68,61 @@ class _Reader:
         if not isinstance(v, list):
             raise self.fail(f"{name} must be a list")
         return v
+
+
+# ---------------------------------------------------------------- the fields a publisher chooses
+#
+# One rule for each, used by the parser (on a manifest's bytes: CorruptError) and by the
+# publisher (on its caller's arguments, before the first byte is written: StoreError), so a
+# publisher can never commit a manifest its own readers refuse.
+
+MAX_META_ENTRIES = 1024
+MAX_META_KEY = 256
+MAX_META_VALUE = 16384
+MAX_NAME = 1024
+RESERVED_NAMES = frozenset({"__metadata__"})
+"""Tensor names a safetensors file keeps for itself."""
+Fail = Callable[[str], Exception]
+
+
+def _unicode(v: str, name: str, fail: Fail) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise fail(f"{name} is not valid Unicode (a lone surrogate)") from None
+    return v
+
+
+def check_step(step: Any, fail: Fail) -> int | None:
+    """A version's training step: None, or an integer in [0, 2**62]."""
+    if step is not None and (type(step) is not int or not 0 <= step <= 1 << 62):
+        raise fail(f"step must be None or an integer in [0, {1 << 62}], got {step!r}"[:300])
+    return step
+
+
+def check_meta(meta: Any, fail: Fail) -> dict[str, str]:
+    """A version's free-form metadata: at most 1024 string keys (256 characters) to string values (16384)."""
+    if not isinstance(meta, dict):
+        raise fail(f"meta must map strings to strings, got {type(meta).__name__}")
+    if len(meta) > MAX_META_ENTRIES:
+        raise fail(f"meta has {len(meta)} entries, over the cap of {MAX_META_ENTRIES}")
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise fail(f"meta must map strings to strings, got {k!r}: {v!r}"[:300])
+        if not k or len(k) > MAX_META_KEY or len(v) > MAX_META_VALUE:
+            raise fail(f"meta {k[:40]!r}: keys are 1-{MAX_META_KEY} characters, values at most {MAX_META_VALUE}")
+        _unicode(k, f"meta key {k[:40]!r}", fail)
+        _unicode(v, f"meta {k[:40]!r}", fail)
+    return dict(meta)
+
+
+def check_tensor_name(name: Any, fail: Fail) -> str:
+    """A tensor's name: a non-empty Unicode string of at most 1024 characters, not one safetensors reserves."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise fail(f"a tensor name must be a non-empty string of at most {MAX_NAME} characters, got {name!r}"[:300])
+    if name in RESERVED_NAMES:
+        raise fail(f"{name!r} cannot name a tensor: safetensors files reserve it")
+    return _unicode(name, f"tensor name {name[:40]!r}", fail)
 
 
 def _no_floats(text: str) -> Any:
@@ -148,7 +204,7 @@ def parse_manifest(
         if parent.version != version - 1:
             raise r.fail(f"parent is version {parent.version}, expected {version - 1}")
     created = r.str_(doc["created"], "created", max_len=64)
-    step = None if doc["step"] is None else r.int_(doc["step"], "step")
+    step = check_step(doc["step"], r.fail)
     tensors = _parse_tensors(r, doc["tensors"])
     segments = tuple(
         _parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
@@ -179,9 +235,7 @@ def parse_manifest(
     if stats.elements != sum(t.numel for t in tensors):
         raise r.fail(f"stats.elements {stats.elements} does not match the tensor table")
     digest = r.str_(doc["weights_digest"], "weights_digest", HEX32)
-    meta = doc["meta"]
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise r.fail("meta must map strings to strings")
+    meta = check_meta(doc["meta"], r.fail)
     files = tuple(_parse_file(r, f, i, max_segment_bytes) for i, f in enumerate(r.list_(doc["files"], "files")))
     if [f.key for f in files] != sorted({f.key for f in files}):
         raise r.fail("files must be unique and sorted by key")
@@ -218,9 +272,12 @@ def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
     out = []
     for i, t in enumerate(r.list_(raw, "tensors")):
         t = r.obj(t, f"tensors[{i}]", {"name", "dtype", "shape"})
-        name = r.str_(t["name"], f"tensors[{i}].name", max_len=1024)
-        if not name:
-            raise r.fail(f"tensors[{i}] has an empty name")
+        where = f"tensors[{i}]"
+
+        def fail(msg: str, where: str = where) -> Exception:
+            return r.fail(f"{where}: {msg}")
+
+        name = check_tensor_name(t["name"], fail)
         try:
             dtypes.dtype(t["dtype"])
         except StoreError as exc:
