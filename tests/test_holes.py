@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +14,11 @@ import torch
 
 import aurora_store
 from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format.keys import index_key, manifest_key
+from aurora_store.format.manifest import Segment
 from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.testing import damage
+from tests.test_cli import aurora
 
 
 def _run() -> Any:
@@ -71,3 +78,39 @@ def test_the_parser_refuses_by_the_same_rules(change: dict[str, Any]) -> None:
     data = dataclasses.replace(m, version_hash=m.compute_hash()).to_bytes()
     with pytest.raises(CorruptError):
         parse_manifest(data, expect_version=0)
+
+
+# ---------------------------------------------------------------- 2. a deeply nested index: audit goes on
+
+
+def _deep_index_run(tmp_path: Path) -> str:
+    """Version 2 (full) of a five-version run gets an index nested 200,000 deep, rehashed so only
+    its content is wrong (what a writer with bucket access could plant)."""
+    uri = f"file://{tmp_path}/run"
+    run = aurora_store.open_run(uri, full_every=2)
+    w = _weights()
+    for i in range(5):
+        w["w"][i] += 1
+        run.publish(w)
+    m = run.manifest(2)
+    deep = b'{"weight_map":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    sha = hashlib.sha256(deep).hexdigest()
+    index = Segment(index_key(2, sha), len(deep), sha)
+    damage.overwrite(run.store, index.key, deep)
+    stats = dataclasses.replace(m.stats, bytes=m.stats.bytes - m.index.size + len(deep))  # type: ignore[union-attr]
+    bad = dataclasses.replace(m, index=index, stats=stats)
+    damage.overwrite(run.store, manifest_key(2), dataclasses.replace(bad, version_hash=bad.compute_hash()).to_bytes())
+    return uri
+
+
+def test_a_deeply_nested_index_is_one_bad_version_to_audit_and_a_clear_error_to_replay(tmp_path: Path) -> None:
+    uri = _deep_index_run(tmp_path)
+    audited = aurora("audit", uri, "--json")
+    assert audited.returncode == 1 and "Traceback" not in audited.stderr
+    rows = {r["version"]: r for r in json.loads(audited.stdout)["versions"]}
+    assert rows[2]["status"] == "failed" and "not a safetensors index" in rows[2]["error"]
+    assert rows[0]["status"] == rows[1]["status"] == rows[4]["status"] == "ok", "the other versions are checked"
+    replayed = aurora("replay", uri, "--version", "2", "--out", str(tmp_path / "out"))
+    assert replayed.returncode != 0 and "not a safetensors index" in replayed.stderr
+    assert "Traceback" not in replayed.stderr and not (tmp_path / "out").exists()
+    assert aurora("replay", uri, "--version", "4", "--out", str(tmp_path / "v4")).returncode == 0
