@@ -31,9 +31,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 
-def run_files(run: Run) -> dict[str, bytes]:
-    """Every file attached to the run."""
-    return {name: run.files.get(name) for name in run.files.names()}
+def run_files(run: Run, version: int) -> dict[str, bytes]:
+    """The run's attached files as verified ``version``'s manifest lists them (their hashes checked
+    against it), never as the bucket merely holds them."""
+    return run.reader.files(run.manifest(version))
 
 
 def run_spec(run: Run, files: Mapping[str, bytes]) -> RunSpec:

@@ -13,8 +13,7 @@ import signal
 import threading
 
 from actor.config import SyncConfig
-from actor.updater import Held, Updater
-from aurora_store.bucket.run import open_run
+from actor.updater import Held, Updater, open_sync_runs
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.options import add_options, build
@@ -25,8 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, SyncConfig)
     args: SyncConfig = build(SyncConfig, p.parse_args(argv))
     coord = Coordinator(args.redis, args.run_id)
-    run = open_run(args.store, storage_options=args.storage_options, concurrency=args.connections)
-    fallback = open_run(args.fallback) if args.fallback else None
+    run, fallback = open_sync_runs(args)
     up = Updater(run, region=args.region, coord=coord, fallback=fallback, worker_id=args.worker_id)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

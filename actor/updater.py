@@ -22,10 +22,11 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from actor.config import SyncConfig
 from actor.live import LiveWeights, TensorWeights
 from actor.rwlock import ReadWriteLock
 from actor.staging import Staging
-from aurora_store.bucket.run import Run
+from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import CorruptError, LayoutError, MissingError, StoreError
@@ -43,6 +44,20 @@ class Held:
     version: int
     version_hash: str
     weights_digest: str
+
+
+def open_sync_runs(sync: SyncConfig) -> tuple[Run, Run | None]:
+    """The region's run and the fallback (home) run, each with its storage options and the run's verify key."""
+    run = open_run(
+        sync.store, storage_options=sync.storage_options, verify_key=sync.verify_key, concurrency=sync.connections
+    )
+    fallback = None
+    if sync.fallback:
+        options = sync.storage_options if sync.fallback_options is None else sync.fallback_options
+        fallback = open_run(
+            sync.fallback, storage_options=options, verify_key=sync.verify_key, concurrency=sync.connections
+        )
+    return run, fallback
 
 
 class Updater:

@@ -27,8 +27,7 @@ from actor import assemble
 from actor.config import WorkerConfig
 from actor.engine import Completion
 from actor.rewards import RewardPool
-from actor.updater import Held, Updater
-from aurora_store.bucket.run import Run, open_run
+from actor.updater import Held, Updater, open_sync_runs
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Lease
@@ -47,8 +46,7 @@ class Worker:
         self.wid = sync.worker_id
         self.coord = Coordinator(sync.redis, sync.run_id)
         self.board = JobBoard(self.coord)
-        self.run: Run = open_run(sync.store, storage_options=sync.storage_options, concurrency=sync.connections)
-        self.fallback = open_run(sync.fallback) if sync.fallback else None
+        self.run, self.fallback = open_sync_runs(sync)
         self.stop = threading.Event()
         self.busy = threading.Event()
 
@@ -62,8 +60,7 @@ class Worker:
         raise SystemExit(0)
 
     def setup(self) -> None:
-        self._wait_for_version()
-        files = assemble.run_files(self.run)
+        files = assemble.run_files(self.run, self._wait_for_version())
         self.spec = assemble.run_spec(self.run, files)
         self.tok = assemble.tokenizer(self.spec, files)
         self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s)

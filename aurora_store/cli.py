@@ -94,7 +94,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="JSON object of fsspec storage options",
     )
-    p.add_argument("--verify-key", metavar="FILE", help="Ed25519 public key; refuse versions it did not sign")
+    p.add_argument(
+        "--verify-key",
+        metavar="KEY",
+        default=os.environ.get("AURORA_VERIFY_KEY") or None,
+        help="the run's Ed25519 public key (a PEM file; default $AURORA_VERIFY_KEY, a path or PEM text): "
+        "refuse versions it did not sign (a signed run cannot be read without it)",
+    )
 
 
 def _open(args: argparse.Namespace) -> Run:
@@ -108,7 +114,8 @@ def _open(args: argparse.Namespace) -> Run:
             key = signing.load_verify_key(args.verify_key)
         except (OSError, ValueError) as exc:
             msg = exc if isinstance(exc, StoreError) else f"not an Ed25519 public key ({type(exc).__name__}: {exc})"
-            raise CommandError(f"--verify-key {args.verify_key}: {msg}") from None
+            shown = "(PEM text)" if args.verify_key.lstrip().startswith("-----BEGIN") else args.verify_key
+            raise CommandError(f"--verify-key {shown}: {msg}") from None
     return open_run(args.uri, storage_options=args.storage_options, verify_key=key)
 
 

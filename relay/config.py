@@ -26,8 +26,9 @@ class RelayConfig:
     """This region's name in Redis."""
     once: bool = False
     """Copy every committed version the destination lacks, then exit."""
-    verify_key: str | None = field(default=None, metadata=option(metavar="FILE"))
-    """Refuse versions not signed by this Ed25519 public key."""
+    verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
+    """The run's Ed25519 public key (a PEM file, or PEM text in the environment): refuse versions it
+    did not sign. A signed run cannot be relayed without it."""
     source_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
     """fsspec storage options of the source bucket, as a JSON object."""
     dest_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))

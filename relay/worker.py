@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.reader import Reader
+from aurora_store.bucket.reader import about as about_url
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format import signing
-from aurora_store.format.keys import check_key, manifest_key
-from aurora_store.format.manifest import Manifest, Segment
+from aurora_store.format.keys import check_object_key, manifest_key
+from aurora_store.format.manifest import Manifest, Segment, check_link
+from aurora_store.format.manifest_parser import HEX64
 
 log = logging.getLogger("aurora.relay")
 
@@ -42,6 +44,8 @@ class RelayStats:
     """Bytes copied across regions."""
     versions: list[int] = field(default_factory=list)
     """Versions this relay committed at the destination."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """What this relay refused (bad announcements, versions that fail their checks), by error kind."""
 
 
 class Relay:
@@ -69,6 +73,7 @@ class Relay:
         self._verified: set[tuple[str, str]] = set()
         self._inflight: dict[tuple[str, str], Future[None]] = {}
         self._lock = threading.Lock()
+        self._last_warned: dict[str, float] = {}
         self._copies = ThreadPoolExecutor(max(1, announced_copies), thread_name_prefix="relay-announced")
 
     # ------------------------------------------------------------ objects
@@ -144,12 +149,8 @@ class Relay:
             m = self.dst.manifest(version)
             self._advance(m)
             return False
-        m, raw = self.src.manifest_with_bytes(version)  # one GET: parsed, hash- and signature-checked
-        if m.parent is not None and not self.dest.exists(manifest_key(m.parent.version)):
-            raise ChainError(
-                f"{self.dest.url(manifest_key(version))}: parent version {m.parent.version} "
-                "is not at the destination yet; versions are committed in order"
-            )
+        m, raw = self.src.manifest_with_bytes(version)  # one GET: parsed, hash-, run- and signature-checked
+        self._check_fits_dest(m)
         objects = list(m.objects) + list(m.files)
         for _ in self.dest.map(self.copy_object, objects):
             pass
@@ -160,6 +161,29 @@ class Relay:
             raise CorruptError(f"{self.dest.url(manifest_key(version))} differs from the source's manifest")
         self._advance(m)
         return True
+
+    def _check_fits_dest(self, m: Manifest) -> None:
+        """``m`` continues what the destination holds: its parent is there and links to it, and it
+        is of the destination's run. Checked before the first object is copied, so another run's
+        version placed in the source never takes this version's place at the destination."""
+        url = self.dest.url(manifest_key(m.version))
+        if m.version == 0:
+            return
+        if m.parent is not None and not self.dest.exists(manifest_key(m.parent.version)):
+            raise ChainError(
+                f"{url}: parent version {m.parent.version} is not at the destination yet; "
+                "versions are committed in order"
+            )
+        ident = self.dst.identity()
+        if m.run is not None and m.run != ident:
+            raise ChainError(
+                f"{url}: the source's version {m.version} is of run {m.run.origin}, "
+                f"the destination's run is {ident.origin}",
+                url=url,
+            )
+        if m.parent is not None:
+            with about_url(url):
+                check_link(self.dst.manifest(m.parent.version), m)
 
     def _advance(self, m: Manifest) -> None:
         if self.coord is not None:
@@ -187,14 +211,14 @@ class Relay:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
         wid = coord.register("relay", self.dest_region, info={"source": self.source.uri, "dest": self.dest.uri})
         after = coord.last_event_id(self.source_region)
-        self.backfill()
+        self._backfill_safely()
         last_scan, need_scan = time.monotonic(), False
         while not stop.is_set():
             try:
                 if need_scan or time.monotonic() - last_scan > rescan_s:
                     # events may have been lost (Redis restarted, or this relay missed some):
                     # the buckets are the truth, and Redis is rebuilt from them
-                    self.backfill()
+                    self._backfill_safely()
                     coord.rebuild(self.source_region, self.src)
                     coord.rebuild(self.dest_region, self.dst)
                     coord.register(
@@ -218,19 +242,54 @@ class Relay:
                 except (MissingError, ChainError) as exc:
                     log.info("relay %s: %s; will catch up by scanning", self.dest_region, exc)
                     need_scan = True
+                except StoreError as exc:  # a bad announcement or a bad object: counted, never fatal
+                    self.reject(f"event {e.id}", exc)
+                    need_scan = True
         coord.unregister(wid)
         self.close()
+
+    def _backfill_safely(self) -> None:
+        """Backfill, counting a version that fails its checks instead of dying of it: it stays out of
+        this region (and every later one with it: versions are committed in order) until it is fixed."""
+        try:
+            self.backfill()
+        except (MissingError, ChainError) as exc:
+            log.info("relay %s: %s; will retry on the next scan", self.dest_region, exc)
+        except StoreError as exc:
+            self.reject("backfill", exc)
+
+    def reject(self, what: str, exc: StoreError) -> None:
+        """Count a refusal by kind, and log it (each kind once a minute at warning level)."""
+        kind = type(exc).__name__
+        with self._lock:
+            self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
+            now = time.monotonic()
+            loud = now - self._last_warned.get(kind, -1e9) > 60.0
+            if loud:
+                self._last_warned[kind] = now
+        (log.warning if loud else log.debug)("relay %s: refused %s: %s", self.dest_region, what, exc)
 
     def close(self) -> None:
         """Wait for announced copies in flight and stop their pool."""
         self._copies.shutdown(wait=True)
 
     def _handle(self, kind: str, version: int, fields: dict[str, str]) -> None:
+        """Act on one event. Events come from Redis, not from a signed manifest: every field is
+        checked here, and only a segment, shard or index key of its version is ever copied (a
+        manifest is written only as the commit, after the objects it names)."""
+        if version < 0:
+            raise CorruptError(f"{kind} event names no valid version ({fields.get('version')!r:.40})")
         if kind == "segment":
-            # announcements come from Redis, not a signed manifest: the key must still stay in its version
-            entry = Segment(
-                check_key(fields["key"], version, "announced segment"), int(fields["size"]), fields["sha256"]
-            )
+            key = fields.get("key")
+            if not isinstance(key, str):
+                raise CorruptError("announced segment has no key")
+            size = fields.get("size", "")
+            if not (isinstance(size, str) and size.isdigit() and len(size) < 16):
+                raise CorruptError(f"announced segment {key:.200} has size {size!r:.40}, not a byte count")
+            sha = fields.get("sha256", "")
+            if not (isinstance(sha, str) and HEX64.fullmatch(sha)):
+                raise CorruptError(f"announced segment {key:.200} has sha256 {sha!r:.80}, not 64 hex digits")
+            entry = Segment(check_object_key(key, version, "announced segment"), int(size), sha)
             if entry.size > self.limits.max_segment_bytes:
                 raise CorruptError(f"announced segment {entry.key} is {entry.size} bytes, over the cap")
             self.copy_announced(entry)

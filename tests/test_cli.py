@@ -30,9 +30,9 @@ VERSIONS = 6
 """Versions 0 and 3 are full, 1, 2, 4 and 5 deltas."""
 
 
-def aurora(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aurora_store.cli ARGS`` as a separate process."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+def aurora(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aurora_store.cli ARGS`` as a separate process (``env``: added to the environment)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", *args],
         capture_output=True,
@@ -210,9 +210,12 @@ def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path
     assert prov["files"] == {"config.json": hashlib.sha256(b'{"model_type": "toy"}').hexdigest()}
     # the file is swapped behind the manifest's back: replay and audit refuse it, naming it
     overwrite(run.store, "files/config.json", b'{"model_type": "evil"}')
-    r = aurora("replay", uri, "--version", "1", "--out", str(tmp_path / "out2"))
+    r = aurora(
+        "replay", uri, "--version", "1", "--out", str(tmp_path / "out2"), "--verify-key", str(tmp_path / "k.pub")
+    )
     assert r.returncode == 1 and "files/config.json" in r.stderr, r.stderr
-    r = aurora("audit", uri, "--json")
+    # the key may come from the environment, as a path or as PEM text
+    r = aurora("audit", uri, "--json", env={"AURORA_VERIFY_KEY": pub_key.decode()})
     assert r.returncode == 1
     first = json.loads(r.stdout)["first_error"]
     assert first["version"] == 1 and first["object"].endswith("files/config.json")

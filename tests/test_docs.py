@@ -185,7 +185,13 @@ HOSTILE: dict[str, Mutation] = {
     "unknown-codec": lambda d: _block(d, "dense").update(codec="lz4"),
     "unknown-dtype": lambda d: d["tensors"][0].update(dtype="FP32"),
     "unknown-kind": lambda d: d.update(kind="patch"),
-    "wrong-format": lambda d: d.update(format="aurora/2"),
+    "wrong-format": lambda d: d.update(format="aurora/3"),
+    "legacy-format-with-run": lambda d: d.update(format="aurora/1"),
+    "no-run": lambda d: d.pop("run"),
+    "run-without-origin": lambda d: d["run"].update(origin=None),
+    "run-extra-field": lambda d: d["run"].update(note="x"),
+    "run-bad-signer": lambda d: d["run"].update(signed_by="XYZ"),
+    "object-named-manifest": lambda d: d["segments"][0].update(key="versions/0000000001/manifest.json"),
     "delta-with-index": lambda d: d.update(
         index={"key": "versions/0000000001/i.json", "size": 1, "sha256": "0" * 64, "tensors": []}
     ),

@@ -89,7 +89,7 @@ def test_an_actor_built_from_the_bucket_samples_what_transformers_generates(
     from transformers import AutoModelForCausalLM
 
     run, policy, spec = _publish_v0(hf_models["qwen3"], tmp_path, system_prompt="You are a careful solver.")
-    files = assemble.run_files(run)
+    files = assemble.run_files(run, run.latest())
     got = assemble.run_spec(run, files)
     assert got == spec and got.chat_template and got.eos_ids == (policy.tokenizer.eos_ids)
     tok = assemble.tokenizer(got, files)

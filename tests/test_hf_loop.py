@@ -116,7 +116,7 @@ def test_train_a_users_model_on_its_data_with_math_verify(
     out = tmp_path / "last"
     replay(run, STEPS, str(out))
     hf = AutoModelForCausalLM.from_pretrained(out)
-    files = assemble.run_files(run)
+    files = assemble.run_files(run, run.latest())
     rs = assemble.run_spec(run, files)
     tok = assemble.tokenizer(rs, files)
     engine = assemble.engine(run, rs, files, EngineConfig(), "check")
@@ -144,7 +144,7 @@ def test_a_user_reward_function_trains_the_model(loop: Loop, hf_models: dict[str
     assert any(r["stats"]["micro_batches"] > 0 and r["stats"]["grad_norm"] > 0 for r in reports)
     out = tmp_path / "last"
     replay(run, 3, str(out))
-    files = assemble.run_files(run)
+    files = assemble.run_files(run, run.latest())
     rs = assemble.run_spec(run, files)
     tok = assemble.tokenizer(rs, files)
     engine = assemble.engine(run, rs, files, EngineConfig(), "check")

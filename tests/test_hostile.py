@@ -237,7 +237,7 @@ BOMB = zstandard.ZstdCompressor(level=3).compress(bytes(1 << 30))
 
 def _replace_segment(run: aurora_store.Run, version: int, data: bytes, block: dict[str, Any]) -> None:
     """Plant a new segment (correctly hashed) holding one crafted block."""
-    key = f"versions/{version:010d}/99999-planted.seg"
+    key = f"versions/{version:010d}/99999-{'ab' * 16}.seg"
     overwrite(run.store, key, data)
 
     def mutate(doc: dict[str, Any]) -> None:

@@ -37,10 +37,12 @@ class Loop:
         self.run_id = "rl"
         self.coord = Coordinator(redis_url, self.run_id)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.env: dict[str, str] = {}
+        """Added to every process's environment (AURORA_SIGNING_KEY, AURORA_VERIFY_KEY)."""
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         p = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(p)
         return p
@@ -183,20 +185,28 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
 
 
 def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) -> None:
+    """In a signed run: the keys reach every role from the environment, as PEM text."""
+    from aurora_store.format import signing
+
+    private, public = signing.generate_keypair()
+    loop.env = {"AURORA_SIGNING_KEY": private.decode(), "AURORA_VERIFY_KEY": public.decode()}
     loop.actor("a")
     first = loop.trainer("--steps", "7")
-    run = open_run(loop.store)
+    run = open_run(loop.store, verify_key=public)
     wait_for(lambda: (run.latest() or 0) >= 3, "version 3", 180)
     first.kill()
     first.wait(10)
-    at_kill = open_run(loop.store).latest()
+    at_kill = open_run(loop.store, verify_key=public).latest()
     assert at_kill is not None
     second = loop.trainer("--steps", "7")
     loop.finish(second, "trainer")
-    run = open_run(loop.store)
+    run = open_run(loop.store, verify_key=public)
     assert run.versions() == list(range(8)), "no version skipped, none published twice"
     result = audit(run)
     assert result.ok and len(result.versions) == 8
+    kid = signing.key_id(signing.load_verify_key(public))
+    assert all(run.manifest(v).signature.key_id == kid for v in range(8))  # type: ignore[union-attr]
+    assert run.manifest(0).run.signed_by == kid  # type: ignore[union-attr]
     after = [r["step"] for r in loop.steps() if r["step"] > at_kill]
     assert after == list(range(at_kill + 1, 8)), "the restarted trainer continued right after the last commit"
     assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")

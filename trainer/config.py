@@ -108,6 +108,10 @@ class PublishConfig:
     """A full checkpoint every this many versions (or sooner, when a delta chain outgrows one)."""
     state_every: int = 5
     """Save the resumable trainer state every this many versions."""
+    signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))
+    """Sign every version with this Ed25519 private key (a PEM file, or PEM text in the environment;
+    ``aurora keygen`` makes one). A run is signed or not from version 0 on: readers then refuse any
+    version it did not sign."""
 
 
 @dataclass(kw_only=True, slots=True)

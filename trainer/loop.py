@@ -71,7 +71,12 @@ class Trainer:
         self.cfg = cfg
         self.coord = Coordinator(cfg.redis, cfg.run_id)
         self.board = JobBoard(self.coord)
-        self.run: Run = open_run(cfg.store, storage_options=cfg.storage_options, full_every=cfg.publish.full_every)
+        self.run: Run = open_run(
+            cfg.store,
+            storage_options=cfg.storage_options,
+            full_every=cfg.publish.full_every,
+            signing_key=cfg.publish.signing_key,
+        )
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
         self.on_step = on_step
         self.grpo = GRPOConfig(

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from aurora_store.errors import ConflictError, LayoutError, StoreError
-from aurora_store.format.manifest import Manifest, Parent, Segment, Stats, TensorSpec
+from aurora_store.errors import ConflictError, LayoutError, StoreError, UnauthenticatedError
+from aurora_store.format.manifest import Manifest, Parent, RunIdentity, Segment, Stats, TensorSpec
 from aurora_store.format.manifest_parser import check_meta, check_step, check_tensor_name
 
 Kind = Literal["auto", "full", "delta"]
@@ -66,15 +66,18 @@ class Tip:
     chain_bytes: int
     """Bytes of the deltas since the last full version, this one's included (0 for a full version)."""
     specs: tuple[TensorSpec, ...]
+    identity: RunIdentity
+    """The run's identity (origin: version 0's hash), which every next version carries."""
 
     @classmethod
-    def of(cls, m: Manifest) -> Tip:
+    def of(cls, m: Manifest, identity: RunIdentity) -> Tip:
         return cls(
             version=m.version,
             version_hash=m.version_hash,
             weights_digest=m.weights_digest,
             chain_bytes=0 if m.kind == "full" else m.stats.chain_bytes,
             specs=m.tensors,
+            identity=identity,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +87,7 @@ class Tip:
             "weights_digest": self.weights_digest,
             "chain_bytes": self.chain_bytes,
             "specs": [s.to_dict() for s in self.specs],
+            "identity": self.identity.to_dict(),
         }
 
     @classmethod
@@ -95,6 +99,7 @@ class Tip:
             weights_digest=d["weights_digest"],
             chain_bytes=d["chain_bytes"],
             specs=specs,
+            identity=RunIdentity(d["identity"]["origin"], d["identity"]["signed_by"]),
         )
 
 
@@ -114,6 +119,8 @@ class PublishPlan:
     specs: tuple[TensorSpec, ...]
     kind: Kind
     full: bool
+    run: RunIdentity
+    """The run identity the version's manifest carries (version 0: no origin yet)."""
 
     @property
     def full_bytes(self) -> int:
@@ -136,12 +143,14 @@ class PublishPlan:
     def tip_after(self, info: VersionInfo) -> Tip:
         """The tip once this plan's version is committed as ``info`` says."""
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + info.bytes
+        identity = RunIdentity(info.version_hash, self.run.signed_by) if self.version == 0 else self.run
         return Tip(
             version=self.version,
             version_hash=info.version_hash,
             weights_digest=info.weights_digest,
             chain_bytes=chain,
             specs=self.specs,
+            identity=identity,
         )
 
     def manifest(
@@ -173,6 +182,7 @@ class PublishPlan:
             weights_digest=weights_digest,
             meta=dict(meta or {}),
             files=files,
+            run=self.run,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +192,7 @@ class PublishPlan:
             "specs": [s.to_dict() for s in self.specs],
             "kind": self.kind,
             "full": self.full,
+            "run": self.run.to_dict(),
         }
 
     @classmethod
@@ -192,6 +203,7 @@ class PublishPlan:
             specs=tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"]),
             kind=d["kind"],
             full=d["full"],
+            run=RunIdentity(d["run"]["origin"], d["run"]["signed_by"]),
         )
 
 
@@ -211,12 +223,15 @@ def plan_next(
     full_every: int,
     version: int | None = None,
     url: str = "",
+    signer: str | None = None,
 ) -> PublishPlan:
     """Plan the version after ``tip`` (the first one when None) with tensor table ``specs``.
 
     ``kind`` full or delta forces it; auto makes every version that is a multiple of
     ``full_every`` full (and the publisher may turn a delta full when :meth:`PublishPlan.outgrows`
-    says so). ``version``, when given, must be the next one, else ConflictError."""
+    says so). ``version``, when given, must be the next one, else ConflictError. ``signer`` is the
+    publisher's key id (None: it does not sign); a run's signing is fixed at version 0, so it must
+    be the run's, else UnauthenticatedError."""
     if kind not in KINDS:
         raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
     for s in specs:
@@ -228,8 +243,19 @@ def plan_next(
         raise LayoutError("version 0 must be full; the first publish of a run cannot be a delta")
     if tip is not None and tip.specs != specs and kind != "full":
         raise LayoutError(layout_message(tip.specs, specs, nxt))
+    run = RunIdentity(None, signer) if tip is None else tip.identity
+    if run.signed_by != signer:
+        raise UnauthenticatedError(signing_mismatch(url, run.signed_by, signer))
     full = tip is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
-    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full)  # type: ignore[arg-type]
+    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full, run=run)  # type: ignore[arg-type]
+
+
+def signing_mismatch(url: str, run: str | None, publisher: str | None) -> str:
+    if publisher is None:
+        return f"{url}: the run is signed by key {run}; publish with its key (--signing-key, AURORA_SIGNING_KEY)"
+    if run is None:
+        return f"{url}: the run was started unsigned and a run's signing is fixed at version 0; start a new run to sign"
+    return f"{url}: the run is signed by key {run}, this publisher's key is {publisher}"
 
 
 def layout_message(old: tuple[TensorSpec, ...], new: tuple[TensorSpec, ...], version: int) -> str:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from aurora_store.bucket.limits import Limits
-from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError
+from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import signing
 from aurora_store.format.blocks import DecodedBlock, OldWords, apply_blocks, decode_block
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import check_index, read_shard
-from aurora_store.format.keys import VERSIONS_DIR, committed_version, manifest_key
-from aurora_store.format.manifest import Manifest, Segment, check_link
+from aurora_store.format.keys import FILES_DIR, VERSIONS_DIR, committed_version, manifest_key
+from aurora_store.format.manifest import LEGACY, Manifest, RunIdentity, Segment, check_link
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.format.weights import WeightState, full_digest
 
@@ -49,15 +49,44 @@ def about(url: str) -> Iterator[None]:
         raise
 
 
+def identity_of(origin: Manifest) -> RunIdentity:
+    """The identity of the run whose version 0 is ``origin``. A run of the legacy format (aurora/1)
+    names none: its origin is version 0's hash and its signer version 0's key, so versions written
+    by this code on top of it carry them from then on."""
+    signed_by = origin.run.signed_by if origin.run is not None else None
+    if origin.run is None and origin.signature is not None:
+        signed_by = origin.signature.key_id
+    return RunIdentity(origin.version_hash, signed_by)
+
+
+def check_member(m: Manifest, identity: RunIdentity, origin_format: str) -> None:
+    """``m`` (a version after 0) belongs to the run ``identity`` names: fulls too, which name no parent."""
+    if m.run is None:
+        if origin_format != LEGACY:
+            raise ChainError(
+                f"version {m.version} is in the legacy format {LEGACY} in a run started in {origin_format}"
+            )
+        return
+    if m.run != identity:
+        raise ChainError(f"version {m.version} belongs to run {m.run.origin}, not to this run ({identity.origin})")
+
+
 class Reader:
     """Verified access to one run's versions."""
 
-    def __init__(self, store: ObjectStore, limits: Limits, verify_key: Ed25519PublicKey | None) -> None:
+    def __init__(
+        self, store: ObjectStore, limits: Limits, verify_key: Ed25519PublicKey | None, *, insist: bool = True
+    ) -> None:
         self.store = store
         self.limits = limits
         self.verify_key = verify_key
+        self.insist = insist
+        """Verify every version with ``verify_key``, even in an unsigned run (False: only in a signed
+        run, for a publisher whose key is its own signing key)."""
         self._manifests: dict[int, Manifest] = {}
         self._verified_files: set[tuple[str, str]] = set()
+        self._identity: RunIdentity | None = None
+        self._origin_format = LEGACY
 
     # ------------------------------------------------------------ manifests
 
@@ -73,7 +102,12 @@ class Reader:
         return self.manifest_with_bytes(version)[0]
 
     def manifest_with_bytes(self, version: int) -> tuple[Manifest, bytes]:
-        """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET."""
+        """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET.
+
+        Verified means: parsed by the readers' rules, hash-checked, of this run (its identity is
+        the one version 0 fixed), and signed by the run's key when the run is signed (whatever
+        this reader was given: a signed run cannot be read without its public key) or when this
+        reader holds a verify key."""
         url = self.store.url(manifest_key(version))
         with about(url):
             data = self.store.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
@@ -84,10 +118,49 @@ class Reader:
                 max_segment_bytes=self.limits.max_segment_bytes,
                 what=url,
             )
-            if self.verify_key is not None:
-                signing.verify(m, self.verify_key, url)
+            identity = identity_of(m) if version == 0 else self.identity()
+            if version > 0:
+                check_member(m, identity, self._origin_format)
+            self.authenticate(m, identity, url)
+        if version == 0:
+            self._hold_identity(identity, m.format, url)
         self._manifests[version] = m
         return m, data
+
+    def authenticate(self, m: Manifest, identity: RunIdentity, what: str) -> None:
+        """Check ``m``'s signature as its run requires (see :meth:`manifest_with_bytes`)."""
+        if identity.signed_by is not None and self.verify_key is None:
+            raise UnauthenticatedError(
+                f"{what}: the run is signed by key {identity.signed_by}; give its public key "
+                "(--verify-key or AURORA_VERIFY_KEY) to read it"
+            )
+        if identity.signed_by is not None and signing.key_id(self.verify_key) != identity.signed_by:  # type: ignore[arg-type]
+            raise UnauthenticatedError(
+                f"{what}: the run is signed by key {identity.signed_by}, the verify key given is "
+                f"{signing.key_id(self.verify_key)}"  # type: ignore[arg-type]
+            )
+        if self.verify_key is not None and (self.insist or identity.signed_by is not None):
+            signing.verify(m, self.verify_key, what)
+
+    def identity(self) -> RunIdentity:
+        """The run's identity, as its version 0 fixed it (read once, then held: a version 0
+        replaced under a long-running reader is a foreign run, not a new identity)."""
+        if self._identity is None:
+            try:
+                self.manifest_with_bytes(0)
+            except MissingError as exc:
+                raise ChainError(
+                    f"version 0 of {self.store.uri} is missing: it fixes the run's identity, and no "
+                    "version can be checked against it",
+                    url=exc.url,
+                ) from None
+        assert self._identity is not None
+        return self._identity
+
+    def _hold_identity(self, identity: RunIdentity, fmt: str, url: str) -> None:
+        if self._identity is not None and self._identity != identity:
+            raise ChainError(f"{url}: version 0 changed under this reader (run {identity}, was {self._identity})")
+        self._identity, self._origin_format = identity, fmt
 
     def chain(self, version: int) -> list[Manifest]:
         """Manifests from the nearest full version up to ``version``, parent hashes checked."""
@@ -141,6 +214,15 @@ class Reader:
         if got != seg.sha256:
             url = self.store.url(seg.key)
             raise CorruptError(f"{url}: sha256 {got}, manifest says {seg.sha256}", url=url)
+
+    def files(self, m: Manifest) -> dict[str, bytes]:
+        """The attachments ``m`` vouches for, by name, each checked against its size and SHA-256 there:
+        what a role reads of a run's files (a file swapped behind the manifest's back is an error)."""
+        out = {}
+        for f in m.files:
+            out[f.key.removeprefix(f"{FILES_DIR}/")] = bytes(self.fetch(f))
+            self._verified_files.add((f.key, f.sha256))
+        return out
 
     def verify_files(self, m: Manifest) -> None:
         """Check the attachments ``m`` vouches for (each distinct file once per reader)."""

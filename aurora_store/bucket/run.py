@@ -33,7 +33,7 @@ from aurora_store.bucket.plan import (
 from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, elements_part, whole
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.state import StateStore
-from aurora_store.errors import AuroraError, ConflictError, MissingError, StoreError
+from aurora_store.errors import AuroraError, ConflictError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
@@ -89,7 +89,10 @@ class Run:
         self.store = ObjectStore(uri, storage_options, concurrency=self.config.concurrency)
         self.signing_key = signing.load_signing_key(signing_key) if signing_key is not None else None
         vk = signing.load_verify_key(verify_key) if verify_key is not None else None
-        self.reader = Reader(self.store, self.config.limits, vk)
+        if vk is None and self.signing_key is not None:  # a publisher reads its own signed run with its own key
+            self.reader = Reader(self.store, self.config.limits, self.signing_key.public_key(), insist=False)
+        else:
+            self.reader = Reader(self.store, self.config.limits, vk)
         self.files = Attachments(self.store)
         """The run's attached files (config.json, tokenizer files)."""
         self.state = StateStore(self.store)
@@ -145,15 +148,35 @@ class Run:
                 raise committed_elsewhere(self.store.url(manifest_key(held.version + 1)), held.version + 1)
             return held
         latest = self.latest()
-        return None if latest is None else Tip.of(self.manifest(latest))
+        return None if latest is None else Tip.of(self.manifest(latest), self.reader.identity())
 
     def plan(
         self, specs: tuple[TensorSpec, ...], *, kind: str = "auto", version: int | None = None, held: Tip | None = None
     ) -> PublishPlan:
         """The plan of the next version with tensor table ``specs`` (see :func:`plan_next`)."""
+        try:
+            tip = self.tip(held)
+        except UnauthenticatedError as exc:
+            if self.signing_key is None and self.reader.verify_key is None:  # say what a publisher lacks
+                raise UnauthenticatedError(
+                    f"{self.uri}: the run is signed; publish with its key (--signing-key, AURORA_SIGNING_KEY)",
+                    url=exc.url,
+                ) from None
+            raise
         return plan_next(
-            self.tip(held), specs, kind=kind, full_every=self.config.full_every, version=version, url=self.uri
+            tip,
+            specs,
+            kind=kind,
+            full_every=self.config.full_every,
+            version=version,
+            url=self.uri,
+            signer=self.signer,
         )
+
+    @property
+    def signer(self) -> str | None:
+        """The key id this publisher signs with (None: it does not sign)."""
+        return None if self.signing_key is None else signing.key_id(self.signing_key.public_key())
 
     def resume(self) -> Tip | None:
         """Hold the last committed version's bits as this publisher's baseline now (what a restarted

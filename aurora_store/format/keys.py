@@ -34,6 +34,7 @@ TMP_PREFIX = ".tmp-"
 _KEY_RE = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
 _VERSION_DIR = re.compile(r"[0-9]{10}")
+_OBJECT_NAME = re.compile(r"[0-9]{5,}-[0-9a-f]{32}\.(seg|safetensors)|model\.safetensors\.index-[0-9a-f]{32}\.json")
 
 
 def version_dir(version: int) -> str:
@@ -107,4 +108,18 @@ def check_key(key: str, version: int, what: str) -> str:
         or not key.startswith(prefix)
     ):
         raise CorruptError(f"{what}: key {key!r} escapes the run prefix (must be a plain path under {prefix!r})")
+    return key
+
+
+def check_object_key(key: str, version: int, what: str) -> str:
+    """A key a manifest (or an announcement) names as one of a version's objects: a segment, a
+    shard or an index of that version, never its manifest (written only as the commit) or any
+    other name."""
+    check_key(key, version, what)
+    name = key[len(version_dir(version)) + 1 :]
+    if not _OBJECT_NAME.fullmatch(name):
+        raise CorruptError(
+            f"{what}: key {key!r} is not a segment, shard or index name "
+            "(NNNNN-<sha256[:32]>.seg|.safetensors, model.safetensors.index-<sha256[:32]>.json)"[:300]
+        )
     return key

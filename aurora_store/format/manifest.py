@@ -18,7 +18,11 @@ from aurora_store import codec
 from aurora_store.errors import ChainError
 from aurora_store.format import dtypes
 
-FORMAT = "aurora/1"
+FORMAT = "aurora/2"
+"""What this code writes. aurora/2 adds ``run``: the version's run identity (see :class:`RunIdentity`)."""
+FORMATS = ("aurora/1", "aurora/2")
+"""What it reads: runs written by earlier code stay readable."""
+LEGACY = "aurora/1"
 
 
 def canonical(obj: Any) -> bytes:
@@ -136,6 +140,22 @@ class Signature:
 
 
 @dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """Which run a version belongs to, fixed at version 0 and carried by every version after it.
+
+    ``origin`` is version 0's version hash (None in version 0 itself: a hash cannot name itself);
+    ``signed_by`` is the key id every version of the run must be signed by, None for an unsigned
+    run. Both are inside the version hash, so neither can be changed without breaking it, and a
+    signature cannot be stripped from a signed run without the version saying it should be there."""
+
+    origin: str | None
+    signed_by: str | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"origin": self.origin, "signed_by": self.signed_by}
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     version: int
     kind: str
@@ -152,11 +172,28 @@ class Manifest:
     """The run's attached files (config, tokenizer) at publish time, so the signature covers them."""
     version_hash: str = ""
     signature: Signature | None = None
+    run: RunIdentity | None = None
+    """None only in a manifest of the legacy format (aurora/1), which has no run identity."""
+    format: str = FORMAT
+
+    @property
+    def identity(self) -> RunIdentity | None:
+        """The run's identity as this version states it (version 0: its own hash is the origin)."""
+        if self.run is None:
+            return None
+        return RunIdentity(self.version_hash, self.run.signed_by) if self.version == 0 else self.run
 
     def body(self) -> dict[str, Any]:
         """Every field the version hash covers."""
+        body = self._body()
+        if self.format != LEGACY:
+            assert self.run is not None, "a manifest of the current format names its run"
+            body["run"] = self.run.to_dict()
+        return body
+
+    def _body(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
+            "format": self.format,
             "version": self.version,
             "kind": self.kind,
             "parent": None
@@ -189,12 +226,19 @@ class Manifest:
 
 
 def check_link(parent: Manifest, child: Manifest) -> None:
-    """``child`` names ``parent`` by its hash, and a delta keeps its parent's tensor table."""
+    """``child`` names ``parent`` by its hash, belongs to the same run (never in an older format
+    than its parent), and a delta keeps its parent's tensor table."""
     if child.parent is None or child.parent.version_hash != parent.version_hash:
         raise ChainError(
             f"version {child.version} names parent hash "
             f"{child.parent.version_hash if child.parent else None}, version {parent.version} "
             f"has {parent.version_hash}"
+        )
+    if parent.identity is not None and child.identity != parent.identity:
+        raise ChainError(
+            f"version {child.version} belongs to run {child.identity}, its parent to run {parent.identity}"
+            if child.identity is not None
+            else f"version {child.version} is in the legacy format {LEGACY} after a version in {parent.format}"
         )
     if child.kind == "delta" and child.tensors != parent.tensors:
         raise ChainError(f"delta version {child.version} changes the tensor table of version {parent.version}")

@@ -17,8 +17,19 @@ from typing import Any
 from aurora_store import codec
 from aurora_store.errors import CorruptError, LimitError, StoreError
 from aurora_store.format import dtypes
-from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_key, manifest_key
-from aurora_store.format.manifest import FORMAT, Block, Manifest, Parent, Segment, Signature, Stats, TensorSpec
+from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_object_key, manifest_key
+from aurora_store.format.manifest import (
+    FORMATS,
+    LEGACY,
+    Block,
+    Manifest,
+    Parent,
+    RunIdentity,
+    Segment,
+    Signature,
+    Stats,
+    TensorSpec,
+)
 
 MAX_ELEMENTS = 1 << 48
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -180,9 +191,12 @@ def parse_manifest(
         "version_hash",
         "signature",
     }
-    r.obj(doc, "manifest", top)
-    if doc["format"] != FORMAT:
-        raise r.fail(f"format {doc['format']!r}, expected {FORMAT!r}")
+    if not isinstance(doc, dict):
+        raise r.fail("manifest must be an object")
+    fmt = doc.get("format")
+    if fmt not in FORMATS:
+        raise r.fail(f"format {fmt!r}, expected one of {FORMATS}"[:300])
+    r.obj(doc, "manifest", top if fmt == LEGACY else top | {"run"})
     version = r.int_(doc["version"], "version", 0, MAX_VERSION)
     if expect_version is not None and version != expect_version:
         raise r.fail(f"declares version {version}, expected {expect_version}")
@@ -218,7 +232,7 @@ def parse_manifest(
         if ix["tensors"] != []:
             raise r.fail("index.tensors must be an empty list")
         index = Segment(
-            check_key(ix["key"], version, what),
+            check_object_key(ix["key"], version, what),
             r.int_(ix["size"], "index.size", 0, max_segment_bytes),
             r.str_(ix["sha256"], "index.sha256", HEX64),
         )
@@ -247,6 +261,7 @@ def parse_manifest(
             r.str_(s["key_id"], "signature.key_id", KEY_ID),
             r.str_(s["sig"], "signature.sig", B64_SIG),
         )
+    run = None if fmt == LEGACY else _parse_run(r, doc["run"], version)
     m = Manifest(
         version,
         kind,
@@ -262,10 +277,24 @@ def parse_manifest(
         files,
         r.str_(doc["version_hash"], "version_hash", HEX64),
         signature,
+        run,
+        fmt,
     )
     if m.compute_hash() != m.version_hash:
         raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
     return m
+
+
+def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:
+    d = r.obj(raw, "run", {"origin", "signed_by"})
+    if version == 0:
+        if d["origin"] is not None:
+            raise r.fail("version 0 is its run's origin: run.origin must be null")
+        origin = None
+    else:
+        origin = r.str_(d["origin"], "run.origin", HEX64)
+    signed_by = None if d["signed_by"] is None else r.str_(d["signed_by"], "run.signed_by", KEY_ID)
+    return RunIdentity(origin, signed_by)
 
 
 def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
@@ -302,7 +331,7 @@ def _parse_segment(
 ) -> Segment:
     name = f"segments[{i}]"
     s = r.obj(raw, name, {"key", "size", "sha256", "blocks" if kind == "delta" else "tensors"})
-    key = check_key(s["key"], version, r.what)
+    key = check_object_key(s["key"], version, r.what)
     size = s["size"]
     if type(size) is int and size > max_segment_bytes:
         raise LimitError(f"{r.what}: {name} {key} is {size} bytes, over the segment cap of {max_segment_bytes}")

@@ -3,7 +3,7 @@
 The signed message is ``b"aurora-manifest/1\\0" + bytes.fromhex(version_hash)``; the
 version hash covers every other field, so the signature covers the whole manifest
 and, through the parent hash, the chain. Keys may be given as cryptography key
-objects, raw 32-byte keys, or PEM bytes/files.
+objects, raw 32-byte keys, PEM bytes or text, or PEM files.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def key_id(key: Ed25519PublicKey) -> str:
 
 
 def _read(material: bytes | str | os.PathLike[str]) -> bytes:
+    """Key bytes: given as bytes, as PEM text (what an ``AURORA_*`` environment variable may hold), or as a path."""
     if isinstance(material, bytes):
         return material
+    if isinstance(material, str) and material.lstrip().startswith("-----BEGIN"):
+        return material.encode()
     try:
         with open(material, "rb") as f:
             return f.read(1 << 16)
