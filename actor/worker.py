@@ -36,6 +36,10 @@ from aurora_store.options import add_options, build
 from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
+REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor"})
+"""Drops that say this actor's results are unusable (not merely late)."""
+MAX_REFUSED = 3
+
 CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 
 
@@ -49,6 +53,11 @@ class Worker:
         self.run, self.fallback = open_sync_runs(sync)
         self.stop = threading.Event()
         self.busy = threading.Event()
+        self._notices_after = f"{int(time.time() * 1000)}-0"  # what the trainer says from now on
+        self._told: set[str] = set()
+        self._refused = 0
+        self.refused = False
+        """Whether the actor stopped because the trainer kept refusing its results."""
 
     def _wait_for_version(self) -> int:
         while not self.stop.is_set():
@@ -212,12 +221,38 @@ class Worker:
                         "reward": reward,
                     }
                 )
-            payload = {"completions": completions, "reward_failures": dict(failures)}
+            payload = {
+                "completions": completions,
+                "reward_failures": dict(failures),
+                "weights_digest": held.weights_digest,  # verified when these weights were applied
+            }
             tokens += sum(len(c.token_ids) for c in comps)
             self.board.submit(
                 lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload
             )
         self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        self._read_notices()
+
+    def _read_notices(self) -> None:
+        """What the trainer said of this actor's results. Each reason is logged once; results it
+        cannot use (a payload it refuses, weights it did not publish, a lease not this actor's),
+        MAX_REFUSED times in a row, stop the actor: it would only burn its GPU."""
+        for n in self.board.notices(self.wid, self._notices_after):
+            self._notices_after = n.id
+            if n.reason not in self._told:
+                self._told.add(n.reason)
+                log.warning("actor %s: the trainer dropped its result for job %s: %s", self.wid, n.job, n.reason)
+            self._refused = self._refused + 1 if n.reason in REFUSED else 0
+            if self._refused >= MAX_REFUSED:
+                log.error(
+                    "actor %s: the trainer refused %d results in a row (%s); stopping: check this actor's "
+                    "version and configuration against the run's",
+                    self.wid,
+                    self._refused,
+                    n.reason,
+                )
+                self.refused = True
+                self.stop.set()
 
     def _heartbeat(self) -> None:
         """Beat on a thread of its own, so a long batch does not look like a dead actor."""
@@ -241,6 +276,9 @@ class Worker:
                     )
                     registered = True
                 self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s)
+                if self.coord.state_lost():  # FLUSHALL or an empty failover: no disconnect to tell
+                    registered = False
+                    continue
                 leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0.2)
                 if leases:
                     self.busy.set()
@@ -268,7 +306,7 @@ def run(cfg: WorkerConfig) -> int:
         signal.signal(sig, lambda *_: w.stop.set())
     w.setup()
     w.loop()
-    return 0
+    return 3 if w.refused else 0
 
 
 def main(argv: list[str] | None = None) -> int:

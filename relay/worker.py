@@ -23,13 +23,13 @@ from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.reader import about as about_url
+from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format import signing
-from aurora_store.format.keys import check_object_key, manifest_key
+from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
-from aurora_store.format.manifest_parser import HEX64
 
 log = logging.getLogger("aurora.relay")
 
@@ -229,6 +229,9 @@ class Relay:
                     )
                     last_scan, need_scan = time.monotonic(), False
                 coord.heartbeat(wid)
+                if coord.state_lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
+                    need_scan = True
+                    continue
                 events = coord.events(self.source_region, after, block_ms=block_ms)
             except CoordinationError as exc:
                 log.warning("relay %s: %s; retrying", self.dest_region, exc)
@@ -275,24 +278,17 @@ class Relay:
 
     def _handle(self, kind: str, version: int, fields: dict[str, str]) -> None:
         """Act on one event. Events come from Redis, not from a signed manifest: every field is
-        checked here, and only a segment, shard or index key of its version is ever copied (a
-        manifest is written only as the commit, after the objects it names)."""
-        if version < 0:
-            raise CorruptError(f"{kind} event names no valid version ({fields.get('version')!r:.40})")
+        checked (only a segment, shard or index key of its version is ever copied; a manifest is
+        written only as the commit, after the objects it names), and an event the coordinator
+        found invalid is skipped (it counted it)."""
         if kind == "segment":
-            key = fields.get("key")
-            if not isinstance(key, str):
-                raise CorruptError("announced segment has no key")
-            size = fields.get("size", "")
-            if not (isinstance(size, str) and size.isdigit() and len(size) < 16):
-                raise CorruptError(f"announced segment {key:.200} has size {size!r:.40}, not a byte count")
-            sha = fields.get("sha256", "")
-            if not (isinstance(sha, str) and HEX64.fullmatch(sha)):
-                raise CorruptError(f"announced segment {key:.200} has sha256 {sha!r:.80}, not 64 hex digits")
-            entry = Segment(check_object_key(key, version, "announced segment"), int(size), sha)
-            if entry.size > self.limits.max_segment_bytes:
-                raise CorruptError(f"announced segment {entry.key} is {entry.size} bytes, over the cap")
-            self.copy_announced(entry)
+            try:
+                key, size, sha = wire.parse_segment_event(fields, version)
+            except wire.BadEntry as exc:
+                raise CorruptError(f"announced segment: {exc}") from None
+            if size > self.limits.max_segment_bytes:
+                raise CorruptError(f"announced segment {key} is {size} bytes, over the cap")
+            self.copy_announced(Segment(key, size, sha))
         elif kind == "commit":
             for v in range(self._next_version(), version + 1):
                 self.copy_version(v)

@@ -20,6 +20,7 @@ ROLES = ("trainer", "actor", "relay")
 LAYERS: dict[str, float] = {
     "aurora_store.errors": 0,
     "aurora_store.options": 0,
+    "aurora_store.redact": 0,
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
     "aurora_store.bucket": 3,

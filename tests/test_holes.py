@@ -329,3 +329,138 @@ def test_the_actor_reads_attachments_only_as_the_manifest_vouches_for_them(tmp_p
     damage.overwrite(run.store, "files/extra.json", b"{}")  # a file no manifest names is never read
     damage.overwrite(run.store, "files/task.json", b'{"task": "arith"}')
     assert assemble.run_files(aurora_store.open_run(run.uri), 0) == {"task.json": b'{"task": "arith"}'}
+
+
+# ---------------------------------------------------------------- 5. everything read from Redis is hostile
+
+
+def test_damaged_registrations_region_versions_and_events_are_counted_and_skipped(redis_server: Any) -> None:
+    from aurora_store.coord.coordinator import Coordinator
+
+    coord = Coordinator(redis_server.url, f"h-{uuid.uuid4().hex[:6]}")
+    coord.register("actor", "home", worker_id="good")
+    for wid, doc in (("bad-json", "{nope"), ("a-list", "[1]"), ("deep", "[" * 100_000), ("has space", "{}")):
+        coord.r.hset(coord.key("workers"), wid, doc)
+        coord.heartbeat(wid)
+    assert set(coord.workers()) == {"good"}
+    coord.r.hset(coord.key("region", "eu"), mapping={"version": "xyz", "version_hash": "0" * 64, "kind": "full"})
+    assert coord.region_version("eu") is None
+    coord.r.hset(coord.key("region", "ap"), mapping={"version": "3", "version_hash": "h", "kind": "full"})
+    assert coord.region_version("ap") is None
+    coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "xyz"})
+    coord.r.xadd(coord.key("events", "home"), {"type": "segment", "version": "1", "size": "abc"})
+    coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "2", "version_hash": "0" * 64})
+    events = coord.events("home", "0-0", block_ms=10)
+    assert [e.type for e in events] == ["invalid", "invalid", "commit"] and events[2].version == 2
+    counts = coord.skipped.counts
+    assert counts["registration_not_json"] == 1 and counts["registration_not_object"] == 1
+    assert counts["registration_too_deep"] == 1 and counts["bad_worker_id"] == 1
+    assert counts["bad_version"] == 2 and counts["bad_version_hash"] == 1 and counts["bad_key"] == 1
+
+
+# ---------------------------------------------------------------- 6. results are hostile: dropped with the reason
+
+
+def _dispatcher(redis_url: str, group: int = 2) -> Any:
+    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.jobs import JobBoard
+    from aurora_store.rl.sampling import SamplingConfig
+    from trainer.config import ScheduleConfig
+    from trainer.dispatch import Dispatcher
+
+    coord = Coordinator(redis_url, f"h-{uuid.uuid4().hex[:6]}")
+    d = Dispatcher(
+        coord,
+        JobBoard(coord),
+        schedule=ScheduleConfig(lease_s=30, sweep_s=0.05),
+        sampling=SamplingConfig(group=group, max_new_tokens=4),
+        vocab_size=64,
+        tag="t",
+    )
+    d.published_version(0, "0" * 64, "d" * 32)
+    return d
+
+
+def _one_job(d: Any) -> Any:
+    from aurora_store.rl.tasks import Prompt
+
+    d.coord.register("actor", "home", worker_id="a", ttl_s=30)
+    d.coord.update_worker("a", version=0)
+    d.post(1, [Prompt("p", "1+1=", "2", (3, 4))])
+    (lease,) = d.board.take("a", max_jobs=1, block_s=1)
+    return lease
+
+
+GOOD_GROUP = {"completions": [{"tokens": [5, 1], "logprobs": [-0.5, -0.1], "reward": 1.0}] * 2}
+
+
+def test_results_that_are_lists_or_deep_are_dropped_with_the_reason_and_removed(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    stream = d.board._k("results")
+    base = {"job": lease.job, "token": str(lease.token), "actor": "a", "version": "0", "version_hash": "0" * 64}
+    d.board.r.xadd(stream, {**base, "payload": "[1, 2]"})
+    d.board.r.xadd(stream, {**base, "payload": "[" * 100_000 + "]" * 100_000})
+    d.board.r.xadd(stream, {**base, "payload": json.dumps({**GOOD_GROUP, "weights_digest": "e" * 32})})
+    d.board.submit(
+        lease, actor="a", version=0, version_hash="0" * 64, payload={**GOOD_GROUP, "weights_digest": "d" * 32}
+    )
+    assert len(d.collect(1)) == 1
+    assert d.dropped == {"payload_not_object": 1, "payload_too_deep": 1, "wrong_digest": 1}
+    assert d.board.r.xlen(stream) == 0, "every result read left the stream"
+    notices = d.board.notices("a", "0-0")
+    assert [n.reason for n in notices] == ["wrong_digest"], "the actor is told what it can act on"
+
+
+# ---------------------------------------------------------------- 10. Redis holds only the steps in flight
+
+
+def test_admitted_results_and_prompts_leave_redis(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload={**GOOD_GROUP, "pad": "x" * 100_000})
+    assert len(d.collect(1)) == 1
+    assert d.board.r.xlen(d.board._k("results")) == 0
+    assert d.board.r.hget(d.board._k("job", lease.job), "prompt") is None, "an admitted job keeps no prompt"
+    assert d.board.r.hget(d.board._k("job", lease.job), "state") == "admitted", "but refuses late duplicates"
+
+
+# ---------------------------------------------------------------- 7. Redis losing its state without a disconnect
+
+
+def test_a_flushall_is_noticed_and_every_unadmitted_job_leased_again(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.coord.check_epoch()
+    d.coord.r.flushall()  # the lease, the inbox and the registration are gone
+    d.coord.register("actor", "home", worker_id="a", ttl_s=30)  # the actor notices too and registers again
+    d.coord.update_worker("a", version=0)
+    d._last_sweep = 0.0
+    d._collect_once()
+    assert d.rebuilds == 1
+    (again,) = d.board.take("a", max_jobs=1, block_s=1)
+    assert again.job == lease.job and again.token != lease.token
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # before the flush
+    d.board.submit(again, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert [r.token for r in d.collect(1)] == [again.token]
+    assert d.dropped["unknown_job"] + d.dropped["stale_lease"] == 1
+
+
+def test_fencing_tokens_start_at_a_random_offset_after_a_flush(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    first = _one_job(d)
+    d.coord.r.flushall()
+    second = _one_job(d)
+    assert first.token > 1000 and second.token > 1000 and first.token != second.token
+
+
+# ---------------------------------------------------------------- weak spot: a lease is bound to its actor
+
+
+def test_a_result_under_another_actors_name_is_refused(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.board.submit(lease, actor="b", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # b holds the token
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert [r.actor for r in d.collect(1)] == ["a"]
+    assert d.dropped == {"wrong_actor": 1}

@@ -10,11 +10,12 @@ import pytest
 
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
-from aurora_store.coord.jobs import JobBoard, Lease, Result, now_ms
+from aurora_store.coord.jobs import MAX_RESULT_BYTES, JobBoard, Lease, Result, now_ms
 from aurora_store.rl.tasks import Prompt
 from aurora_store.testing.processes import wait_for
 
-HASHES = {0: "h0", 1: "h1"}
+H0, H1 = "0" * 63 + "a", "1" * 63 + "b"
+HASHES = {0: H0, 1: H1}
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def prompt(i: int) -> dict[str, str]:
     return Prompt(f"p{i}", f"{i}+1=", str(i + 1)).to_dict()
 
 
-def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = "h0") -> Result:
+def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = H0) -> Result:
     board.submit(lease, actor=actor, version=version, version_hash=vhash, payload={"completions": []})
     return board.results("0-0", block_ms=10)[-1]
 
@@ -66,8 +67,8 @@ def test_expired_wrong_version_and_wrong_hash_are_refused(board: JobBoard) -> No
     assert board.admit(submit(board, late, "a"), HASHES) == "expired"
     board.lease(other.job, "a", version=0, lease_s=30)
     fresh = board.take("a", max_jobs=1, block_s=0.1)[0]
-    assert board.admit(submit(board, fresh, "a", version=1, vhash="h1"), HASHES) == "wrong_version"
-    assert board.admit(submit(board, fresh, "a", version=0, vhash="forged"), HASHES) == "wrong_version_hash"
+    assert board.admit(submit(board, fresh, "a", version=1, vhash=H1), HASHES) == "wrong_version"
+    assert board.admit(submit(board, fresh, "a", version=0, vhash="f" * 64), HASHES) == "wrong_version_hash"
     assert board.admit(submit(board, fresh, "a"), HASHES) == "ok", "refusals change nothing"
 
 
@@ -103,14 +104,25 @@ def test_concurrent_admission_admits_once(board: JobBoard) -> None:
 
 
 def test_malformed_results_are_refused(board: JobBoard, redis_server: Any) -> None:
-    board.r.xadd(board.coord.key("results"), {"job": "x", "token": "not-a-number"})
-    board.r.xadd(board.coord.key("results"), {"nothing": "here"})
-    board.r.xadd(
-        board.coord.key("results"),
-        {"job": "x", "token": "1", "actor": "a", "version": "0", "version_hash": "h0", "payload": "{not json"},
-    )
+    good = {"job": "x", "token": "1", "actor": "a", "version": "0", "version_hash": H0}
+    entries = [
+        ({"job": "x", "token": "not-a-number", "actor": "a"}, "bad_token"),
+        ({"nothing": "here"}, "bad_job"),
+        ({**good, "payload": "{not json"}, "payload_not_json"),
+        ({**good, "payload": "[1, 2, 3]"}, "payload_not_object"),
+        ({**good, "payload": "[" * 100_000 + "]" * 100_000}, "payload_too_deep"),
+        ({**good, "payload": '{"a": NaN}'}, "payload_not_json"),
+        ({**good, "payload": " " * (MAX_RESULT_BYTES + 1)}, "payload_too_large"),
+        ({**good, "version": "xyz", "payload": "{}"}, "bad_version"),
+        ({**good, "version_hash": "h0", "payload": "{}"}, "bad_version_hash"),
+    ]
+    for fields, _ in entries:
+        board.r.xadd(board.coord.key("results"), fields)
     results = board.results("0-0", block_ms=10)
-    assert [board.admit(r, HASHES) for r in results] == ["malformed"] * 3
+    assert [board.admit(r, HASHES) for r in results] == [why for _, why in entries]
+    assert all(r.malformed is not None for r in results)
+    board.discard([r.id for r in results])
+    assert board.r.xlen(board.coord.key("results")) == 0, "dropped results leave the stream"
 
 
 @pytest.mark.parametrize("bad", ["", "has space", "a|b", "x" * 300, "{a}"])
@@ -136,7 +148,7 @@ def test_a_result_too_large_is_refused_before_redis(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
     lease = board.take("a", max_jobs=1, block_s=0.1)[0]
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash="h0", payload={"x": "y" * (9 << 20)})
+        board.submit(lease, actor="a", version=0, version_hash=H0, payload={"x": "y" * (9 << 20)})
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash="h0", payload={"x": float("nan")})
+        board.submit(lease, actor="a", version=0, version_hash=H0, payload={"x": float("nan")})
     assert board.results("0-0", block_ms=10) == []

@@ -339,3 +339,43 @@ def test_relay_process_killed_mid_copy(tmp_path: Path, s3_server: Any) -> None:
     assert out["copied_versions"] == [1]
     assert out["objects_skipped"] >= len(before) and out["objects_copied"] == n_objects - out["objects_skipped"]
     assert bits_equal(aurora_store.open_run(eu).materialize(1), big)
+
+
+def test_relay_survives_hostile_events_and_a_flushall(
+    tmp_path: Path, redis_server: RedisServer, relays: Callable[..., RelayProcess]
+) -> None:
+    """Holes 4, 5, 7: malformed events are counted and skipped, an announced 'segment' that is a
+    manifest is never copied, and a FLUSHALL (no disconnect) is noticed at once, not at the next
+    periodic rescan: the relay rebuilds the region's version and registers again."""
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    home, eu = f"file://{tmp_path}/home/{run_id}", f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    publish(home, 1, coord=coord)
+    relay = relays(
+        "--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu", "--rescan-s", "600"
+    )
+    wait_for(lambda: aurora_store.open_run(eu).versions() == [0], "version 0 in eu")
+    stream = coord.key("events", "home")
+    seg = "versions/0000000001/00000-" + "ab" * 16 + ".seg"
+    for fields in (
+        {"type": "segment", "version": "1", "size": "10", "sha256": "ab" * 32},  # no key
+        {"type": "segment", "version": "xyz", "key": seg, "size": "10", "sha256": "ab" * 32},
+        {"type": "segment", "version": "1", "key": seg, "size": "abc", "sha256": "ab" * 32},
+        {"type": "segment", "version": "1", "key": "versions/0000000001/manifest.json", "size": "2", "sha256": "ab" * 32},
+        {"type": "commit", "version": "-3", "version_hash": "0" * 64},
+        {"type": "??"},
+    ):
+        coord.r.xadd(stream, fields)
+    hist = publish(home, 2, coord=coord, start=1)
+    wait_for(lambda: aurora_store.open_run(eu).versions() == [0, 1, 2], "versions 1-2 in eu")
+    assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[1])
+    coord.r.flushall()
+    wait_for(
+        lambda: (coord.region_version("eu") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 2,
+        "eu's version rebuilt after FLUSHALL, without waiting for the 600 s rescan",
+        timeout=30,
+    )
+    wait_for(lambda: any(w["role"] == "relay" for w in coord.workers().values()), "the relay registered again")
+    assert relay.proc.poll() is None, relay.stop()
+    err = relay.stop()
+    assert "Traceback" not in err and "skipped" in err and "lost its state" in err, err[-2000:]

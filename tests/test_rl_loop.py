@@ -212,6 +212,29 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
 
 
+def test_redis_flushed_mid_run_without_a_disconnect(loop: Loop) -> None:
+    """Hole 7: FLUSHALL loses every job, lease, registration and region version without closing a
+    connection. The trainer notices by the epoch and leases its unadmitted jobs again, the actor
+    registers again, and every prompt of every step is still admitted exactly once."""
+    import json
+
+    log = loop.tmp / "admissions.jsonl"
+    trainer = loop.trainer("--steps", "6", "--admissions-log", str(log))
+    loop.actor("a", "--slowdown", "5")
+    run = open_run(loop.store)
+    wait_for(lambda: (run.latest() or 0) >= 2, "version 2", 180)
+    loop.coord.r.flushall()
+    loop.finish(trainer, "trainer")
+    assert run.versions() == list(range(7))
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    for step in range(1, 7):
+        jobs = [r["job"] for r in rows if r["step"] == step]
+        assert len(jobs) == PROMPTS == len(set(jobs)), f"step {step}: {jobs}"
+    digests = {v: run.manifest(v).weights_digest for v in run.versions()}
+    assert all(r["weights_digest"] == digests[r["version"]] for r in rows), "rollouts on committed weights"
+    assert "lost its state" in loop.log("trainer") and "lost its state" in loop.log("a")
+
+
 def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     trainer = loop.trainer("--steps", "16", "--full-every", "100")  # fulls only where a chain outgrows one
     # steady is ten times slower, so a step lasts long enough for an actor that caught up to be handed work

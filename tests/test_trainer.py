@@ -48,7 +48,7 @@ def trainer(redis_server: Any) -> Dispatcher:
         vocab_size=TOK.vocab_size,
         tag="t",
     )
-    d.published = {0: "h0", 1: "h1", 2: "h2"}
+    d.published = {0: "0" * 64, 1: "1" * 64, 2: "2" * 64}
     return d
 
 
@@ -84,7 +84,7 @@ def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> Non
 
 
 def result(payload: dict[str, Any]) -> Result:
-    return Result("1-0", "j", 1, "a", 0, "h0", payload)
+    return Result("1-0", "j", 1, "a", 0, "0" * 64, payload)
 
 
 GOOD = {"tokens": [5, EOS], "logprobs": [-0.5, -0.1], "reward": 1.0}

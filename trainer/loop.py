@@ -24,6 +24,7 @@ import torch
 
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
+from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Result, now_ms
 from aurora_store.errors import StoreError
 from aurora_store.rl.data import DataError, PromptPool, read_records
@@ -90,6 +91,7 @@ class Trainer:
         self.reference: torch.nn.Module | None = None
         self.rng = random.Random(cfg.seed)
         self.tag = uuid.uuid4().hex[:8]
+        self._admissions = open(cfg.admissions_log, "a", encoding="utf-8") if cfg.admissions_log else None  # noqa: SIM115
 
     # ------------------------------------------------------------ start
 
@@ -110,7 +112,9 @@ class Trainer:
             sampling=self.cfg.sampling,
             vocab_size=self.policy.vocab_size,
             tag=self.tag,
+            admissions=self._admissions,
         )
+        self.dispatch.on_lost = self._announce_again
         model = self.policy.model.to(self.device)
         if self.cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
@@ -124,11 +128,16 @@ class Trainer:
         if self.dist.main:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
-        info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name()})
-        self.dispatch.published[0] = info.version_hash
+        info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name(), "trainer": self.tag})
+        self.dispatch.published_version(0, info.version_hash, info.weights_digest)
         save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
         self._load_reference()
         return 0
+
+    def _announce_again(self) -> None:
+        """Redis lost its state: the home region's version is set again from the bucket (relays and
+        actors learn of it from there)."""
+        self.coord.rebuild(self.cfg.region, self.run.reader)
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
         saved = [v for v in saved_versions(self.run) if v <= latest]
@@ -156,7 +165,8 @@ class Trainer:
             if unrecorded:  # a run an earlier trainer started: it gains its aurora_run.json now
                 self.run.files.put(policies.RUN_SPEC, spec.to_bytes())
             for v in range(max(0, latest - 2), latest + 1):
-                self.dispatch.published[v] = self.run.manifest(v).version_hash
+                m = self.run.manifest(v)
+                self.dispatch.published_version(v, m.version_hash, m.weights_digest)
             self.dispatch.forget_predecessor()
 
     def _prompt_source(self) -> PromptSource:
@@ -262,10 +272,10 @@ class Trainer:
             wait = time.perf_counter() - t0
             reward, train_s, stats = self.train_step(step, batch)
             t1 = time.perf_counter()
-            info = self.publisher.publish(step=step)
+            info = self.publisher.publish(step=step, meta={"trainer": self.tag})
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
-            self.dispatch.published[info.version] = info.version_hash
+            self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
             if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
                 save_state(self.run, step, self.model, self.opt, self.rng, self._state_extra(step), write=main)
             if not main:
@@ -292,7 +302,10 @@ class Trainer:
                 reward_failures=dict(self.dispatch.reward_failures),
                 skipped_prompts=self.source.skipped,
             )
-            self.coord.note("steps", **asdict(rep))
+            try:
+                self.coord.note("steps", **asdict(rep))
+            except CoordinationError as exc:  # telemetry: the step stands
+                log.warning("step %d: could not record its report in Redis: %s", step, exc)
             if self.on_step is not None:
                 self.on_step(rep)
         return self.cfg.steps

@@ -14,11 +14,19 @@ Keys:
   Workers block on it (XREAD) instead of polling buckets.
 - ``workers`` (hash): worker id -> JSON registration; ``hb:{id}`` (string with a TTL): alive.
 - ``reports`` (stream): objects a worker found corrupt or missing.
+- ``epoch`` (string): a random id written by the first role to find it missing. A role that
+  finds another id (or none) than the one it last saw knows that Redis lost its state without
+  a disconnect (``FLUSHALL``, a failover to an empty replica) and rebuilds what it keeps there.
+
+Everything read back is hostile input (:mod:`aurora_store.coord.wire`): a bad entry is counted
+in :attr:`Coordinator.skipped` by reason, logged once a minute per reason, and skipped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,11 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from aurora_store.coord import wire
 from aurora_store.coord.errors import CoordinationError
+from aurora_store.redact import redact
 
 if TYPE_CHECKING:
     from aurora_store.bucket.reader import Reader
     from aurora_store.format.manifest import Manifest, Segment
+
+log = logging.getLogger("aurora.coord")
 
 STREAM_MAXLEN = 100_000
 """Events kept per region (approximate trim); older ones are only in the buckets."""
@@ -43,6 +55,24 @@ redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind',
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'commit', 'version', ARGV[1],
            'version_hash', ARGV[2], 'kind', ARGV[3])
 return 1
+"""
+
+
+# KEYS: epoch.  ARGV: a new random id.  Returns the epoch, written now if it was missing.
+_EPOCH = """
+local e = redis.call('GET', KEYS[1])
+if e then return e end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
+# KEYS: hb, epoch.  ARGV: now_ms, ttl_ms, a new random id.  A heartbeat that also reads the epoch.
+_BEAT = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local e = redis.call('GET', KEYS[2])
+if e then return e end
+redis.call('SET', KEYS[2], ARGV[3])
+return ARGV[3]
 """
 
 
@@ -59,6 +89,7 @@ class Event:
 
     id: str
     type: str
+    """``segment`` or ``commit``; ``invalid`` for an entry no role could have written (skipped)."""
     version: int
     fields: dict[str, str]
 
@@ -75,8 +106,15 @@ class Coordinator:
         try:
             self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30, health_check_interval=10)
         except ValueError as exc:
-            raise CoordinationError(f"bad Redis URL {_redact(url)!r}: {exc}") from None
+            raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
         self._commit = self.r.register_script(_COMMIT)
+        self._epoch = self.r.register_script(_EPOCH)
+        self._beat = self.r.register_script(_BEAT)
+        self.epoch: str | None = None
+        """The epoch this coordinator last saw (None before the first check)."""
+        self._lost = False
+        self.skipped = wire.Tally(log, f"Redis entries of run {run_id}")
+        """Entries read from Redis that failed their checks, by reason."""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.base, *parts))
@@ -87,10 +125,35 @@ class Coordinator:
         try:
             return fn(*args, **kw)
         except redis.RedisError as exc:
-            raise CoordinationError(f"Redis at {_redact(self.url)}: {type(exc).__name__}: {exc}") from None
+            raise CoordinationError(f"Redis at {redact(self.url)}: {type(exc).__name__}: {redact(str(exc))}") from None
 
     def ping(self) -> None:
         self.call(self.r.ping)
+
+    # ------------------------------------------------------------ epoch
+
+    def check_epoch(self) -> bool:
+        """Read (or start) Redis's epoch; True if Redis lost its state since this coordinator's last
+        check. Also sets the flag :meth:`state_lost` reports."""
+        return self._saw(self.call(self._epoch, keys=[self.key("epoch")], args=[secrets.token_hex(8)]))
+
+    def state_lost(self) -> bool:
+        """Whether Redis lost its state since the last call (seen by any check or heartbeat); clears it."""
+        lost, self._lost = self._lost, False
+        return lost
+
+    def _saw(self, epoch: Any) -> bool:
+        if not isinstance(epoch, str):
+            self.skipped.skip("bad_epoch", repr(epoch)[:40])
+            return False
+        lost = self.epoch is not None and epoch != self.epoch
+        if lost:
+            log.warning(
+                "Redis at %s lost its state (epoch %s, was %s): rebuilding", redact(self.url), epoch, self.epoch
+            )
+            self._lost = True
+        self.epoch = epoch
+        return lost
 
     # ------------------------------------------------------------ versions
 
@@ -102,10 +165,20 @@ class Coordinator:
         return bool(self.call(self._commit, keys=keys, args=args))
 
     def region_version(self, region: str) -> RegionVersion | None:
+        """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
         h = self.call(self.r.hgetall, self.key("region", region))
-        if not h or "version" not in h:
+        if not h:
             return None
-        return RegionVersion(int(h["version"]), h.get("version_hash", ""), h.get("kind", ""))
+        try:
+            kind = h.get("kind")
+            if kind not in ("full", "delta"):
+                raise wire.BadEntry("bad_kind", f"kind {kind!r:.20}")
+            return RegionVersion(
+                wire.version(h.get("version")), wire.hex64(h.get("version_hash"), "version_hash"), kind
+            )
+        except wire.BadEntry as exc:
+            self.skipped.skip(exc.reason, f"region {region}: {exc}")
+            return None
 
     def announce_segment(self, region: str, version: int, seg: Segment) -> None:
         """Post a sealed, uploaded segment before its manifest exists (cut-through)."""
@@ -123,8 +196,25 @@ class Coordinator:
         out = []
         for _stream, entries in reply or []:
             for eid, fields in entries:
-                out.append(Event(eid, fields.get("type", ""), int(fields.get("version", -1)), fields))
+                out.append(self._event(region, eid, fields))
         return out
+
+    def _event(self, region: str, eid: str, fields: dict[str, str]) -> Event:
+        """An event as read, checked: an entry no role could have written is ``invalid`` (its id still
+        moves the reader on), counted and logged."""
+        try:
+            kind = fields.get("type")
+            if kind not in ("segment", "commit"):
+                raise wire.BadEntry("bad_type", f"type {kind!r:.40}")
+            version = wire.version(fields.get("version"))
+            if kind == "segment":
+                wire.parse_segment_event(fields, version)
+            else:
+                wire.hex64(fields.get("version_hash"), "version_hash")
+            return Event(eid, kind, version, fields)
+        except wire.BadEntry as exc:
+            self.skipped.skip(exc.reason, f"event {eid} of region {region}: {exc}")
+            return Event(eid, "invalid", -1, fields)
 
     def rebuild(self, region: str, reader: Reader) -> RegionVersion | None:
         """Set ``region``'s version from its bucket (after Redis lost its state); never moves it back."""
@@ -153,23 +243,40 @@ class Coordinator:
         self.heartbeat(wid, ttl_s)
         return wid
 
-    def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> None:
-        self.call(self.r.set, self.key("hb", worker_id), str(int(time.time() * 1000)), px=int(ttl_s * 1000))
+    def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> bool:
+        """Beat (one round trip, which also checks the epoch); True if Redis lost its state since the
+        last check (:meth:`state_lost` then says so once too)."""
+        keys = [self.key("hb", worker_id), self.key("epoch")]
+        args = [str(int(time.time() * 1000)), int(ttl_s * 1000), secrets.token_hex(8)]
+        return self._saw(self.call(self._beat, keys=keys, args=args))
 
     def workers(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
-        """Registered workers (those with a live heartbeat unless ``alive_only`` is False)."""
+        """Registered workers (those with a live heartbeat unless ``alive_only`` is False); a damaged
+        registration is counted and skipped."""
         raw = self.call(self.r.hgetall, self.key("workers"))
         out = {}
         for wid, doc in raw.items():
+            try:
+                wire.name(wid, "worker_id")
+                parsed = wire.json_object(doc, "registration")
+            except wire.BadEntry as exc:
+                self.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
+                continue
             if alive_only and not self.call(self.r.exists, self.key("hb", wid)):
                 continue
-            out[wid] = json.loads(doc)
+            out[wid] = parsed
         return out
 
     def update_worker(self, worker_id: str, **fields: Any) -> None:
-        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration."""
+        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration (a damaged one
+        is replaced)."""
         doc = self.call(self.r.hget, self.key("workers"), worker_id)
-        merged = {**(json.loads(doc) if doc else {}), **fields}
+        try:
+            old = wire.json_object(doc, "registration") if doc else {}
+        except wire.BadEntry as exc:
+            self.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
+            old = {}
+        merged = {**old, **fields}
         self.call(self.r.hset, self.key("workers"), worker_id, json.dumps(merged))
 
     def unregister(self, worker_id: str) -> None:
@@ -196,18 +303,17 @@ class Coordinator:
     def notes(self, stream: str, after: str = "0-0", *, count: int = 10_000) -> list[tuple[str, dict[str, Any]]]:
         """Records of ``stream`` after id ``after``, oldest first."""
         reply = self.call(self.r.xread, {self.key("log", stream): after}, count=count)
-        return [(eid, json.loads(f["doc"])) for _s, entries in reply or [] for eid, f in entries]
+        out = []
+        for _s, entries in reply or []:
+            for eid, f in entries:
+                try:
+                    out.append((eid, wire.json_object(f.get("doc"), "note")))
+                except wire.BadEntry as exc:
+                    self.skipped.skip(exc.reason, f"note {eid} of {stream}: {exc}")
+        return out
 
     def close(self) -> None:
         self.r.close()
-
-
-def _redact(url: str) -> str:
-    """A Redis URL without its password, for error messages."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
 class RegionAnnouncer:

@@ -1,24 +1,33 @@
 """Rollout jobs in Redis: leases with deadlines and fencing tokens, results, throughput EMAs.
 
 The trainer posts each step's prompts as jobs, each leased to one actor: the lease has a
-deadline and a fencing token (a run-wide counter, new for every lease), and the job goes
-to that actor's inbox. An actor takes its jobs, generates, and submits results tagged with
-the token, the version it generated with and that version's hash. The trainer admits a
-result only if the token is still the job's (a reassigned job fences out its old holder),
-the deadline has not passed, and the version and hash match; everything else is dropped
-and the job is leased again. Admission is one Lua script, so a job is admitted once.
-Deadlines are on the trainer's clock: it sets them and it checks them.
+deadline and a fencing token (a run-wide counter, new for every lease, starting at a random
+offset whenever Redis has none, so tokens from before a flush never match leases after it),
+and the job goes to that actor's inbox. An actor takes its jobs, generates, and submits
+results tagged with the token, the version it generated with and that version's hash. The
+trainer admits a result only if the token is still the job's (a reassigned job fences out
+its old holder), the submitter is the lease's actor, the deadline has not passed, and the
+version and hash match; everything else is dropped and the job is leased again. Admission
+is one Lua script, so a job is admitted once. Deadlines are on the trainer's clock: it sets
+them and it checks them.
+
+Results are hostile input (:mod:`aurora_store.coord.wire`). Each one is removed from the
+stream once the trainer has admitted or dropped it (:meth:`JobBoard.discard`), and an
+admitted job's prompt is dropped with it, so Redis holds only the steps in flight. A drop the
+actor can act on is told to it (:meth:`JobBoard.tell`, :meth:`JobBoard.notices`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
 from aurora_store.coord.schedule import ema
@@ -27,13 +36,19 @@ RESULTS_MAXLEN = 100_000
 ADMITTED_TTL_S = 3600.0
 """An admitted job's record is kept this long (to refuse late duplicates), then Redis drops it."""
 MAX_RESULT_BYTES = 8 << 20
-"""A result payload above this is refused by the actor before it reaches Redis."""
+"""A result payload above this is refused by the actor before it reaches Redis (and by the trainer unread)."""
+MAX_FENCE_START = 10**13
+"""Fencing tokens start at a random offset below this (tokens stay below 10^14: Lua prints them exactly)."""
+NOTICES_MAXLEN = 64
+"""Notices kept per actor."""
 
-# KEYS: job, fence, inbox, open set.  ARGV: job id, actor, deadline_ms, step, version, prompt JSON or ''
+# KEYS: job, fence, inbox, open set.  ARGV: job id, actor, deadline_ms, step, version, prompt JSON or '',
+# a random start for the fencing counter if Redis has none
 _LEASE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'admitted' then return 0 end
 if ARGV[6] == '' and not state then return -1 end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[2], ARGV[7]) end
 local token = redis.call('INCR', KEYS[2])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'step', ARGV[4], 'prompt', ARGV[6]) end
 redis.call('HSET', KEYS[1], 'actor', ARGV[2], 'token', token, 'deadline_ms', ARGV[3], 'version', ARGV[5],
@@ -44,15 +59,17 @@ redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. token)
 return token
 """
 
-# KEYS: job, open set.  ARGV: job id, token, now_ms, version, how long an admitted job is kept (ms)
+# KEYS: job, open set.  ARGV: job id, token, now_ms, version, how long an admitted job is kept (ms), actor
 _ADMIT = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'deadline_ms', 'version')
+local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'deadline_ms', 'version', 'actor')
 if not h[1] then return 'unknown_job' end
 if h[1] == 'admitted' then return 'duplicate' end
 if h[2] ~= ARGV[2] then return 'stale_lease' end
-if tonumber(ARGV[3]) > tonumber(h[3]) then return 'expired' end
+if h[5] ~= ARGV[6] then return 'wrong_actor' end
+if tonumber(ARGV[3]) > (tonumber(h[3]) or -1) then return 'expired' end
 if h[4] ~= ARGV[4] then return 'wrong_version' end
 redis.call('HSET', KEYS[1], 'state', 'admitted', 'admitted_ms', ARGV[3])
+redis.call('HDEL', KEYS[1], 'prompt')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SREM', KEYS[2], ARGV[1])
 return 'ok'
@@ -91,6 +108,35 @@ class Result:
     version: int
     version_hash: str
     payload: dict[str, Any]
+    malformed: str | None = None
+    """Why the entry is unusable (its fields or payload failed their checks), None if it parsed."""
+
+
+def parse_result(eid: str, f: dict[str, Any]) -> Result:
+    """A results-stream entry as the trainer may act on it; a damaged one comes back with
+    ``malformed`` set to the reason (and whatever of job and actor could be read), never raises."""
+    try:
+        job = wire.name(f.get("job"), "job")
+        actor = wire.name(f.get("actor"), "actor")
+        token = wire.uint(f.get("token"), "token")
+        version = wire.version(f.get("version"))
+        version_hash = wire.hex64(f.get("version_hash"), "version_hash")
+        payload = wire.json_object(f.get("payload"), "payload", MAX_RESULT_BYTES)
+    except wire.BadEntry as exc:
+        raw_job, raw_actor = f.get("job"), f.get("actor")
+        bad_job = raw_job[:200] if isinstance(raw_job, str) else ""
+        bad_actor = raw_actor[:200] if isinstance(raw_actor, str) else ""
+        return Result(eid, bad_job, -1, bad_actor, -1, "", {}, exc.reason)
+    return Result(eid, job, token, actor, version, version_hash, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """What the trainer told an actor about one of its results."""
+
+    id: str
+    job: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +187,7 @@ class JobBoard:
         _check_name(actor, "actor")
         keys = [self._k("job", job), self._k("fence"), self._k("inbox", actor), self._k("open")]
         body = json.dumps(dict(prompt)) if prompt is not None else ""
-        args = [job, actor, now_ms() + int(lease_s * 1000), step, version, body]
+        args = [job, actor, now_ms() + int(lease_s * 1000), step, version, body, secrets.randbelow(MAX_FENCE_START)]
         token = int(self._call(self._lease, keys=keys, args=args))
         if token < 0:
             raise JobError(f"job {job!r} does not exist; give its prompt to post it")
@@ -171,7 +217,8 @@ class JobBoard:
         return out
 
     def open_jobs(self) -> list[OpenJob]:
-        """Jobs leased and not yet admitted."""
+        """Jobs leased and not yet admitted; a damaged job record is counted and dropped from the open set
+        (a job the trainer posted is leased again by its sweep)."""
         out = []
         for job in sorted(self._call(self.r.smembers, self._k("open"))):
             fields = ("step", "version", "actor", "deadline_ms", "state", "token", "taken_token")
@@ -179,29 +226,59 @@ class JobBoard:
             if h[4] != "leased":
                 self._call(self.r.srem, self._k("open"), job)
                 continue
-            out.append(OpenJob(job, int(h[0]), int(h[1]), h[2], int(h[3]), h[6] is not None and h[6] == h[5]))
+            try:
+                step = -1 if h[0] == "-1" else wire.uint(h[0], "step")
+                parsed = OpenJob(
+                    job,
+                    step,
+                    wire.version(h[1]),
+                    wire.name(h[2], "actor"),
+                    wire.uint(h[3], "deadline_ms"),
+                    h[6] is not None and h[6] == h[5],
+                )
+            except wire.BadEntry as exc:
+                self.coord.skipped.skip(exc.reason, f"job {job!r:.80}: {exc}")
+                self._call(self.r.srem, self._k("open"), job)
+                continue
+            out.append(parsed)
         return out
 
     def results(self, after: str, *, block_ms: int = 500, count: int = 1000) -> list[Result]:
-        """Results submitted after stream id ``after``; malformed entries are skipped (and counted)."""
+        """Results submitted after stream id ``after``, parsed as hostile input: a damaged entry comes
+        back with :attr:`Result.malformed` set (so the reader moves past it and counts it)."""
         reply = self._call(self.r.xread, {self._k("results"): after}, count=count, block=block_ms)
+        return [parse_result(eid, f) for _stream, entries in reply or [] for eid, f in entries]
+
+    def discard(self, ids: Sequence[str]) -> None:
+        """Remove results from the stream once admitted or dropped: Redis keeps only those in flight."""
+        if ids:
+            self._call(self.r.xdel, self._k("results"), *ids)
+
+    def tell(self, actor: str, job: str, reason: str) -> None:
+        """Tell ``actor`` that its result for ``job`` was dropped, and why (a short stream per actor)."""
+        try:
+            _check_name(actor, "actor")
+        except JobError:
+            return  # no actor of this run has that name: nobody to tell
+        self._call(
+            self.r.xadd,
+            self._k("notices", actor),
+            {"job": job, "reason": reason},
+            maxlen=NOTICES_MAXLEN,
+            approximate=True,
+        )
+
+    def notices(self, actor: str, after: str) -> list[Notice]:
+        """What the trainer told ``actor`` after stream id ``after`` (damaged entries skipped)."""
+        reply = self._call(self.r.xread, {self._k("notices", actor): after}, count=NOTICES_MAXLEN)
         out = []
-        for _stream, entries in reply or []:
+        for _s, entries in reply or []:
             for eid, f in entries:
-                try:
-                    out.append(
-                        Result(
-                            eid,
-                            f["job"],
-                            int(f["token"]),
-                            f["actor"],
-                            int(f["version"]),
-                            f["version_hash"],
-                            json.loads(f["payload"]),
-                        )
-                    )
-                except (KeyError, ValueError, TypeError):
-                    out.append(Result(eid, f.get("job", ""), -1, f.get("actor", ""), -1, "", {"malformed": True}))
+                reason = f.get("reason")
+                if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
+                    out.append(Notice(eid, str(f.get("job", ""))[:200], reason))
+                else:
+                    self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
         return out
 
     def last_result_id(self) -> str:
@@ -211,13 +288,13 @@ class JobBoard:
 
     def admit(self, res: Result, published: Mapping[int, str]) -> str:
         """'ok' if ``res`` is admitted now, else why not: unknown_job, duplicate, stale_lease,
-        expired, wrong_version, wrong_version_hash or malformed."""
-        if res.token < 0 or res.payload.get("malformed"):
-            return "malformed"
+        wrong_actor, expired, wrong_version, wrong_version_hash or the reason it is malformed."""
+        if res.malformed is not None:
+            return res.malformed
         if published.get(res.version) != res.version_hash:
             return "wrong_version_hash"
         keys = [self._k("job", res.job), self._k("open")]
-        args = [res.job, res.token, now_ms(), res.version, int(ADMITTED_TTL_S * 1000)]
+        args = [res.job, res.token, now_ms(), res.version, int(ADMITTED_TTL_S * 1000), res.actor]
         return str(self._call(self._admit, keys=keys, args=args))
 
     def forget(self, jobs: Sequence[str]) -> None:
@@ -249,10 +326,17 @@ class JobBoard:
             if h[0] != "leased" or h[1] != token or h[2] != actor:
                 continue
             try:
-                lease = Lease(job, int(token), int(h[3]), int(h[4]), int(h[5]), json.loads(h[6]))
-            except (TypeError, ValueError, RecursionError):
-                continue
-            if not isinstance(lease.prompt, dict):
+                step = -1 if h[3] == "-1" else wire.uint(h[3], "step")
+                lease = Lease(
+                    job,
+                    wire.uint(token, "token"),
+                    step,
+                    wire.version(h[4]),
+                    wire.uint(h[5], "deadline_ms"),
+                    wire.json_object(h[6], "prompt"),
+                )
+            except wire.BadEntry as exc:
+                self.coord.skipped.skip(exc.reason, f"job {job!r:.80}: {exc}")
                 continue
             out.append(lease)
             self._call(self.r.hset, self._k("job", job), mapping={"taken_token": token, "taken_ms": now_ms()})

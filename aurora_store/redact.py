@@ -1,0 +1,29 @@
+"""Secrets out of everything printed: URLs and messages with their passwords replaced by ``***``.
+
+Redis URLs carry passwords (``redis://:pw@host``, ``rediss://user:pw@host``, ``?password=pw``)
+and store URIs may carry credentials (``https://user:pw@host/...``). Every URL or message that
+may hold one passes through :func:`redact` before it reaches a log, an error or JSON output.
+"""
+
+from __future__ import annotations
+
+import re
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(:(?P<pw>[^/\s]*))?@")
+_QUERY = re.compile(
+    r"(?P<key>[?&;](password|passwd|pwd|secret|token|access_token|sig|signature|key|auth|credential)[A-Za-z_\-]*=)[^&#\s'\"]*",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it (user info and password-like query parameters)
+    replaced by ``***``; a user name without a password is a secret of its own in ``redis://pw@host``
+    form, so it is hidden too unless a password follows it."""
+
+    def userinfo(m: re.Match[str]) -> str:
+        if m.group("pw") is not None:
+            return f"{m.group('scheme')}{m.group('user')}:***@"
+        return f"{m.group('scheme')}***@"
+
+    return _QUERY.sub(lambda m: m.group("key") + "***", _USERINFO.sub(userinfo, text))
