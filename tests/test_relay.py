@@ -361,7 +361,7 @@ def test_relay_survives_hostile_events_and_a_flushall(
         {"type": "segment", "version": "1", "size": "10", "sha256": "ab" * 32},  # no key
         {"type": "segment", "version": "xyz", "key": seg, "size": "10", "sha256": "ab" * 32},
         {"type": "segment", "version": "1", "key": seg, "size": "abc", "sha256": "ab" * 32},
-        {"type": "segment", "version": "1", "key": "versions/0000000001/manifest.json", "size": "2", "sha256": "ab" * 32},
+        {"type": "segment", "version": "1", "key": manifest_key(1), "size": "2", "sha256": "ab" * 32},
         {"type": "commit", "version": "-3", "version_hash": "0" * 64},
         {"type": "??"},
     ):
