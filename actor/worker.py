@@ -33,6 +33,7 @@ from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Lease
 from aurora_store.errors import AuroraError, StoreError
 from aurora_store.options import add_options, build
+from aurora_store.redact import setup_logging
 from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
@@ -299,7 +300,7 @@ class Worker:
 
 def run(cfg: WorkerConfig) -> int:
     """Serve as an actor until SIGTERM or SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging()
     torch.set_num_threads(cfg.engine.threads)
     w = Worker(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -44,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except (AuroraError, CommandError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        from aurora_store.redact import redact
+
+        print(f"{PROG}: error: {redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="version to rebuild (default: the latest)")
     p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
     p.add_argument("--shard-bytes", type=positive, default=None, help="target size of a safetensors shard")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--force", action="store_true", help="replace an --out an earlier replay wrote (never other files)")
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
@@ -155,6 +157,8 @@ def _progress(console: Console) -> Iterator[Progress]:
 def cmd_ls(args: argparse.Namespace) -> int:
     with _open(args) as run:
         versions = run.versions()
+        if not versions:
+            run.store.require_run()  # a missing bucket or prefix, or an endpoint that does not answer, is an error
         manifests = list(run.store.map(run.manifest, versions))
     rows = []
     for m in manifests:

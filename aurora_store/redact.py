@@ -7,6 +7,7 @@ may hold one passes through :func:`redact` before it reaches a log, an error or 
 
 from __future__ import annotations
 
+import logging
 import re
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(:(?P<pw>[^/\s]*))?@")
@@ -27,3 +28,22 @@ def redact(text: str) -> str:
         return f"{m.group('scheme')}***@"
 
     return _QUERY.sub(lambda m: m.group("key") + "***", _USERINFO.sub(userinfo, text))
+
+
+class RedactingFilter(logging.Filter):
+    """A log filter that redacts every record's message (its arguments merged in first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """The roles' logging: timestamps and logger names on stderr, every record redacted."""
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from aurora_store.options import add_options, build
+from aurora_store.redact import setup_logging
 from relay.config import RelayConfig
 
 
@@ -27,6 +28,7 @@ def main(ns: argparse.Namespace) -> int:
     from relay.worker import Relay
 
     args: RelayConfig = build(RelayConfig, ns)
+    setup_logging()
     run_id = args.run_id or args.source.rstrip("/").rsplit("/", 1)[-1]
     coord = Coordinator(args.redis, run_id) if args.redis else None
     source = ObjectStore(args.source, args.source_options, concurrency=args.concurrency)
@@ -35,6 +37,8 @@ def main(ns: argparse.Namespace) -> int:
         source, dest, coord, source_region=args.source_region, dest_region=args.dest_region, verify_key=args.verify_key
     )
     if args.once:
+        if not relay.src.versions():
+            source.require_run()  # not an empty run: a missing bucket or prefix, an endpoint that does not answer
         done = relay.backfill()
         print(
             json.dumps(

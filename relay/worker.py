@@ -190,7 +190,9 @@ class Relay:
             self.coord.commit(self.dest_region, m.version, m.version_hash, m.kind)
 
     def backfill(self) -> list[int]:
-        """Copy every committed source version the destination lacks, in order; returns them."""
+        """Copy every committed source version the destination lacks, in order; returns them (first
+        removing what a killed relay left half-written at the destination)."""
+        self.dest.sweep_temporaries()
         have = set(self.dst.versions())
         done = []
         for v in self.src.versions():

@@ -143,7 +143,10 @@ def test_ls_table_and_errors(pub: Published, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.strip(" │").split(" ")[0].isdigit()]
     assert len(lines) == VERSIONS and "delta" in lines[1] and "full" in lines[3]
-    assert aurora("ls", f"file://{tmp_path}/nothing", "--json").stdout.strip() == "[]"
+    nothing = aurora("ls", f"file://{tmp_path}/nothing", "--json")  # not an empty run: no run at all
+    assert nothing.returncode == 1 and "nothing is stored under this URI" in nothing.stderr
+    (tmp_path / "empty").mkdir()
+    assert aurora("ls", f"file://{tmp_path}/empty", "--json").stdout.strip() == "[]"
     bad = aurora("ls", pub.uri, "--storage-options", "[1]")
     assert bad.returncode == 2 and "JSON object" in bad.stderr
     assert aurora("ls").returncode == 2
@@ -246,12 +249,16 @@ def test_replay_refuses_non_empty_out_unless_forced(pub: Published, tmp_path: Pa
     assert r.returncode == 1 and r.stderr.startswith("aurora: error:") and "not empty" in r.stderr
     assert "Traceback" not in r.stderr and (out / "keep.txt").exists()
     r = aurora("replay", pub.uri, "--version", "1", "--out", str(out), "--force")
-    assert r.returncode == 0, r.stderr
-    assert not (out / "keep.txt").exists()
-    assert_bits_equal(load_dir(out), pub.states[1])
+    assert r.returncode == 1 and "not a directory replay wrote" in r.stderr, "--force never deletes a user's file"
+    assert (out / "keep.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()
     assert aurora("replay", pub.uri, "--version", "2", "--out", str(empty)).returncode == 0
+    assert aurora("replay", pub.uri, "--version", "1", "--out", str(empty), "--force").returncode == 0
+    assert_bits_equal(load_dir(empty), pub.states[1])  # a replay replaced by another
+    (empty / "notes.txt").write_text("mine")
+    r = aurora("replay", pub.uri, "--version", "2", "--out", str(empty), "--force")
+    assert r.returncode == 1 and "notes.txt" in r.stderr and (empty / "notes.txt").exists()
     missing = aurora("replay", pub.uri, "--version", "9", "--out", str(tmp_path / "nine"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr and not (tmp_path / "nine").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

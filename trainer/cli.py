@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import Any
 
 from aurora_store.options import add_options, build, field_defaults
+from aurora_store.redact import setup_logging
 from trainer.config import DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
 
 
@@ -55,7 +55,7 @@ def _resolve_recipe(args: argparse.Namespace) -> None:
 def train_main(args: argparse.Namespace) -> int:
     from trainer.loop import StepReport, Trainer
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging()
     cfg = build(TrainerConfig, args)
 
     def show(rep: StepReport) -> None:

@@ -97,6 +97,8 @@ class Trainer:
 
     def start(self) -> int:
         """Build or restore the policy on every rank; returns the version it is at."""
+        if self.dist.main:
+            self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
         recorded = policies.recorded_spec(self.run) if latest is not None else None
         self.policy = (

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,9 @@ import numpy as np
 
 from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError, UnsupportedError
 from aurora_store.format.keys import TMP_PREFIX
+from aurora_store.redact import redact
+
+log = logging.getLogger("aurora.store")
 
 _MEMORY_LOCK = threading.Lock()
 _PREADV = hasattr(os, "preadv")
@@ -54,11 +59,12 @@ class ObjectStore:
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None, *, concurrency: int = 8) -> None:
         if not isinstance(uri, str) or not uri:
             raise StoreError(f"store URI must be a non-empty string, got {uri!r}")
-        self.uri = uri.rstrip("/")
+        self.uri = redact(uri.rstrip("/"))
+        """The URI as errors and logs show it: any password in it is redacted."""
         try:
-            self.fs, root = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+            self.fs, root = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
         except (ValueError, ImportError, TypeError) as exc:
-            raise UnsupportedError(f"cannot open store {uri!r}: {exc}") from None
+            raise UnsupportedError(f"cannot open store {self.uri!r}: {redact(str(exc))}") from None
         self.root = root.rstrip("/")
         protocol = self.fs.protocol
         self.protocol = protocol if isinstance(protocol, str) else protocol[0]
@@ -237,6 +243,40 @@ class ObjectStore:
         root = self.root.lstrip("/") + "/"
         keys = (p.lstrip("/")[len(root) :] for p in found if p.lstrip("/").startswith(root))
         return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+
+    def sweep_temporaries(self, *, idle_s: float = 600.0) -> int:
+        """Remove the temporary files (``.tmp-*``) a killed writer left in a local store: those not
+        written to for ``idle_s`` seconds (a live writer touches its file with every piece). Returns
+        how many were removed; other backends have none (an object store's uploads are atomic, and
+        its abandoned multipart uploads are the bucket's lifecycle rule's to abort)."""
+        if not self.is_local or not os.path.isdir(self.root):
+            return 0
+        removed, cutoff = 0, time.time() - idle_s
+        for directory, _dirs, names in os.walk(self.root):
+            for name in names:
+                path = os.path.join(directory, name)
+                try:
+                    if name.startswith(TMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except OSError:
+                    continue  # gone already (another sweeper), or not ours to remove
+        if removed:
+            log.info("%s: removed %d temporary files left by killed writers", self.uri, removed)
+        return removed
+
+    def require_run(self) -> None:
+        """Say why nothing is here, if nothing is: MissingError naming a missing bucket or a prefix
+        that holds nothing, StoreError for an endpoint that does not answer (an empty listing
+        alone cannot tell these apart from an empty run)."""
+        with _translated(self.uri):
+            self.fs.invalidate_cache(self.root)
+            if self.fs.exists(self.root) and (self.is_local or self.fs.find(self.root, maxdepth=None, withdirs=False)):
+                return
+            bucket = self.root.lstrip("/").split("/", 1)[0]
+            if not self.is_local and self.protocol != "memory" and not self.fs.exists(bucket):
+                raise MissingError(f"{self.uri}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
+        raise MissingError(f"{self.uri}: nothing is stored under this URI: no run here (check the prefix)")
 
     def close(self) -> None:
         with self._pool_lock:

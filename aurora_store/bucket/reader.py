@@ -9,6 +9,7 @@ at the old version. An error about an object carries that object's URL. No torch
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
@@ -83,7 +84,8 @@ class Reader:
         self.insist = insist
         """Verify every version with ``verify_key``, even in an unsigned run (False: only in a signed
         run, for a publisher whose key is its own signing key)."""
-        self._manifests: dict[int, Manifest] = {}
+        self._manifests: OrderedDict[int, Manifest] = OrderedDict()
+        """Verified manifests, most recently used last (at most ``limits.cached_manifests``)."""
         self._verified_files: set[tuple[str, str]] = set()
         self._identity: RunIdentity | None = None
         self._origin_format = LEGACY
@@ -98,6 +100,7 @@ class Reader:
     def manifest(self, version: int) -> Manifest:
         """The verified manifest of ``version`` (parsed, hash-checked, signature-checked)."""
         if version in self._manifests:
+            self._manifests.move_to_end(version)
             return self._manifests[version]
         return self.manifest_with_bytes(version)[0]
 
@@ -125,6 +128,8 @@ class Reader:
         if version == 0:
             self._hold_identity(identity, m.format, url)
         self._manifests[version] = m
+        while len(self._manifests) > self.limits.cached_manifests:
+            self._manifests.popitem(last=False)
         return m, data
 
     def authenticate(self, m: Manifest, identity: RunIdentity, what: str) -> None:

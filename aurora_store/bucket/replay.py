@@ -102,10 +102,31 @@ def _check_target(out: str, force: bool) -> None:
     if os.path.lexists(out):
         if not os.path.isdir(out) or os.path.islink(out):
             raise ConflictError(f"{out} exists and is not a directory; replay writes a directory")
-        if os.listdir(out) and not force:
+        present = os.listdir(out)
+        if present and not force:
             raise ConflictError(f"{out} is not empty; choose another --out or pass --force to replace it")
+        if present:
+            _check_replayed(out, present)
     elif not os.path.isdir(os.path.dirname(out)):
         raise StoreError(f"{os.path.dirname(out)} does not exist; create the parent of --out first")
+
+
+def _check_replayed(out: str, present: list[str]) -> None:
+    """``--force`` replaces only a directory an earlier replay wrote: its provenance record names
+    every file in it. Anything else (a user's file, another tool's output) is never deleted."""
+    try:
+        with open(os.path.join(out, PROVENANCE), "rb") as f:
+            record = json.loads(f.read(1 << 20))
+        ours = {PROVENANCE, INDEX, *record["shards"], *record["files"]}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        raise ConflictError(
+            f"{out} is not a directory replay wrote (no readable {PROVENANCE}); --force replaces only those: "
+            "choose another --out"
+        ) from None
+    foreign = sorted(set(present) - {str(n) for n in ours})
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise ConflictError(f"{out} holds files replay did not write ({shown}); --force never deletes those")
 
 
 def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress) -> tuple[list[str], int]:

@@ -153,7 +153,7 @@ def parse_manifest(
     data: bytes,
     *,
     expect_version: int | None = None,
-    max_bytes: int = 64 << 20,
+    max_bytes: int = 16 << 20,
     max_segment_bytes: int = 4 << 30,
     what: str | None = None,
 ) -> Manifest:
