@@ -37,6 +37,8 @@ class Loop:
         self.run_id = "rl"
         self.coord = Coordinator(redis_url, self.run_id)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.redis_server: Any = None
+        """The redis-server, which a test may restart."""
         self.env: dict[str, str] = {}
         """Added to every process's environment (AURORA_SIGNING_KEY, AURORA_VERIFY_KEY)."""
 
@@ -128,6 +130,7 @@ class Loop:
 @pytest.fixture
 def loop(tmp_path: Path, redis_server: Any) -> Iterator[Loop]:
     world = Loop(tmp_path, redis_server.url)
+    world.redis_server = redis_server
     yield world
     world.stop()
 
@@ -212,27 +215,35 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
 
 
-def test_redis_flushed_mid_run_without_a_disconnect(loop: Loop) -> None:
+def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     """Hole 7: FLUSHALL loses every job, lease, registration and region version without closing a
     connection. The trainer notices by the epoch and leases its unadmitted jobs again, the actor
-    registers again, and every prompt of every step is still admitted exactly once."""
+    registers again. Then Redis goes away for two seconds and comes back empty: the trainer retries
+    with backoff instead of exiting. Every prompt of every step is still admitted exactly once."""
     import json
+    import time
 
     log = loop.tmp / "admissions.jsonl"
-    trainer = loop.trainer("--steps", "6", "--admissions-log", str(log))
+    trainer = loop.trainer("--steps", "8", "--admissions-log", str(log))
     loop.actor("a", "--slowdown", "5")
     run = open_run(loop.store)
     wait_for(lambda: (run.latest() or 0) >= 2, "version 2", 180)
     loop.coord.r.flushall()
+    wait_for(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 180)
+    loop.redis_server.kill()
+    time.sleep(2)
+    loop.redis_server.start()
     loop.finish(trainer, "trainer")
-    assert run.versions() == list(range(7))
+    assert run.versions() == list(range(9))
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    for step in range(1, 7):
+    for step in range(1, 9):
         jobs = [r["job"] for r in rows if r["step"] == step]
         assert len(jobs) == PROMPTS == len(set(jobs)), f"step {step}: {jobs}"
     digests = {v: run.manifest(v).weights_digest for v in run.versions()}
     assert all(r["weights_digest"] == digests[r["version"]] for r in rows), "rollouts on committed weights"
-    assert "lost its state" in loop.log("trainer") and "lost its state" in loop.log("a")
+    trainer_log = loop.log("trainer")
+    assert "lost its state" in trainer_log and "lost its state" in loop.log("a")
+    assert trainer_log.count("Redis does not answer") == 1 and "Redis answers again" in trainer_log
 
 
 def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
