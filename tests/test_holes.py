@@ -564,3 +564,43 @@ def test_the_manifest_cache_is_bounded() -> None:
     for v in range(5):
         run.manifest(v)
     assert len(run.reader._manifests) == 2 and list(run.reader._manifests) == [3, 4]
+
+
+# ---------------------------------------------------------------- weak spot: a refused actor is told, and stops
+
+
+def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late_goes_on(redis_server: Any) -> None:
+    from actor.config import SyncConfig, WorkerConfig
+    from actor.worker import MAX_REFUSED, Worker
+
+    def worker(wid: str) -> Worker:
+        sync = SyncConfig(
+            store=f"memory://holes/{uuid.uuid4().hex}/run",
+            region="home",
+            redis=redis_server.url,
+            run_id="r",
+            worker_id=wid,
+        )
+        return Worker(WorkerConfig(sync=sync))
+
+    late, bad = worker("late"), worker("bad")
+    for i in range(MAX_REFUSED + 2):
+        late.board.tell("late", f"j{i}", "expired")
+    for i in range(MAX_REFUSED):
+        bad.board.tell("bad", f"j{i}", "bad_payload")
+    late._read_notices()
+    bad._read_notices()
+    assert not late.stop.is_set() and not late.refused
+    assert bad.stop.is_set() and bad.refused
+
+
+def test_an_unsorted_tensor_table_is_refused_before_the_first_byte() -> None:
+    import numpy as np
+
+    from aurora_store.format.manifest import TensorSpec
+
+    run = _run()
+    specs = (TensorSpec("b", "BF16", (2,)), TensorSpec("a", "BF16", (2,)))
+    with pytest.raises(StoreError, match="unique and sorted"):
+        run.publish_words(specs, {s.name: np.zeros(2, dtype="<u2") for s in specs})
+    assert run.store.list_keys("") == []

@@ -10,6 +10,7 @@ rank as JSON and drives the same plan. Pure policy: no I/O.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -235,7 +236,10 @@ def plan_next(
     if kind not in KINDS:
         raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
     for s in specs:
-        check_tensor_name(s.name, StoreError)  # the readers' rule, before the first byte is written
+        check_tensor_name(s.name, StoreError)  # the readers' rules, before the first byte is written
+    for a, b in itertools.pairwise(specs):
+        if not a.name < b.name:
+            raise StoreError(f"tensor names must be unique and sorted: {a.name!r:.100} comes before {b.name!r:.100}")
     nxt = 0 if tip is None else tip.version + 1
     if version is not None and version != nxt:
         raise ConflictError(f"{url}: asked to publish version {version}, but the next version is {nxt}")
