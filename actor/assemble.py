@@ -10,7 +10,6 @@ the actor bootstraps on; vLLM loads that version replayed as a HF directory.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from actor.config import EngineConfig
 from actor.engine import Engine
 from actor.torch_engine import TorchEngine
 from aurora_store.bucket.run import Run
+from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, check_config
 from aurora_store.rl.runspec import NAME as RUN_SPEC
@@ -44,7 +44,7 @@ def run_spec(run: Run, files: Mapping[str, bytes]) -> RunSpec:
     if "task.json" not in files:
         raise RunSpecError(f"{run.uri}: the run has neither {RUN_SPEC} nor task.json")
     try:
-        task = json.loads(files["task.json"])["task"]
+        task = hostile_json.loads(files["task.json"])["task"]
     except (ValueError, KeyError, TypeError):
         raise RunSpecError(f"{run.uri}/files/task.json: not a task record") from None
     if not isinstance(task, str):
@@ -75,7 +75,7 @@ def _config(run: Run, files: Mapping[str, bytes]) -> dict[str, Any]:
     if "config.json" not in files:
         raise ModelError(f"{run.uri}: the run has no config.json")
     try:
-        return check_config(json.loads(files["config.json"]))
+        return check_config(hostile_json.loads(files["config.json"]))
     except ValueError as exc:
         raise ModelError(f"{run.uri}/files/config.json: not JSON ({exc})") from None
 

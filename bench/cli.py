@@ -17,6 +17,7 @@ BENCHMARKS = {
     "schedule": "step makespan of the EMA batch split vs uniform and ideal; see --help",
     "e2e": "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help",
     "full": "publish and materialize a full version against safetensors' own save and verified read; see --help",
+    "fuzz": "every parser of outside bytes under mutated inputs: crashes, hangs, peak memory; see --help",
 }
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from aurora_store.errors import CorruptError
 from bench import fuzz
-from bench.fuzz_targets import BUILDERS, mutate_bytes, mutate_fields, mutate_json
+from bench.fuzz_mutate import mutate_bytes, mutate_fields, mutate_json
+from bench.fuzz_targets import BUILDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECS = 1500

@@ -11,7 +11,6 @@ files; its weights then come from the trainer state.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from aurora_store.bucket.run import Run
+from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
 from aurora_store.rl.runspec import NAME as RUN_SPEC
@@ -70,11 +70,11 @@ def new_policy(cfg: TrainerConfig) -> Policy:
 def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy:
     """A resumed run's policy, rebuilt from the run's own files (its weights come from the trainer state).
     ``spec`` is the run's recorded one; a run an earlier trainer started has none."""
-    files = {name: run.files.get(name) for name in run.files.names()}
+    files = verified_files(run)
     if "config.json" not in files:
         raise ModelError(f"{run.uri}: the run has no config.json")
     try:
-        config: dict[str, Any] = json.loads(files["config.json"])
+        config: dict[str, Any] = hostile_json.loads(files["config.json"])
     except ValueError as exc:
         raise ModelError(f"{run.uri}: config.json is not JSON: {exc}") from None
     model = build_model(config, seed=cfg.seed)
@@ -119,11 +119,19 @@ def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
     )
 
 
+def verified_files(run: Run) -> dict[str, bytes]:
+    """The run's attached files as its latest version's verified manifest lists them (hash-checked):
+    a file swapped in the bucket since is refused, and one no version names is not read."""
+    latest = run.latest()
+    return {} if latest is None else run.reader.files(run.manifest(latest))
+
+
 def recorded_spec(run: Run) -> RunSpec | None:
     """The run's ``aurora_run.json``, or None for a run started by an earlier trainer (it had none)."""
-    if RUN_SPEC not in run.files.names():
+    files = verified_files(run)
+    if RUN_SPEC not in files:
         return None
-    return RunSpec.from_bytes(run.files.get(RUN_SPEC), f"{run.uri}/files/{RUN_SPEC}")
+    return RunSpec.from_bytes(files[RUN_SPEC], f"{run.uri}/files/{RUN_SPEC}")
 
 
 def record(run: Run, policy: Policy, spec: RunSpec) -> None:
@@ -144,7 +152,7 @@ def check_resume(run: Run, recorded: RunSpec | None, mine: RunSpec) -> None:
 
 def reference_model(policy: Policy, run: Run, device: torch.device) -> torch.nn.Module:
     """The frozen KL reference: version 0 exactly as published (BF16 weights; FP32 on CPU)."""
-    config = json.loads(policy.files["config.json"])
+    config = hostile_json.loads(policy.files["config.json"])
     ref = build_model(config, seed=0)
     weights = run.materialize(0)
     with torch.no_grad():

@@ -21,6 +21,7 @@ from safetensors.torch import save as st_save
 
 from aurora_store.bucket.run import Run
 from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format import hostile_json
 
 MAX_JSON_BYTES = 1 << 20
 TENSORS = "tensors.safetensors"
@@ -103,8 +104,8 @@ def load_state(
     """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place)."""
     where = run.state.url(version)
     try:
-        doc = json.loads(run.state.get_commit(version, max_bytes=MAX_JSON_BYTES))
-        if doc.get("format") != "aurora-trainer-state/1" or doc.get("version") != version:
+        doc = hostile_json.loads(run.state.get_commit(version, max_bytes=MAX_JSON_BYTES))
+        if not isinstance(doc, dict) or doc.get("format") != "aurora-trainer-state/1" or doc.get("version") != version:
             raise CorruptError(f"{where}: state.json is not the trainer state of version {version}")
         cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
         tensors = st_load(run.state.get(version, TENSORS, max_bytes=cap))

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.tokenizers import BOS, EOS, PAD
 
@@ -121,7 +122,7 @@ def generation_eos(files: Mapping[str, bytes]) -> tuple[int, ...]:
     if raw is None:
         return ()
     try:
-        eos = json.loads(raw).get("eos_token_id")
+        eos = hostile_json.loads(raw).get("eos_token_id")
     except (ValueError, AttributeError):
         raise ModelError("generation_config.json is not a JSON object") from None
     ids = eos if isinstance(eos, list) else [eos]

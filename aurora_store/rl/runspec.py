@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from aurora_store.format import hostile_json
 from aurora_store.rl.errors import RLError
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tokenizers import CHAR_KIND, HF_KIND
@@ -64,8 +65,8 @@ class RunSpec:
         if len(data) > MAX_BYTES:
             raise RunSpecError(f"{what}: {len(data)} bytes, over {MAX_BYTES}")
         try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            doc = hostile_json.loads(data)
+        except ValueError as exc:
             raise RunSpecError(f"{what}: not JSON ({exc})"[:300]) from None
         fields = {"format", "tokenizer", "chat_template", "system_prompt", "sampling", "reward"}
         fields |= {"reward_timeout_s", "eos_ids"}
@@ -118,6 +119,7 @@ def _int(v: Any, name: str, what: str, *, lo: int = 1, hi: int) -> int:
 
 
 def _float(v: Any, name: str, what: str, *, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+    # an integer too large for a float is out of range too (math.isfinite would raise OverflowError)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or not math.isfinite(v):
         raise RunSpecError(f"{what}: {name} must be a number in [{lo}, {hi}], got {v!r}"[:200])
     return float(v)

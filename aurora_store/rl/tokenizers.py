@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
 
 CHAR_KIND = "aurora-char"
@@ -129,8 +130,8 @@ class CharTokenizer:
     @classmethod
     def from_json(cls, data: bytes) -> CharTokenizer:
         try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+            doc = hostile_json.loads(data)
+        except ValueError as exc:
             raise ModelError(f"tokenizer.json is not JSON: {exc}") from None
         if not isinstance(doc, dict) or doc.get("type") != CHAR_KIND or not isinstance(doc.get("chars"), str):
             raise ModelError("tokenizer.json is not an aurora character tokenizer")
@@ -168,8 +169,10 @@ class HFTokenizer:
 
         try:
             tok = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise ModelError(f"cannot load a tokenizer from {path!r}: {exc}"[:500]) from None
+        except Exception as exc:
+            # (AttributeError on a field of the wrong type, a bare Exception from the Rust parser,
+            # RecursionError): every one of them means "not a tokenizer", and a role must not die of it
+            raise ModelError(f"cannot load a tokenizer from {path!r}: {type(exc).__name__}: {exc}"[:500]) from None
         return cls(tok, **kw)
 
     @property
@@ -222,6 +225,14 @@ def from_files(
     mine = {n: b for n, b in files.items() if n in TOKENIZER_FILES}
     if "tokenizer_config.json" not in mine:
         raise ModelError("the run has no tokenizer_config.json: not a HF tokenizer")
+    for name, data in mine.items():  # checked here, before transformers and tokenizers parse them
+        if name.endswith(".json"):
+            try:
+                doc = hostile_json.loads(data)
+            except ValueError as exc:
+                raise ModelError(f"{name} is not JSON: {exc}"[:300]) from None
+            if not isinstance(doc, dict):
+                raise ModelError(f"{name} must be a JSON object")
     with tempfile.TemporaryDirectory(prefix="aurora-tokenizer-") as d:
         for name, data in mine.items():
             Path(d, name).write_bytes(data)
