@@ -25,15 +25,19 @@ class SyncConfig:
     """This actor's id: a short name without spaces, '|' or braces, unique in the run."""
     fallback: str | None = None
     """Home run URI, read when the region's copy of a version is bad."""
-    fallback_options: dict[str, Any] | None = field(default=None, metadata=option(metavar="JSON"))
+    fallback_options: dict[str, Any] | None = field(
+        default=None, metadata=option(metavar="JSON", env="AURORA_FALLBACK_OPTIONS")
+    )
     """fsspec storage options of the fallback bucket, as a JSON object (default: --storage-options)."""
     verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
     """The run's Ed25519 public key (a PEM file, or PEM text in the environment): refuse versions it
     did not sign. A signed run cannot be followed without it."""
     connections: int = 8
     """Parallel ranged GETs."""
-    storage_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
-    """fsspec storage options of this region's bucket, as a JSON object."""
+    storage_options: dict[str, Any] = field(
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
+    )
+    """fsspec storage options of this region's bucket, as a JSON object (credentials belong in the environment)."""
 
 
 @dataclass(kw_only=True, slots=True)

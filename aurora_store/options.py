@@ -142,9 +142,10 @@ def add_options(
         default = (defaults or {}).get(dest, _default(f))
         kw: dict[str, Any] = {"dest": dest, "help": doc.replace("%", "%%")}  # argparse formats help with %
         env = meta.get("env")
+        from_env = bool(env) and env in os.environ
         if env:
             default = os.environ.get(env, None if default is dataclasses.MISSING else default)
-            kw["help"] = f"{doc.rstrip('.')} (or ${env})."
+            kw["help"] = f"{doc.rstrip('.')} (or ${env}" + (", which is set" if from_env else "") + ")."
         base, optional = _base_type(tp)
         if base is bool:
             kw["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
@@ -161,7 +162,8 @@ def add_options(
             kw["required"] = True
         else:
             kw["default"] = default
-            if default is not None and not isinstance(default, bool) and default not in ("", {}, []):
+            shown = default is not None and not isinstance(default, bool) and default not in ("", {}, [])
+            if shown and not from_env:  # a value from the environment may be a secret: never in --help
                 kw["help"] += f" (default: {default})"
         target.add_argument(flag, **kw)
 

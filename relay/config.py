@@ -29,9 +29,13 @@ class RelayConfig:
     verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
     """The run's Ed25519 public key (a PEM file, or PEM text in the environment): refuse versions it
     did not sign. A signed run cannot be relayed without it."""
-    source_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
+    source_options: dict[str, Any] = field(
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_SOURCE_OPTIONS")
+    )
     """fsspec storage options of the source bucket, as a JSON object."""
-    dest_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
+    dest_options: dict[str, Any] = field(
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_DEST_OPTIONS")
+    )
     """fsspec storage options of the destination bucket, as a JSON object."""
     concurrency: int = 8
     """Parallel object copies."""

@@ -604,3 +604,29 @@ def test_an_unsorted_tensor_table_is_refused_before_the_first_byte() -> None:
     with pytest.raises(StoreError, match="unique and sorted"):
         run.publish_words(specs, {s.name: np.zeros(2, dtype="<u2") for s in specs})
     assert run.store.list_keys("") == []
+
+
+def test_secrets_come_from_the_environment_and_never_show_in_help(tmp_path: Path) -> None:
+    from actor.config import SyncConfig
+    from actor.updater import open_sync_runs
+    from aurora_store.format import signing
+
+    env = {"AURORA_REDIS": "redis://:s3cret@127.0.0.1:1/0", "AURORA_SIGNING_KEY": "-----BEGIN s3cret"}
+    for role in ("actor", "train", "relay"):
+        helped = aurora(role, "--help", env=env)
+        assert helped.returncode == 0 and "s3cret" not in helped.stdout, role
+    _, pub = signing.generate_keypair()
+    sync = SyncConfig(
+        store=f"file://{tmp_path}/eu/run",
+        region="eu",
+        redis="redis://127.0.0.1:1/0",
+        run_id="r",
+        worker_id="w",
+        fallback=f"file://{tmp_path}/home/run",
+        storage_options={"auto_mkdir": True},
+        verify_key=pub.decode(),
+    )
+    _, fallback = open_sync_runs(sync)
+    assert fallback is not None and fallback.reader.verify_key is not None, "the fallback is verified too"
+    assert signing.key_id(fallback.reader.verify_key) == signing.key_id(signing.load_verify_key(pub))
+    assert fallback.store.fs.auto_mkdir is True, "and opened with the region's storage options by default"

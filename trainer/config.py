@@ -140,8 +140,10 @@ class TrainerConfig:
     """The run's name in Redis."""
     region: str = "home"
     """The home region's name in Redis."""
-    storage_options: dict[str, Any] = field(default_factory=dict, metadata=option(metavar="JSON"))
-    """fsspec storage options of the home bucket, as a JSON object."""
+    storage_options: dict[str, Any] = field(
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
+    )
+    """fsspec storage options of the home bucket, as a JSON object (credentials belong in the environment)."""
     steps: int = 40
     """The last version to publish (version t is the policy after step t)."""
     admissions_log: str | None = field(default=None, metadata=option(metavar="PATH"))
