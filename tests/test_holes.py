@@ -630,3 +630,30 @@ def test_secrets_come_from_the_environment_and_never_show_in_help(tmp_path: Path
     assert fallback is not None and fallback.reader.verify_key is not None, "the fallback is verified too"
     assert signing.key_id(fallback.reader.verify_key) == signing.key_id(signing.load_verify_key(pub))
     assert fallback.store.fs.auto_mkdir is True, "and opened with the region's storage options by default"
+
+
+def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: Any) -> None:
+    """Hole 10, measured: groups of 8 completions of 1,024 tokens as actor/worker.py builds them
+    (~140 KB each), 16 groups a step. Before the fix Redis grew by every step's results."""
+    import redis as redis_client
+
+    from aurora_store.rl.tasks import Prompt
+
+    d = _dispatcher(redis_server.url, group=8)
+    d.sampling = dataclasses.replace(d.sampling, max_new_tokens=1024)
+    d.coord.register("actor", "home", worker_id="a", ttl_s=60)
+    d.coord.update_worker("a", version=0)
+    comp = {"tokens": [7] * 1024, "logprobs": [-0.123456789] * 1024, "reward": 1.0, "finish": "length"}
+    payload = {"completions": [comp] * 8, "reward_failures": {}, "weights_digest": "d" * 32}
+    r = redis_client.Redis(port=redis_server.port)
+    used = []
+    for step in range(1, 5):
+        d.post(step, [Prompt(f"p{i}", "x", "y", (1, 2)) for i in range(16)])
+        leases: list[Any] = []
+        while len(leases) < 16:
+            leases += d.board.take("a", max_jobs=16, block_s=1)
+        for lease in leases:
+            d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=payload)
+        assert len(d.collect(step)) == 16
+        used.append(r.info("memory")["used_memory"])
+    assert max(used) - used[0] < (1 << 20), f"Redis grew by {[u - used[0] for u in used]} bytes over 4 steps of ~2.2 MB"
