@@ -241,6 +241,7 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
         assert len(jobs) == PROMPTS == len(set(jobs)), f"step {step}: {jobs}"
     digests = {v: run.manifest(v).weights_digest for v in run.versions()}
     assert all(r["weights_digest"] == digests[r["version"]] for r in rows), "rollouts on committed weights"
+    assert all(r["admitted_ms"] <= r["deadline_ms"] for r in rows), "no result admitted under an expired lease"
     trainer_log = loop.log("trainer")
     assert "lost its state" in trainer_log and "lost its state" in loop.log("a")
     assert trainer_log.count("Redis does not answer") == 1 and "Redis answers again" in trainer_log

@@ -147,8 +147,9 @@ class TrainerConfig:
     steps: int = 40
     """The last version to publish (version t is the policy after step t)."""
     admissions_log: str | None = field(default=None, metadata=option(metavar="PATH"))
-    """Append one JSON line per admitted result to this file (trainer id, step, job, actor, lease token,
-    version, version hash, weights digest): an audit trail of what every step trained on."""
+    """Append one JSON line per admitted result to this file (trainer id, step, job, actor, lease token
+    and deadline, admission time, version, version hash, weights digest): an audit trail of what every
+    step trained on."""
     seed: int = 0
     """Seeds the model, the order of the data, the prompts of built-in tasks and the warm start."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -257,12 +257,13 @@ class Dispatcher:
         why = res.malformed or self._check_payload(res)
         if why is None and (step in self.closed or res.job in self.admitted.get(step, {})):
             why = "duplicate"
+        deadline, at = None, now_ms()
         if why is None:
-            why = self.board.admit(res, self.published)
+            why, deadline, at = self.board.admit_within(res, self.published)
         if why == "ok":
             self.admitted[step][res.job] = res
             self.reward_failures.update(res.payload.get("reward_failures", {}))
-            self._record(step, res)
+            self._record(step, res, deadline, at)
             return
         self._drop(res, why)
         unusable = why in RELEASE or res.malformed is not None
@@ -276,7 +277,7 @@ class Dispatcher:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
                 self.board.tell(res.actor, res.job, why)
 
-    def _record(self, step: int, res: Result) -> None:
+    def _record(self, step: int, res: Result, deadline_ms: int | None, admitted_ms: int) -> None:
         if self.admissions is None:
             return
         line = {
@@ -288,7 +289,8 @@ class Dispatcher:
             "version": res.version,
             "version_hash": res.version_hash,
             "weights_digest": res.payload.get("weights_digest"),
-            "admitted_ms": now_ms(),
+            "deadline_ms": deadline_ms,
+            "admitted_ms": admitted_ms,
         }
         self.admissions.write(json.dumps(line) + "\n")
         self.admissions.flush()

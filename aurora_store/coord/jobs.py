@@ -72,7 +72,7 @@ redis.call('HSET', KEYS[1], 'state', 'admitted', 'admitted_ms', ARGV[3])
 redis.call('HDEL', KEYS[1], 'prompt')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SREM', KEYS[2], ARGV[1])
-return 'ok'
+return 'ok:' .. h[3]
 """
 
 # KEYS: job.  ARGV: token.  A holder gives its lease back: the trainer re-leases it on its next sweep.
@@ -289,13 +289,20 @@ class JobBoard:
     def admit(self, res: Result, published: Mapping[int, str]) -> str:
         """'ok' if ``res`` is admitted now, else why not: unknown_job, duplicate, stale_lease,
         wrong_actor, expired, wrong_version, wrong_version_hash or the reason it is malformed."""
+        return self.admit_within(res, published)[0]
+
+    def admit_within(self, res: Result, published: Mapping[int, str]) -> tuple[str, int | None, int]:
+        """:meth:`admit`, the deadline of the lease it was admitted under (None if refused) and the
+        time (ms) the admission was judged at."""
+        at = now_ms()
         if res.malformed is not None:
-            return res.malformed
+            return res.malformed, None, at
         if published.get(res.version) != res.version_hash:
-            return "wrong_version_hash"
+            return "wrong_version_hash", None, at
         keys = [self._k("job", res.job), self._k("open")]
-        args = [res.job, res.token, now_ms(), res.version, int(ADMITTED_TTL_S * 1000), res.actor]
-        return str(self._call(self._admit, keys=keys, args=args))
+        args = [res.job, res.token, at, res.version, int(ADMITTED_TTL_S * 1000), res.actor]
+        why, _, deadline = str(self._call(self._admit, keys=keys, args=args)).partition(":")
+        return why, (int(deadline) if why == "ok" and deadline.isdigit() else None), at
 
     def forget(self, jobs: Sequence[str]) -> None:
         """Drop jobs (a restarted trainer drops its predecessor's unadmitted ones)."""
