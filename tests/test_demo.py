@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -17,15 +19,24 @@ pytestmark = pytest.mark.slow
 
 
 def demo(*args: str, timeout: float = 600) -> dict[str, Any]:
-    out = subprocess.run(
+    """``aurora demo --json ARGS`` in a session of its own: on a timeout the demo and every role it
+    started are killed, so a slow run leaves no processes behind."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "aurora_store.cli", "demo", "--json", *args],
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"aurora demo did not finish in {timeout} s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_default_demo_learns_where_real_rl_runs_and_every_region_verifies(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ class TrainerConfig:
     steps: int = 40
     """The last version to publish (version t is the policy after step t)."""
     admissions_log: str | None = field(default=None, metadata=option(metavar="PATH"))
-    """Append one JSON line per admitted result to this file (trainer id, step, job, actor, lease token
+    """Append one JSON line per admitted result to this file (trainer id, step, job, prompt id, actor, lease token
     and deadline, admission time, version, version hash, weights digest): an audit trail of what every
     step trained on."""
     seed: int = 0

@@ -284,6 +284,7 @@ class Dispatcher:
             "trainer": self.tag,
             "step": step,
             "job": res.job,
+            "prompt": self.step_jobs[step][res.job].id,
             "actor": res.actor,
             "token": res.token,
             "version": res.version,
