@@ -106,8 +106,16 @@ class Updater:
     # ------------------------------------------------------------ bootstrap
 
     def bootstrap(self, version: int | None = None) -> Held:
-        """Load ``version`` (latest when None) as new live tensors: nearest full plus deltas."""
-        state = self.run.materialize_words(version if version is not None else self.latest())
+        """Load ``version`` (latest when None) as new live tensors: nearest full plus deltas, from the
+        fallback (home) bucket if the region's copy is damaged or incomplete."""
+        target = version if version is not None else self.latest()
+        try:
+            state = self.run.materialize_words(target)
+        except (CorruptError, MissingError) as exc:
+            if self.fallback is None:
+                raise
+            log.warning("actor %s: %s; bootstrapping from the fallback", self.worker_id, exc)
+            state = self.fallback.materialize_words(target)
         with self.lock.write():
             self.live.load(state.specs, state.words)
             self.specs = state.specs

@@ -20,6 +20,8 @@ import threading
 import time
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -37,6 +39,7 @@ from aurora_store.redact import setup_logging
 from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
+T = TypeVar("T")
 REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor"})
 """Drops that say this actor's results are unusable (not merely late)."""
 MAX_REFUSED = 3
@@ -83,15 +86,35 @@ class Worker:
             worker_id=self.wid,
             live=self.engine.live,
         )
-        held = self.up.bootstrap()
+        held = self._retrying("bootstrap", self.up.bootstrap)
         self.vocab = assemble.vocab_size(self.run, files)
-        self.coord.register("actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s)
-        rejoined = self.board.joined(self.wid)
+        self._retrying(
+            "register",
+            lambda: self.coord.register(
+                "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
+            ),
+        )
+        rejoined = self._retrying("join", lambda: self.board.joined(self.wid))
         if not rejoined:
             self._calibrate()
         self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
         self._applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+
+    def _retrying(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` until it succeeds (or the actor is stopped): a damaged region, a Redis that is
+        restarting, are waited out (with backoff, said once) instead of ending the actor."""
+        backoff, said = 1.0, False
+        while True:
+            try:
+                return fn()
+            except AuroraError as exc:
+                if not said:
+                    log.warning("actor %s: %s failed (%s); retrying with backoff", self.wid, what, exc)
+                    said = True
+            if self.stop.wait(backoff):
+                raise SystemExit(0)
+            backoff = min(backoff * 2, 15.0)
 
     def _sample(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
         s = self.spec.sampling

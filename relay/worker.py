@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore
@@ -32,6 +34,7 @@ from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
 
 log = logging.getLogger("aurora.relay")
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -211,8 +214,12 @@ class Relay:
         coord = self.coord
         if coord is None:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
-        wid = coord.register("relay", self.dest_region, info={"source": self.source.uri, "dest": self.dest.uri})
-        after = coord.last_event_id(self.source_region)
+        info = {"source": self.source.uri, "dest": self.dest.uri}
+        wid = self._starting(stop, lambda: coord.register("relay", self.dest_region, info=info))
+        after = self._starting(stop, lambda: coord.last_event_id(self.source_region))
+        if stop.is_set():
+            self.close()
+            return
         self._backfill_safely()
         last_scan, need_scan = time.monotonic(), False
         while not stop.is_set():
@@ -221,8 +228,11 @@ class Relay:
                     # events may have been lost (Redis restarted, or this relay missed some):
                     # the buckets are the truth, and Redis is rebuilt from them
                     self._backfill_safely()
-                    coord.rebuild(self.source_region, self.src)
-                    coord.rebuild(self.dest_region, self.dst)
+                    try:
+                        coord.rebuild(self.source_region, self.src)
+                        coord.rebuild(self.dest_region, self.dst)
+                    except StoreError as exc:  # a damaged latest manifest: refused, counted, retried next scan
+                        self.reject("rebuild", exc)
                     coord.register(
                         "relay",
                         self.dest_region,
@@ -253,12 +263,27 @@ class Relay:
         coord.unregister(wid)
         self.close()
 
+    def _starting(self, stop: threading.Event, fn: Callable[[], T]) -> T:
+        """``fn()`` retried with backoff while Redis does not answer (a relay started while Redis
+        restarts waits for it instead of exiting)."""
+        backoff, said = 0.5, False
+        while True:
+            try:
+                return fn()
+            except CoordinationError as exc:
+                if not said:
+                    log.warning("relay %s: %s; retrying with backoff", self.dest_region, exc)
+                    said = True
+            if stop.wait(backoff):
+                return None  # type: ignore[return-value]  # stopping: the caller checks stop
+            backoff = min(backoff * 2, 10.0)
+
     def _backfill_safely(self) -> None:
         """Backfill, counting a version that fails its checks instead of dying of it: it stays out of
         this region (and every later one with it: versions are committed in order) until it is fixed."""
         try:
             self.backfill()
-        except (MissingError, ChainError) as exc:
+        except (MissingError, ChainError, CoordinationError) as exc:
             log.info("relay %s: %s; will retry on the next scan", self.dest_region, exc)
         except StoreError as exc:
             self.reject("backfill", exc)

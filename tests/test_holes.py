@@ -338,7 +338,7 @@ def test_the_actor_reads_attachments_only_as_the_manifest_vouches_for_them(tmp_p
 
 
 def test_damaged_registrations_region_versions_and_events_are_counted_and_skipped(redis_server: Any) -> None:
-    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.coordinator import Coordinator, RegionVersion
 
     coord = Coordinator(redis_server.url, f"h-{uuid.uuid4().hex[:6]}")
     coord.register("actor", "home", worker_id="good")
@@ -348,6 +348,8 @@ def test_damaged_registrations_region_versions_and_events_are_counted_and_skippe
     assert set(coord.workers()) == {"good"}
     coord.r.hset(coord.key("region", "eu"), mapping={"version": "xyz", "version_hash": "0" * 64, "kind": "full"})
     assert coord.region_version("eu") is None
+    assert coord.commit("eu", 3, "3" * 64, "full"), "a damaged entry is replaced, not a script error (chaos run)"
+    assert coord.region_version("eu") == RegionVersion(3, "3" * 64, "full")
     coord.r.hset(coord.key("region", "ap"), mapping={"version": "3", "version_hash": "h", "kind": "full"})
     assert coord.region_version("ap") is None
     coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "xyz"})

@@ -49,8 +49,8 @@ STREAM_MAXLEN = 100_000
 """Events kept per region (approximate trim); older ones are only in the buckets."""
 
 _COMMIT = """
-local cur = redis.call('HGET', KEYS[1], 'version')
-if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '')
+if cur and cur >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind', ARGV[3], 'updated_ms', ARGV[4])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'commit', 'version', ARGV[1],
            'version_hash', ARGV[2], 'kind', ARGV[3])
