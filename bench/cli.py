@@ -17,6 +17,7 @@ BENCHMARKS = {
     "schedule": "step makespan of the EMA batch split vs uniform and ideal; see --help",
     "e2e": "RL step time with deltas+relays vs full broadcast vs no transfer, over emulated WANs; see --help",
     "full": "publish and materialize a full version against safetensors' own save and verified read; see --help",
+    "chaos": "the whole system as real processes under a seeded schedule of faults; invariants checked; see --help",
     "fuzz": "every parser of outside bytes under mutated inputs: crashes, hangs, peak memory; see --help",
 }
 

@@ -1,0 +1,493 @@
+"""The faults of ``aurora bench chaos``: partitionable gates, and a seeded injector of every fault kind.
+
+Every connection a region's roles make to Redis, and to home's bucket (through that region's WAN link,
+`bench.world.ProxyProcess`), passes a `Gates` forwarder of that region, which a partition switches to
+refusing new connections or to holding them unanswered, after dropping every open one. `Faults` draws
+each fault's target from the schedule's `random.Random`, remembers every byte it damaged and every
+result it forged, and puts the storage back before the final checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aurora_store.format import signing
+from aurora_store.format.keys import manifest_key
+from aurora_store.format.manifest import canonical
+from bench.chaos_check import Bucket
+
+# fmt: off
+KINDS = {
+    "kill_actor": 3, "kill_relay": 2, "kill_trainer": 2, "redis_restart": 1, "redis_flush": 1, "partition": 2,
+    "slow_actor": 1, "actor_join": 1, "actor_leave": 1, "corrupt_segment": 1, "truncate_segment": 1,
+    "delete_segment": 1, "replay_manifest": 1, "forge_manifest": 1, "forged_result": 2, "malformed_event": 2,
+    "hostile_entry": 1, "pause_actor": 1,
+}
+# fmt: on
+"""Every fault kind and its weight in the draw after each kind has come once."""
+
+
+def schedule(rng: Any, n: int) -> list[str]:
+    """``n`` fault kinds: every kind once in a seeded order first, then weighted draws."""
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    return (kinds + rng.choices(list(KINDS), weights=list(KINDS.values()), k=max(0, n - len(kinds))))[:n]
+
+
+# ---------------------------------------------------------------- partitions
+
+
+class Gates:
+    """Partitionable TCP forwarders, grouped by region, on an event-loop thread of their own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.mode: dict[str, str | None] = {}
+        """Each region's partition: None, ``refuse`` (new connections are closed at once) or ``hang``
+        (they are held unanswered until the partition heals)."""
+        self.counts: Counter[str] = Counter()
+        self._healed: dict[str, asyncio.Event] = {}
+        self._open: dict[str, set[asyncio.Task[None]]] = {}
+        self._thread = threading.Thread(target=self.loop.run_forever, name="gates", daemon=True)
+        self._thread.start()
+
+    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            out = fn()
+            return await out if asyncio.iscoroutine(out) else out
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
+
+    def add(self, region: str, target: tuple[str, int]) -> int:
+        """A gate of ``region`` to ``target``; returns the loopback port that clients connect to."""
+
+        async def start() -> int:
+            self.mode.setdefault(region, None)
+            self._healed.setdefault(region, asyncio.Event())
+            self._open.setdefault(region, set())
+            server = await asyncio.start_server(lambda r, w: self._accept(region, target, r, w), "127.0.0.1", 0)
+            return int(server.sockets[0].getsockname()[1])
+
+        return int(self._on_loop(start))
+
+    def _accept(self, region: str, target: tuple[str, int], r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = self.loop.create_task(self._serve(region, target, r, w))
+        task.add_done_callback(self._open[region].discard)
+        task.add_done_callback(lambda _: w.transport.abort())
+        self._open[region].add(task)
+
+    async def _serve(
+        self, region: str, target: tuple[str, int], r: asyncio.StreamReader, w: asyncio.StreamWriter
+    ) -> None:
+        mode = self.mode[region]
+        self.counts[f"{region}:{mode or 'passed'}"] += 1
+        if mode == "hang":
+            await self._healed[region].wait()
+        if mode is not None:
+            return
+        try:
+            tr, tw = await asyncio.open_connection(*target)
+        except OSError:
+            return
+        try:
+            await asyncio.gather(_pump(r, tw), _pump(tr, w), return_exceptions=True)
+        finally:
+            tw.transport.abort()
+
+    def partition(self, region: str, mode: str | None) -> None:
+        """Drop every open connection of ``region`` and refuse or hold new ones; ``mode`` None heals it."""
+
+        def go() -> None:
+            self.mode[region] = mode
+            if mode is None:
+                self._healed[region].set()
+                return
+            self._healed[region].clear()
+            for task in list(self._open[region]):
+                task.cancel()
+
+        self._on_loop(go)
+
+    def close(self) -> None:
+        for region in list(self.mode):
+            self.partition(region, "refuse")
+        self._on_loop(lambda: asyncio.sleep(0.2))  # the cancelled connections finish closing
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+
+
+# ---------------------------------------------------------------- the injector
+
+
+class Roles(Protocol):
+    """What the injector needs of the supervisor."""
+
+    def names(self, role: str) -> list[str]: ...
+    def kill(self, name: str, sig: int, *, restart: bool) -> bool: ...
+    def spawn_actor(self, region: str, slowdown: float | None = None) -> str: ...
+    def region_of(self, name: str) -> str: ...
+    def signal(self, name: str, sig: int) -> bool: ...
+
+
+@dataclass(slots=True)
+class Timer:
+    due: float
+    what: str
+    fn: Callable[[], object]
+
+
+@dataclass(slots=True)
+class Faults:
+    """Injects faults of every kind into the world; every target drawn from ``rng``."""
+
+    rng: Any
+    roles: Roles
+    buckets: dict[str, Bucket]
+    gates: Gates
+    redis: Any
+    """The `aurora_store.testing.redis_server.RedisServer`."""
+    run_id: str
+    group: int
+    """Completions per prompt (a forged result has as many)."""
+    record: Callable[[dict[str, Any]], None]
+    """Called with every fault and every restore, as they happen (the run's event log)."""
+    injected: Counter[str] = field(default_factory=Counter)
+    forged_results: list[dict[str, str]] = field(default_factory=list)
+    timers: list[Timer] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextlib.contextmanager
+    def _r(self) -> Iterator[Any]:
+        import redis
+
+        r = redis.Redis(port=self.redis.port, decode_responses=True, socket_timeout=5)
+        try:
+            yield r
+        finally:
+            r.close()
+
+    def _k(self, *parts: str) -> str:
+        return ":".join(("aurora", self.run_id, *parts))
+
+    def later(self, delay: float, what: str, fn: Callable[[], object]) -> None:
+        with self._lock:
+            self.timers.append(Timer(time.monotonic() + delay, what, fn))
+
+    def tick(self, *, everything: bool = False) -> None:
+        """Run the timers that are due (all of them with ``everything``): heals, restores, departures."""
+        with self._lock:
+            due = [t for t in self.timers if everything or t.due <= time.monotonic()]
+            self.timers = [t for t in self.timers if t not in due]
+        for t in sorted(due, key=lambda t: t.due):
+            t.fn()
+            self.record({"event": "undo", "what": t.what})
+
+    def inject(self, kind: str) -> dict[str, Any]:
+        """Inject one fault of ``kind``; returns what was done (``skipped`` when there was no target)."""
+        try:
+            doc = getattr(self, kind)()
+        except Exception as exc:  # a fault that could not be placed is noted, never fatal to the run
+            doc = {"skipped": f"{type(exc).__name__}: {exc}"[:300]}
+        doc = {"event": "fault", "kind": kind, **doc}
+        if "skipped" not in doc:
+            self.injected[kind] += 1
+        self.record(doc)
+        return doc
+
+    # ------------------------------------------------------------ processes
+
+    def _watch(self, stream: str, want: Callable[[dict[str, str]], bool], timeout: float) -> dict[str, str] | None:
+        """Block until an entry of ``stream`` posted from now on satisfies ``want``; None on timeout."""
+        after, end = "$", time.monotonic() + timeout
+        with self._r() as r:
+            while time.monotonic() < end:
+                with contextlib.suppress(Exception):
+                    for _s, entries in r.xread({self._k(*stream.split(":")): after}, block=200, count=100) or []:
+                        for eid, f in entries:
+                            after = eid
+                            if want(f):
+                                return dict(f)
+        return None
+
+    def _kill_when(self, name: str, doc: dict[str, Any], wait: Callable[[], dict[str, str] | None] | None) -> None:
+        """SIGKILL ``name`` once ``wait()`` returns (at once without one), on a thread of its own; for the
+        trainer, say whether the version whose event it waited for was committed when it died."""
+
+        def go() -> None:
+            seen = wait() if wait is not None else None
+            killed = self.roles.kill(name, signal.SIGKILL, restart=True)
+            out: dict[str, Any] = {"event": "kill", "target": name, "moment": doc.get("moment"), "killed": killed}
+            if seen is not None:
+                out["seen"] = {k: seen.get(k) for k in ("type", "version")}
+                if name == "trainer" and seen.get("version", "").isdigit():
+                    time.sleep(0.5)
+                    out["committed"] = self.buckets["home"].exists(manifest_key(int(seen["version"])))
+            self.record(out)
+
+        threading.Thread(target=go, name=f"kill {name}", daemon=True).start()
+
+    def _after(
+        self, stream: str, kind: str, timeout: float, delay: float = 0.0, newer: int = -1
+    ) -> Callable[[], dict[str, str] | None]:
+        """A wait for the next ``kind`` event of ``stream`` of a version above ``newer``, then ``delay`` s."""
+
+        def want(f: dict[str, str]) -> bool:
+            v = f.get("version", "")
+            return f.get("type") == kind and v.isdigit() and int(v) > newer
+
+        def wait() -> dict[str, str] | None:
+            seen = self._watch(stream, want, timeout)
+            time.sleep(delay)
+            return seen
+
+        return wait
+
+    def _generating(self, actor: str) -> dict[str, str] | None:
+        """Wait (8 s at most) until ``actor`` holds a lease it has taken and not answered: it is generating."""
+        end = time.monotonic() + 8
+        with self._r() as r:
+            while time.monotonic() < end:
+                with contextlib.suppress(Exception):
+                    for job in r.smembers(self._k("open")):
+                        h = r.hmget(self._k("job", job), "actor", "state", "token", "taken_token")
+                        if h[0] == actor and h[1] == "leased" and h[2] is not None and h[2] == h[3]:
+                            return {"type": "generating", "job": job}
+                time.sleep(0.05)
+        return None
+
+    def kill_actor(self) -> dict[str, Any]:
+        name = self.rng.choice(self.roles.names("actor"))
+        moment, delay = self.rng.choice(["any", "generating", "fetching"]), self.rng.uniform(0, 0.3)
+        waits = {
+            "any": None,
+            "generating": lambda: self._generating(name),
+            "fetching": self._after(f"events:{self.roles.region_of(name)}", "commit", 15, delay),
+        }
+        doc = {"target": name, "moment": moment}
+        self._kill_when(name, doc, waits[moment])
+        return doc
+
+    def kill_relay(self) -> dict[str, Any]:
+        """Mid-copy: just after a segment was announced at home."""
+        name = self.rng.choice(self.roles.names("relay"))
+        doc = {"target": name, "moment": "copying"}
+        self._kill_when(name, doc, self._after("events:home", "segment", 15, self.rng.uniform(0, 0.1)))
+        return doc
+
+    def kill_trainer(self) -> dict[str, Any]:
+        """At any moment, mid-commit (its next version's first segment is announced: the manifest is not
+        written yet) or just after a commit (while it saves its state)."""
+        names = self.roles.names("trainer")
+        if not names:
+            return {"skipped": "no trainer running"}
+        moment = self.rng.choice(["any", "mid_commit", "after_commit"])
+        want = {"mid_commit": "segment", "after_commit": "commit"}.get(moment)
+        doc = {"target": names[0], "moment": moment}
+        latest = max(self.buckets["home"].versions(), default=-1)  # not a re-announced old commit
+        self._kill_when(names[0], doc, self._after("events:home", want, 20, newer=latest) if want else None)
+        return doc
+
+    def slow_actor(self) -> dict[str, Any]:
+        region = self.rng.choice(list(self.buckets))
+        name = self.roles.spawn_actor(region, slowdown=self.rng.choice([200.0, 400.0]))
+        stay = self.rng.uniform(20, 40)
+        self.later(stay, f"{name} leaves", lambda: self.roles.kill(name, signal.SIGTERM, restart=False))
+        return {"target": name, "stays_s": round(stay, 1)}
+
+    def pause_actor(self) -> dict[str, Any]:
+        """A preempted host: SIGSTOP (no heartbeat, no progress), SIGCONT some seconds later."""
+        name = self.rng.choice(self.roles.names("actor"))
+        hold = self.rng.uniform(5, 15)
+        self.roles.signal(name, signal.SIGSTOP)
+        self.later(hold, f"{name} resumes", lambda: self.roles.signal(name, signal.SIGCONT))
+        return {"target": name, "seconds": round(hold, 1)}
+
+    def actor_join(self) -> dict[str, Any]:
+        if len(self.roles.names("actor")) >= 10:
+            return {"skipped": "enough actors"}
+        return {"target": self.roles.spawn_actor(self.rng.choice(list(self.buckets)))}
+
+    def actor_leave(self) -> dict[str, Any]:
+        names = self.roles.names("actor")
+        if len(names) <= 2:
+            return {"skipped": "too few actors to let one go"}
+        name = self.rng.choice(names)
+        self.roles.kill(name, signal.SIGTERM, restart=False)
+        return {"target": name}
+
+    # ------------------------------------------------------------ Redis
+
+    def redis_restart(self) -> dict[str, Any]:
+        self.redis.restart()
+        return {"port": self.redis.port}
+
+    def redis_flush(self) -> dict[str, Any]:
+        self.redis.flushall()
+        return {}
+
+    def partition(self) -> dict[str, Any]:
+        free = sorted(r for r, mode in self.gates.mode.items() if mode is None)
+        if not free:
+            return {"skipped": "every region is partitioned"}
+        region, mode = self.rng.choice(free), self.rng.choice(["refuse", "hang"])
+        hold = self.rng.uniform(2, 6)
+        self.gates.partition(region, mode)
+        self.later(hold, f"heal {region}", lambda: self.gates.partition(region, None))
+        return {"target": region, "mode": mode, "seconds": round(hold, 1)}
+
+    def forged_result(self) -> dict[str, Any]:
+        """A result no actor of the run submitted: a made-up job, or a real open job answered under
+        the wrong version hash, with a digest of no version (``impersonate``: three times in a row, in
+        its holder's name), or in the name of another actor."""
+        variants = ["made_up", "wrong_hash", "wrong_digest", "wrong_actor", "impersonate"]
+        with self._r() as r:
+            jobs = sorted(r.smembers(self._k("open")))
+            job = self.rng.choice(jobs) if jobs else None
+            h = r.hgetall(self._k("job", job)) if job else {}
+            variant = self.rng.choice(variants if h else ["made_up"])
+            version = h.get("version", "0")
+            m = json.loads(self.buckets["home"].get(manifest_key(int(version))))
+            sent = []
+            for _ in range(3 if variant == "impersonate" else 1):
+                digest = self.rng.randbytes(32).hex() if variant in ("wrong_digest", "impersonate") else None
+                comp = {"tokens": [3], "logprobs": [-0.1], "finish": "length", "reward": 1.0}
+                payload = {"completions": [comp] * self.group, "weights_digest": digest or m["weights_digest"]}
+                fields = {
+                    "job": job if job and variant != "made_up" else f"forged:{self.rng.randrange(10**6)}:0",
+                    "token": h.get("token", "") if variant != "made_up" else str(self.rng.randrange(1, 10**9)),
+                    "actor": "forger" if variant in ("made_up", "wrong_actor") else h.get("actor", "forger"),
+                    "version": version,
+                    "version_hash": self.rng.randbytes(32).hex() if variant == "wrong_hash" else m["version_hash"],
+                    "payload": json.dumps(payload),
+                }
+                r.xadd(self._k("results"), fields)
+                forged = {k: fields[k] for k in ("job", "token", "actor", "version", "version_hash")}
+                sent.append({**forged, "weights_digest": payload["weights_digest"]})
+        self.forged_results += sent
+        return {"variant": variant, **sent[0], "copies": len(sent)}
+
+    def malformed_event(self) -> dict[str, Any]:
+        region = self.rng.choice(list(self.buckets))
+        variants: list[dict[str, str]] = [
+            {"type": "commit"},
+            {"type": "commit", "version": "xyz", "version_hash": "0" * 64},
+            {"type": "segment", "version": "3"},
+            {"type": "segment", "version": "1", "key": "../../../etc/passwd", "size": "10", "sha256": "0" * 64},
+            {"type": "commit", "version": "99999999", "version_hash": "1" * 64, "kind": "delta"},
+            {"version": "-5", "junk": "\x00\xff"},
+        ]
+        i = self.rng.randrange(len(variants))
+        with self._r() as r:
+            r.xadd(self._k("events", region), variants[i])
+        return {"target": region, "variant": i}
+
+    def hostile_entry(self) -> dict[str, Any]:
+        variant = self.rng.choice(["registration", "throughput", "region_version"])
+        with self._r() as r:
+            if variant == "registration":
+                r.hset(self._k("workers"), "evil{x}", "[not a registration")
+            elif variant == "throughput":
+                r.hset(self._k("tau"), self.rng.choice(self.roles.names("actor")), "nan")
+            else:
+                r.hset(self._k("region", self.rng.choice(sorted(self.buckets))), "version", "xyz")
+        return {"variant": variant}
+
+    # ------------------------------------------------------------ storage
+
+    def _damage(self, b: Bucket, key: str, data: bytes | None, restore_s: float) -> None:
+        """Put ``data`` at ``key`` (delete it for None) and put the original back ``restore_s`` later."""
+        b.damage(key, data)
+        self.later(restore_s, f"restore {b.region}/{key}", lambda: b.restore(key))
+
+    def _pick_version(self, b: Bucket, first: int = 0) -> int:
+        """One of the last three versions (what readers fetch now) or of the chain from the latest full
+        version on (what every actor that starts or falls behind reads)."""
+        versions = [v for v in b.versions() if v >= first]
+        if not versions:
+            raise LookupError(f"no committed version >= {first} in {b.region}")
+        chain = versions[-3:]
+        if self.rng.random() < 0.5:
+            for i in range(len(versions) - 1, -1, -1):
+                if json.loads(b.get(manifest_key(versions[i]))).get("kind") == "full":
+                    chain = versions[i:]
+                    break
+        return int(self.rng.choice(chain))
+
+    def _segment_fault(self, how: str) -> dict[str, Any]:
+        """Flip a byte of, truncate or delete one segment (or shard, or index) of a version readers need."""
+        b = self.buckets[self.rng.choice(list(self.buckets))]
+        v = self._pick_version(b)
+        m = json.loads(b.get(manifest_key(v)))
+        keys = [s["key"] for s in m.get("segments", [])] + ([m["index"]["key"]] if m.get("index") else [])
+        if not keys:
+            raise LookupError(f"version {v} in {b.region} has no segments")
+        key = self.rng.choice(keys)
+        data = b.get(key)
+        at = self.rng.randrange(len(data))
+        bad = {"corrupt": data[:at] + bytes([data[at] ^ 0x5A]) + data[at + 1 :], "truncate": data[:at], "delete": None}
+        self._damage(b, key, bad[how], self._hold())
+        return {"target": f"{b.region}/{key}", "at": at if how != "delete" else None}
+
+    def corrupt_segment(self) -> dict[str, Any]:
+        return self._segment_fault("corrupt")
+
+    def truncate_segment(self) -> dict[str, Any]:
+        return self._segment_fault("truncate")
+
+    def delete_segment(self) -> dict[str, Any]:
+        return self._segment_fault("delete")
+
+    def replay_manifest(self) -> dict[str, Any]:
+        b = self.buckets[self.rng.choice(list(self.buckets))]
+        v = self._pick_version(b, first=1)
+        old = self.rng.randrange(v)
+        self._damage(b, manifest_key(v), b.get(manifest_key(old)), self._hold())
+        return {"target": f"{b.region}/{manifest_key(v)}", "replayed": old}
+
+    def forge_manifest(self) -> dict[str, Any]:
+        b = self.buckets[self.rng.choice(list(self.buckets))]
+        v = self._pick_version(b)
+        doc = json.loads(b.get(manifest_key(v)))
+        change = self.rng.choice(["meta", "weights_digest", "step"])
+        if change == "meta":
+            doc["meta"] = {**doc.get("meta", {}), "forged": "yes"}
+        elif change == "weights_digest":
+            doc["weights_digest"] = self.rng.randbytes(32).hex()
+        else:
+            doc["step"] = int(doc.get("step") or 0) + 1
+        body = {k: val for k, val in doc.items() if k not in ("version_hash", "signature")}
+        doc["version_hash"] = hashlib.sha256(canonical(body)).hexdigest()
+        sig = self.rng.choice(["unsigned", "old_signature", "attacker_key"])
+        if sig == "unsigned":
+            doc.pop("signature", None)
+        elif sig == "attacker_key":
+            private, _ = signing.generate_keypair()
+            doc["signature"] = signing.sign(doc["version_hash"], signing.load_signing_key(private)).to_dict()
+        self._damage(b, manifest_key(v), canonical(doc), self._hold())
+        return {"target": f"{b.region}/{manifest_key(v)}", "change": change, "signature": sig}
+
+    def _hold(self) -> float:
+        return float(self.rng.uniform(4, 12))
+
+    def restore_all(self) -> int:
+        """Put back every damaged object now; how many were still damaged."""
+        return sum(b.restore(key) for b in self.buckets.values() for key in list(b.originals))
