@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import zlib
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -59,6 +59,8 @@ class Worker:
         self.busy = threading.Event()
         self._notices_after = f"{int(time.time() * 1000)}-0"  # what the trainer says from now on
         self._told: set[str] = set()
+        self._submitted: OrderedDict[str, None] = OrderedDict()
+        """Stream ids of the results this actor submitted (the last 4096)."""
         self._refused = 0
         self.refused = False
         """Whether the actor stopped because the trainer kept refusing its results."""
@@ -251,9 +253,12 @@ class Worker:
                 "weights_digest": held.weights_digest,  # verified when these weights were applied
             }
             tokens += sum(len(c.token_ids) for c in comps)
-            self.board.submit(
+            rid = self.board.submit(
                 lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload
             )
+            self._submitted[rid] = None
+            while len(self._submitted) > 4096:
+                self._submitted.popitem(last=False)
         self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
         self._read_notices()
 
@@ -263,6 +268,8 @@ class Worker:
         MAX_REFUSED times in a row, stop the actor: it would only burn its GPU."""
         for n in self.board.notices(self.wid, self._notices_after):
             self._notices_after = n.id
+            if n.result not in self._submitted:
+                continue  # about a result submitted in this actor's name by someone else: not its own
             if n.reason not in self._told:
                 self._told.add(n.reason)
                 log.warning("actor %s: the trainer dropped its result for job %s: %s", self.wid, n.job, n.reason)

@@ -275,7 +275,7 @@ class Dispatcher:
         self._drops.skip(why, f"result {res.id} for job {res.job!r:.80} from actor {res.actor!r:.80}")
         if why in TELL and res.actor:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
-                self.board.tell(res.actor, res.job, why)
+                self.board.tell(res.actor, res.job, why, res.id)
 
     def _record(self, step: int, res: Result, deadline_ms: int | None, admitted_ms: int) -> None:
         if self.admissions is None:

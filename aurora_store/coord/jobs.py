@@ -137,6 +137,8 @@ class Notice:
     id: str
     job: str
     reason: str
+    result: str = ""
+    """The stream id of the result it is about."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,8 +256,10 @@ class JobBoard:
         if ids:
             self._call(self.r.xdel, self._k("results"), *ids)
 
-    def tell(self, actor: str, job: str, reason: str) -> None:
-        """Tell ``actor`` that its result for ``job`` was dropped, and why (a short stream per actor)."""
+    def tell(self, actor: str, job: str, reason: str, result: str = "") -> None:
+        """Tell ``actor`` that the result ``result`` (its stream id) for ``job`` was dropped, and why
+        (a short stream per actor). The actor counts only notices of results it submitted: anyone
+        who can write Redis can submit in its name, but not under its results' stream ids."""
         try:
             _check_name(actor, "actor")
         except JobError:
@@ -263,7 +267,7 @@ class JobBoard:
         self._call(
             self.r.xadd,
             self._k("notices", actor),
-            {"job": job, "reason": reason},
+            {"job": job, "reason": reason, "result": result},
             maxlen=NOTICES_MAXLEN,
             approximate=True,
         )
@@ -276,7 +280,7 @@ class JobBoard:
             for eid, f in entries:
                 reason = f.get("reason")
                 if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
-                    out.append(Notice(eid, str(f.get("job", ""))[:200], reason))
+                    out.append(Notice(eid, str(f.get("job", ""))[:200], reason, str(f.get("result", ""))[:64]))
                 else:
                     self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
         return out
