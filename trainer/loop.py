@@ -130,9 +130,9 @@ class Trainer:
         if self.dist.main:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
-        save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
         info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name(), "trainer": self.tag})
         self.dispatch.published_version(0, info.version_hash, info.weights_digest)
+        save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
         self._load_reference()
         return 0
 
@@ -274,16 +274,16 @@ class Trainer:
             batch = self.dist.broadcast(self._batch(step, results) if main else None)
             wait = time.perf_counter() - t0
             reward, train_s, stats = self.train_step(step, batch)
-            # the state first, then the version: a trainer killed between the two resumes from the
-            # state of the version before (its weights are that version's), never from an older one
-            # while the chain says it descends from a newer one
-            if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
-                save_state(self.run, step, self.model, self.opt, self.rng, self._state_extra(step), write=main)
             t1 = time.perf_counter()
             info = self.publisher.publish(step=step, meta={"trainer": self.tag})
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
             self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
+            # after the commit: a state saved first would be immutable and ahead of the chain, and the
+            # step a restarted trainer redoes could never save its own (a kill between the two resumes
+            # from the state before, which the warning in _resume says)
+            if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
+                save_state(self.run, step, self.model, self.opt, self.rng, self._state_extra(step), write=main)
             if not main:
                 continue
             if step + 2 <= self.cfg.steps:
