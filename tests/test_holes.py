@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -508,8 +507,9 @@ def test_a_missing_bucket_prefix_or_endpoint_is_not_an_empty_run(s3_server: Any,
     assert once.returncode == 1 and "nothing is stored under this URI" in once.stderr, once.stderr
 
 
-def test_passwords_in_urls_are_never_printed() -> None:
+def test_passwords_in_urls_are_never_printed(tmp_path: Path) -> None:
     from aurora_store.redact import redact
+    from aurora_store.testing.processes import wait_for
 
     assert redact("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert (
@@ -519,17 +519,31 @@ def test_passwords_in_urls_are_never_printed() -> None:
     assert redact("s3://bucket/run file:///tmp/x") == "s3://bucket/run file:///tmp/x"
     ls = aurora("ls", "https://alice:s3cret@127.0.0.1:1/run")
     assert ls.returncode == 1 and "s3cret" not in ls.stderr and "alice:***@" in ls.stderr, ls.stderr
-    relay = subprocess.Popen(  # Redis does not answer: the relay waits for it (retrying), and says so redacted
-        [*RELAY, "--source", "memory://x/run", "--dest", "memory://y/run", "--dest-region", "eu", "--rescan-s", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "AURORA_REDIS": f"redis://:s3cret@127.0.0.1:{_free()}/0?password=s3cret"},
-    )
-    time.sleep(8)
-    relay.terminate()
-    out, err = relay.communicate(timeout=60)
-    assert "retrying with backoff" in err and "s3cret" not in err + out, err
+    log = tmp_path / "relay.log"
+    with open(log, "wb") as sink:  # Redis does not answer: the relay waits for it (retrying), and says so redacted
+        relay = subprocess.Popen(
+            [
+                *RELAY,
+                "--source",
+                "memory://x/run",
+                "--dest",
+                "memory://y/run",
+                "--dest-region",
+                "eu",
+                "--rescan-s",
+                "1",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "AURORA_REDIS": f"redis://:s3cret@127.0.0.1:{_free()}/0?password=s3cret"},
+        )
+        try:
+            wait_for(lambda: b"retrying with backoff" in log.read_bytes(), "the relay to say it waits for Redis", 60)
+        finally:
+            relay.terminate()
+            relay.wait(60)
+    said = log.read_text()
+    assert "s3cret" not in said and ":***@" in said, said
 
 
 RELAY = (sys.executable, "-m", "aurora_store.cli", "relay")
