@@ -9,13 +9,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from actor.config import WorkerConfig
+from actor.config import CONFIG_FILE, WorkerConfig
+from aurora_store import config as configfile
 from aurora_store.options import add_options, build
+
+configfile.declare(CONFIG_FILE)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("actor", help="run a rollout actor: generate on leased jobs, stage and apply new versions")
-    add_options(p, WorkerConfig)
+    configfile.add_flag(p)
+    add_options(p, WorkerConfig, defaults=configfile.defaults("actor"))
     p.set_defaults(handler=main)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.options import option
 
 
@@ -21,7 +22,7 @@ class SyncConfig:
     """Redis URL."""
     run_id: str
     """The run's name in Redis."""
-    worker_id: str
+    worker_id: str = field(metadata=option(env="AURORA_WORKER_ID"))
     """This actor's id: a short name without spaces, '|' or braces, unique in the run."""
     fallback: str | None = None
     """Home run URI, read when the region's copy of a version is bad."""
@@ -79,3 +80,50 @@ class WorkerConfig:
     sync: SyncConfig
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
+    """An actor's options from a config file's common part: its region's bucket, home's as the
+    fallback, Redis, the verify key."""
+    assert region is not None  # an actor runs in a region the command line names
+    out: dict[str, Any] = {
+        "sync.store": region.uri,
+        "sync.storage_options": region.storage_options,
+        "sync.region": region.name,
+        "sync.run_id": f.run_id,
+    }
+    if region.name != f.home:
+        home = f.regions[f.home]
+        out["sync.fallback"] = home.uri
+        out["sync.fallback_options"] = home.storage_options
+    if f.redis is not None:
+        out["sync.redis"] = f.redis
+    if f.verify_key is not None:
+        out["sync.verify_key"] = f.verify_key
+    return out
+
+
+CONFIG_FILE = RoleSchema(
+    command="actor",
+    cls=WorkerConfig,
+    tables=(Table("actor", ("", "sync", "rollout", "engine"), per_region=True),),
+    derive=_from_file,
+    derived=frozenset(
+        f"sync.{k}"
+        for k in (
+            "store",
+            "storage_options",
+            "region",
+            "run_id",
+            "worker_id",
+            "fallback",
+            "fallback_options",
+            "redis",
+            "verify_key",
+        )
+    ),
+    regions="each",
+)
+"""How ``aurora actor --config aurora.toml --region R`` reads the file: ``[actor]`` holds its options of
+every section (batch, engine, device, connections, ...) by name, and ``[regions.R.actor]`` wins for
+region R. The worker id is per host: ``--worker-id`` or ``$AURORA_WORKER_ID``."""

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from aurora_store.cli_config import register as register_config
 from aurora_store.options import json_object, positive
 
 if TYPE_CHECKING:
@@ -34,23 +35,34 @@ class CommandError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aurora`` console script; returns the exit status."""
-    parser = build_parser()
+    from aurora_store import config as configfile
+    from aurora_store.errors import AuroraError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    configfile.requested(argv)  # a role's defaults come from its config file: read before its parser is built
+    try:
+        parser = build_parser()
+    except AuroraError as exc:
+        return _fail(exc)
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "parses_rest", False):  # only a command that parses its own arguments takes them
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
-    from aurora_store.errors import AuroraError
-
     try:
+        configfile.confirm(args)
         return int(args.handler(args))
     except (AuroraError, CommandError, OSError) as exc:
-        from aurora_store.redact import redact
-
-        print(f"{PROG}: error: {redact(str(exc))}", file=sys.stderr)
-        return 1
+        return _fail(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(exc: BaseException) -> int:
+    from aurora_store.redact import redact
+
+    print(f"{PROG}: error: {redact(str(exc))}", file=sys.stderr)
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", metavar="FILE", help="also write a Parquet ledger, one row per version")
     p.set_defaults(handler=cmd_audit)
 
-    for ep in sorted(entry_points(group="aurora.commands"), key=lambda e: e.name):  # roles and benchmarks
-        ep.load()(sub)
+    # roles and benchmarks; every role declares how it reads a config file when its module loads, so all
+    # are loaded before any registers (a role's defaults come from the whole file, checked)
+    registers = [ep.load() for ep in sorted(entry_points(group="aurora.commands"), key=lambda e: e.name)]
+    for register in [*registers, register_config]:
+        register(sub)
 
     p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.key (private, 0600) and PREFIX.pub")

@@ -54,3 +54,8 @@ class LayoutError(StoreError):
 
 class UnsupportedError(StoreError):
     """A dtype, backend or option this store cannot handle."""
+
+
+class ConfigError(AuroraError, ValueError):
+    """A run's config file (``aurora.toml``) is unreadable or says something no role can use; the
+    message names the file, the key and what was expected."""

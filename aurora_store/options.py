@@ -24,21 +24,25 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from aurora_store.redact import redact
+
 _KEY = "aurora_option"
 
 
 def option(
     *,
     flag: str | None = None,
+    aliases: tuple[str, ...] = (),
     env: str | None = None,
     metavar: str | None = None,
     nargs: int | None = None,
     parse: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
-    """Field metadata for :func:`add_options`: ``flag`` instead of ``--field-name``; ``env``, an
+    """Field metadata for :func:`add_options`: ``flag`` instead of ``--field-name``; ``aliases``, more
+    flags for the same option; ``env``, an
     environment variable that gives the default (the option is then not required); ``nargs``
     values for a list field; ``parse``, the argument's type when the annotation's is not enough."""
-    return {_KEY: {"flag": flag, "env": env, "metavar": metavar, "nargs": nargs, "parse": parse}}
+    return {_KEY: {"flag": flag, "aliases": aliases, "env": env, "metavar": metavar, "nargs": nargs, "parse": parse}}
 
 
 def positive(text: str) -> int:
@@ -97,6 +101,17 @@ def _leaves(cls: type, section: str = "") -> Iterator[tuple[str, str, dataclasse
         yield section, f"{section}.{f.name}" if section else f.name, f, tp, docs[f.name]
 
 
+def leaves(cls: type) -> list[tuple[str, str, dataclasses.Field[Any], Any, str]]:
+    """(section, dest, field, type, docstring) of every leaf option of ``cls``, sections flattened
+    (what a config file's tables are checked against)."""
+    return list(_leaves(cls))
+
+
+def option_env(f: dataclasses.Field[Any]) -> str | None:
+    """The environment variable that gives field ``f``'s default, if any."""
+    return f.metadata.get(_KEY, {}).get("env")
+
+
 def field_defaults(cls: type) -> dict[str, Any]:
     """Every leaf field's default, by dest (``section.field``)."""
     return {dest: _default(f) for _, dest, f, _, _ in _leaves(cls)}
@@ -110,7 +125,7 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
-def _base_type(tp: Any) -> tuple[Any, bool]:
+def base_type(tp: Any) -> tuple[Any, bool]:
     """The type inside ``X | None`` and whether None is allowed."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -127,7 +142,8 @@ def add_options(
     defaults: Mapping[str, Any] | None = None,
 ) -> None:
     """One flag per leaf field of ``cls`` (except the dests in ``exclude``), grouped by section;
-    ``defaults`` (by dest) replaces a field's default for this command (a recipe: ``aurora demo``'s)."""
+    ``defaults`` (by dest) replaces a field's default for this command (a recipe: ``aurora demo``'s, or
+    a run's config file); an ``env`` variable that is set overrides both."""
     groups: dict[str, Any] = {}
     for section, dest, f, tp, doc in _leaves(cls):
         if dest in exclude:
@@ -146,7 +162,7 @@ def add_options(
         if env:
             default = os.environ.get(env, None if default is dataclasses.MISSING else default)
             kw["help"] = f"{doc.rstrip('.')} (or ${env}" + (", which is set" if from_env else "") + ")."
-        base, optional = _base_type(tp)
+        base, optional = base_type(tp)
         if base is bool:
             kw["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         elif typing.get_origin(base) is typing.Literal:
@@ -164,8 +180,8 @@ def add_options(
             kw["default"] = default
             shown = default is not None and not isinstance(default, bool) and default not in ("", {}, [])
             if shown and not from_env:  # a value from the environment may be a secret: never in --help
-                kw["help"] += f" (default: {default})"
-        target.add_argument(flag, **kw)
+                kw["help"] += f" (default: {redact(str(default))})".replace("%", "%%")
+        target.add_argument(flag, *meta.get("aliases", ()), **kw)
 
 
 def build(cls: type, args: argparse.Namespace | Mapping[str, Any], **given: Any) -> Any:
@@ -187,5 +203,5 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
             kw[f.name] = values[dest] if dest in values else _build(tp, dest, values)  # type: ignore[arg-type]
         elif dest in values:
             value = values[dest]
-            kw[f.name] = tuple(value) if typing.get_origin(_base_type(tp)[0]) is tuple and value is not None else value
+            kw[f.name] = tuple(value) if typing.get_origin(base_type(tp)[0]) is tuple and value is not None else value
     return cls(**kw)

@@ -10,15 +10,19 @@ import sys
 import threading
 from typing import Any
 
+from aurora_store import config as configfile
 from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
-from relay.config import RelayConfig
+from relay.config import CONFIG_FILE, RelayConfig
+
+configfile.declare(CONFIG_FILE)
 
 
 def register(sub: Any) -> None:
     """Add the ``relay`` subcommand to the ``aurora`` parser."""
     p = sub.add_parser("relay", help="copy a run's versions from one region's bucket to another's, cut-through")
-    add_options(p, RelayConfig)
+    configfile.add_flag(p)
+    add_options(p, RelayConfig, defaults=configfile.defaults("relay"))
     p.set_defaults(handler=main)
 
 

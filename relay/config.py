@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.options import option
 
 
@@ -22,8 +23,8 @@ class RelayConfig:
     """The run's name in Redis (default: the last part of --source)."""
     source_region: str = "home"
     """The source's region name in Redis."""
-    dest_region: str
-    """This region's name in Redis."""
+    dest_region: str = field(metadata=option(aliases=("--region",)))
+    """This region's name in Redis (with --config, the file's region to relay into)."""
     once: bool = False
     """Copy every committed version the destination lacks, then exit."""
     verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
@@ -41,3 +42,47 @@ class RelayConfig:
     """Parallel object copies."""
     rescan_s: float = 30.0
     """Also scan the buckets this often, in seconds (announcements are hints; the buckets are the truth)."""
+
+
+def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
+    """A relay's options from a config file's common part: its region's bucket, its source's, Redis, the key."""
+    assert region is not None and region.source is not None  # a relay runs in every region but home
+    source = f.regions[region.source]
+    out: dict[str, Any] = {
+        "source": source.uri,
+        "source_options": source.storage_options,
+        "source_region": source.name,
+        "dest": region.uri,
+        "dest_options": region.storage_options,
+        "dest_region": region.name,
+        "run_id": f.run_id,
+    }
+    if f.redis is not None:
+        out["redis"] = f.redis
+    if f.verify_key is not None:
+        out["verify_key"] = f.verify_key
+    return out
+
+
+CONFIG_FILE = RoleSchema(
+    command="relay",
+    cls=RelayConfig,
+    tables=(Table("relay", ("",)),),
+    derive=_from_file,
+    derived=frozenset(
+        {
+            "source",
+            "source_options",
+            "source_region",
+            "dest",
+            "dest_options",
+            "dest_region",
+            "run_id",
+            "redis",
+            "verify_key",
+        }
+    ),
+    regions="not_home",
+)
+"""How ``aurora relay --config aurora.toml --region R`` reads the file: ``[relay]`` holds its options
+(concurrency, rescan_s, ...); region R's ``source`` (home by default) is what it copies from."""

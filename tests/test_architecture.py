@@ -19,7 +19,8 @@ ROLES = ("trainer", "actor", "relay")
 
 LAYERS: dict[str, float] = {
     "aurora_store.errors": 0,
-    "aurora_store.options": 0,
+    "aurora_store.options": 0.5,
+    "aurora_store.config": 0.6,
     "aurora_store.redact": 0,
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
@@ -28,6 +29,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.rl": 3,
     "aurora_store.tensors": 2.5,
     "aurora_store.cli": 4,
+    "aurora_store.cli_config": 3.9,
     "aurora_store.testing": 4,
 }
 """A library module may import (at run time) only modules of a lower layer, or of its own package."""

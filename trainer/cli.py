@@ -10,14 +10,18 @@ import argparse
 import json
 from typing import Any
 
+from aurora_store import config as configfile
 from aurora_store.options import add_options, build, field_defaults
 from aurora_store.redact import setup_logging
-from trainer.config import DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
+from trainer.config import CONFIG_FILE, DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
+
+configfile.declare(CONFIG_FILE)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="run the GRPO trainer against a home bucket and Redis")
-    add_options(p, TrainerConfig)
+    configfile.add_flag(p)
+    add_options(p, TrainerConfig, defaults=configfile.defaults("train"))
     p.set_defaults(handler=train_main)
 
     p = sub.add_parser(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.options import option
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -178,6 +179,36 @@ class DemoConfig:
     slowdowns: str = "1,2,3.3"
     """Emulated slowness of the three actors (1 = full speed)."""
 
+
+def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
+    """The trainer's options from a config file's common part: the home region's bucket, Redis, the signing key."""
+    home = f.regions[f.home]
+    out: dict[str, Any] = {
+        "store": home.uri,
+        "storage_options": home.storage_options,
+        "region": f.home,
+        "run_id": f.run_id,
+    }
+    if f.redis is not None:
+        out["redis"] = f.redis
+    if f.signing_key is not None:
+        out["publish.signing_key"] = f.signing_key
+    return out
+
+
+CONFIG_FILE = RoleSchema(
+    command="train",
+    cls=TrainerConfig,
+    tables=(
+        Table("trainer", ("",)),
+        *(Table(s, (s,)) for s in ("model", "data", "reward", "rollout", "sampling", "optim", "publish", "schedule")),
+    ),
+    derive=_from_file,
+    derived=frozenset({"store", "storage_options", "region", "run_id", "redis", "publish.signing_key"}),
+    regions="home",
+)
+"""How ``aurora train --config aurora.toml`` reads the file: ``[trainer]`` holds the top-level options
+(steps, seed, ...), and a table per section (``[model]``, ``[data]``, ...) that section's."""
 
 DEMO_GIVES = frozenset({"store", "redis", "run_id", "region", "storage_options"})
 """The trainer options ``aurora demo`` sets itself."""
