@@ -96,6 +96,29 @@ def build_parser() -> argparse.ArgumentParser:
     for register in [*registers, register_config]:
         register(sub)
 
+    p = sub.add_parser(
+        "gc",
+        help="delete versions and trainer states no one needs (a dry run unless --apply)",
+        description="Retire the versions no live actor, relay or kept version's chain needs, and old trainer "
+        "states. Version 0, the last --keep-last versions, the last --keep-fulls full versions and every version "
+        "at or after the oldest one a live actor holds or a region is at (from Redis) are kept, with the chains "
+        "they need. Run it on each region's bucket.",
+    )
+    _run_args(p)
+    p.add_argument("--keep-last", type=positive, default=10, metavar="K", help="keep the newest K versions")
+    p.add_argument("--keep-fulls", type=positive, default=2, metavar="F", help="keep the newest F full versions")
+    p.add_argument("--keep-states", type=int, default=2, metavar="S", help="keep the newest S trainer states")
+    p.add_argument("--apply", action="store_true", help="delete (without it, only list what would go)")
+    p.add_argument(
+        "--redis",
+        default=os.environ.get("AURORA_REDIS") or None,
+        metavar="URL",
+        help="the run's Redis (default $AURORA_REDIS): what live actors hold and regions are at; --apply needs it",
+    )
+    p.add_argument("--run-id", default=None, help="the run's name in Redis (default: the last part of URI)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_gc)
+
     p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.key (private, 0600) and PREFIX.pub")
     p.set_defaults(handler=cmd_keygen)
@@ -285,6 +308,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         _audit_table(result)
     if args.ledger:
         write_ledger(result, args.ledger)
+    for bad in result.bad_records:
+        print(f"{PROG}: error: unreadable retention record {bad}", file=sys.stderr)
+    if result.first_error is None and result.bad_records:
+        return 1
     if result.first_error is not None:
         e = result.first_error
         print(f"{PROG}: error: audit failed at version {e.version}: {e.type}: {e.error}", file=sys.stderr)
@@ -295,7 +322,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def _audit_table(result: Any) -> None:
     from rich.table import Table
 
-    table = Table(title=f"audit {result.uri}: {'OK' if result.ok else 'FAILED'}")
+    retired = f" ({result.retired} versions retired by gc)" if result.retired else ""
+    table = Table(title=f"audit {result.uri}: {'OK' if result.ok else 'FAILED'}{retired}")
     for col in ("version", "kind", "segments", "bytes", "changed", "status"):
         table.add_column(col, justify="left" if col in ("kind", "status") else "right")
     for r in result.versions:
@@ -309,6 +337,16 @@ def _audit_table(result: Any) -> None:
             status,
         )
     _stdout().print(table)
+
+
+# ---------------------------------------------------------------- gc
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from aurora_store.cli_gc import gc
+
+    with _open(args) as run:
+        return gc(run, args)
 
 
 # ---------------------------------------------------------------- keygen

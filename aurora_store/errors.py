@@ -59,3 +59,8 @@ class UnsupportedError(StoreError):
 class ConfigError(AuroraError, ValueError):
     """A run's config file (``aurora.toml``) is unreadable or says something no role can use; the
     message names the file, the key and what was expected."""
+
+
+class RetentionError(StoreError):
+    """``aurora gc`` refused to delete: it cannot tell what is safe to (unreadable manifests or Redis
+    entries, no Redis to ask what live actors hold)."""

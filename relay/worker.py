@@ -25,13 +25,15 @@ from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.reader import about as about_url
+from aurora_store.bucket.retention import records as retention_records
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
-from aurora_store.format import signing
+from aurora_store.format import retention, signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
+from aurora_store.format.retention import Retired
 
 log = logging.getLogger("aurora.relay")
 T = TypeVar("T")
@@ -73,6 +75,8 @@ class Relay:
         self.src = Reader(source, self.limits, vk)
         self.dst = Reader(dest, self.limits, vk)
         self.stats = RelayStats()
+        self._retired = Retired()
+        """What the destination's retention records retire (read with every backfill)."""
         self._verified: set[tuple[str, str]] = set()
         self._inflight: dict[tuple[str, str], Future[None]] = {}
         self._lock = threading.Lock()
@@ -172,7 +176,10 @@ class Relay:
         url = self.dest.url(manifest_key(m.version))
         if m.version == 0:
             return
-        if m.parent is not None and not self.dest.exists(manifest_key(m.parent.version)):
+        parent_there = m.parent is not None and self.dest.exists(manifest_key(m.parent.version))
+        if m.parent is not None and not parent_there and m.kind == "full" and m.parent.version in self._retired:
+            pass  # a full version needs no parent, and gc retired this one: nothing to link to
+        elif m.parent is not None and not parent_there:
             raise ChainError(
                 f"{url}: parent version {m.parent.version} is not at the destination yet; "
                 "versions are committed in order"
@@ -184,7 +191,7 @@ class Relay:
                 f"the destination's run is {ident.origin}",
                 url=url,
             )
-        if m.parent is not None:
+        if m.parent is not None and parent_there:
             with about_url(url):
                 check_link(self.dst.manifest(m.parent.version), m)
 
@@ -196,16 +203,28 @@ class Relay:
         """Copy every committed source version the destination lacks, in order; returns them (first
         removing what a killed relay left half-written at the destination)."""
         self.dest.sweep_temporaries()
+        retired = self._copy_retention()
         have = set(self.dst.versions())
         done = []
         for v in self.src.versions():
-            if v not in have:
+            if v not in have and v not in retired:  # a version gc retired here is not copied back
                 self.copy_version(v)
                 done.append(v)
         latest = self.dst.versions()
         if latest and self.coord is not None:
             self._advance(self.dst.manifest(latest[-1]))
         return done
+
+    def _copy_retention(self) -> Retired:
+        """Copy the source's retention records the destination lacks (so an audit here knows which
+        versions gc retired upstream, and none is copied back); returns what the destination's say."""
+        keys, _, _ = retention_records(self.source)
+        there = set(self.dest.list_keys(retention.DIR))
+        for key in keys:
+            if key not in there:
+                self.dest.put_if_absent(key, self.source.get(key, max_bytes=retention.MAX_RECORD_BYTES))
+        self._retired = retention_records(self.dest)[1]
+        return self._retired
 
     # ------------------------------------------------------------ the loop
 

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aurora_store.bucket.reader import Reader
+from aurora_store.bucket.retention import records
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format.blocks import changed_by
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, check_link
+from aurora_store.format.retention import Retired
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
@@ -79,16 +81,22 @@ class AuditResult:
     uri: str
     versions: list[VersionAudit]
     first_error: AuditError | None
+    retired: int = 0
+    """Versions ``aurora gc`` retired (their absence is not a gap)."""
+    bad_records: list[str] = dataclasses.field(default_factory=list)
+    """Retention records that could not be read (``key: why``): they excuse no gap, and fail the audit."""
 
     @property
     def ok(self) -> bool:
-        return self.first_error is None
+        return self.first_error is None and not self.bad_records
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "versions": [r.to_dict() for r in self.versions],
             "first_error": None if self.first_error is None else self.first_error.to_dict(),
+            "retired": self.retired,
+            "bad_records": self.bad_records,
         }
 
 
@@ -108,6 +116,7 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
     # A fresh reader: cached manifests must not hide damage done since they were read.
     reader = Reader(run.store, run.config.limits, run.reader.verify_key)
     versions = reader.versions()
+    _keys, retired, bad_records = records(run.store)
     if not versions:
         url = run.store.url("versions/")
         return AuditResult(run.uri, [], AuditError(0, url, f"{url}: no committed versions", MissingError.__name__))
@@ -115,23 +124,24 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
     first: AuditError | None = None
     prev: Manifest | None = None
     state: WeightState | None = None
+    listed_before = -1
     for v in versions:
         row = VersionAudit(v)
         m: Manifest | None = None
         try:
             m = _manifest(reader, v, row)
-            state = _check_version(reader, m, prev, state, row)
+            state = _check_version(reader, m, prev, state, row, listed_before, retired)
         except _Failed as f:
             state = f.state
             row.status, row.object, row.type = FAILED, f.url, type(f.exc).__name__
             row.error = str(f.exc) if f.url in str(f.exc) else f"{f.url}: {f.exc}"
             if first is None:
                 first = AuditError(v, f.url, row.error, row.type)
-        prev = m
+        prev, listed_before = m, v
         rows.append(row)
         if on_version is not None:
             on_version(row, len(versions))
-    return AuditResult(run.uri, rows, first)
+    return AuditResult(run.uri, rows, first, len(retired), bad_records)
 
 
 def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
@@ -150,24 +160,32 @@ def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
 
 
 def _check_version(
-    reader: Reader, m: Manifest, prev: Manifest | None, state: WeightState | None, row: VersionAudit
+    reader: Reader,
+    m: Manifest,
+    prev: Manifest | None,
+    state: WeightState | None,
+    row: VersionAudit,
+    listed_before: int,
+    retired: Retired,
 ) -> WeightState | None:
     """Check one parsed manifest against its parent and its objects; returns the weights at ``m`` if known.
 
-    A gap before ``m`` fails it, but a full ``m`` is still loaded so the deltas after it can be checked."""
+    A gap before ``m`` fails it (unless gc retired every version in it and ``m`` is a full version,
+    which needs none of them), but a full ``m`` is still loaded so the deltas after it can be checked."""
     v = m.version
     gap = None
     if v > 0 and (prev is None or prev.version != v - 1):
-        missing = reader.store.url(manifest_key(v - 1))
-        if not reader.store.exists(manifest_key(v - 1)):
-            gap = _Failed(
-                missing,
-                ChainError(
-                    f"version {v} is committed but its parent version {v - 1} is missing ({missing} does not exist)"
-                ),
-            )
-        else:
+        if listed_before == v - 1:
             row.status = UNVERIFIED  # the parent's manifest exists but failed its own checks
+        elif not retired.covers(listed_before + 1, v - 1) or m.kind != "full":
+            missing = reader.store.url(manifest_key(v - 1))
+            if v - 1 not in retired:
+                why = f"version {v} is committed but its parent version {v - 1} is missing ({missing} does not exist)"
+            elif not retired.covers(listed_before + 1, v - 1):
+                why = f"version {v} is committed but versions after {listed_before} are missing, not retired by gc"
+            else:
+                why = f"version {v} is a delta on version {v - 1}, which gc retired ({missing} does not exist)"
+            gap = _Failed(missing, ChainError(why))
     try:
         state = _check_contents(reader, m, prev, state, row)
     except _Failed:

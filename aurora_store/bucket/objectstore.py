@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -263,6 +263,23 @@ class ObjectStore:
                     continue  # gone already (another sweeper), or not ours to remove
         if removed:
             log.info("%s: removed %d temporary files left by killed writers", self.uri, removed)
+        return removed
+
+    def delete(self, keys: Sequence[str]) -> int:
+        """Remove objects ``keys`` (those already gone are fine); returns how many were there. Only
+        ``aurora gc`` deletes, and only what it has shown no one needs: objects are otherwise immutable."""
+        removed = 0
+        for key in keys:
+            try:
+                with _translated(self.url(key)):
+                    self.fs.rm_file(self.path(key))
+                removed += 1
+            except MissingError:
+                continue
+        if self.is_local:  # a local store's emptied directories go too (an object store has none)
+            for directory in sorted({os.path.dirname(self.path(k)) for k in keys}, key=len, reverse=True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
         return removed
 
     def require_run(self) -> None:

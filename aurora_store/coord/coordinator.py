@@ -267,6 +267,34 @@ class Coordinator:
             out[wid] = parsed
         return out
 
+    def holds(self) -> tuple[dict[str, int], list[str]]:
+        """What ``aurora gc`` must not delete from under anyone: the version every live actor holds
+        and every region is at (relays copy what comes after it), by who (``actor a1 in eu``,
+        ``region eu``); and the entries that could not be read (a live worker whose held version is
+        unknown, a damaged region). One pass over every worker and region: for gc, not for a loop."""
+        held: dict[str, int] = {}
+        unreadable: list[str] = []
+        for wid, doc in self.call(self.r.hgetall, self.key("workers")).items():
+            if not self.call(self.r.exists, self.key("hb", wid)):
+                continue  # gone: it bootstraps from the latest version when it comes back
+            try:
+                parsed = wire.json_object(doc, "registration")
+                if parsed.get("role") == "actor" and "version" in parsed:
+                    v = parsed["version"]  # a JSON number: what update_worker wrote
+                    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
+            except wire.BadEntry as exc:
+                unreadable.append(f"worker {wid!r:.80}: {exc}")
+        prefix = self.key("region", "")
+        for key in self.call(lambda: list(self.r.scan_iter(match=prefix + "*", count=1000))):
+            region = key[len(prefix) :]
+            got = self.region_version(region)
+            if got is None:
+                unreadable.append(f"region {region!r:.80}: its version entry is damaged")
+            else:
+                held[f"region {region}"] = got.version
+        return held, unreadable
+
     def update_worker(self, worker_id: str, **fields: Any) -> None:
         """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration (a damaged one
         is replaced)."""

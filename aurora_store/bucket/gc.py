@@ -1,0 +1,205 @@
+"""Retention: delete the versions and trainer states no one can still need (``aurora gc``).
+
+What is kept, whatever else is asked: version 0 (the run's identity, and the KL reference the
+trainer rebuilds from it), the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
+every version at or after the oldest one a live actor holds or a region is at (the ``floor``:
+relays copy what comes after a region's version), the versions of the kept trainer states, and
+the whole chain (back to its full version) of every kept delta, so every kept version still
+replays bit-exact. Everything else committed is retired.
+
+Deleting is safe while the trainer publishes and relays copy: a plan covers the versions
+committed when it was made (a version committed later is newer than all of them, so kept), a
+retention record naming the versions about to go is written before the first deletion, each
+retired version's manifest goes before its objects (no reader starts on a version being
+deleted), and a gc killed half-way is finished by the next one (it deletes what is left of
+every retired version). See docs/FORMAT.md, "Retention".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.retention import records
+from aurora_store.bucket.run import Run
+from aurora_store.errors import RetentionError, StoreError
+from aurora_store.format import retention
+from aurora_store.format.keys import MANIFEST, STATE_COMMIT, STATE_DIR, VERSIONS_DIR, manifest_key
+from aurora_store.format.manifest import Manifest
+from aurora_store.format.retention import Retired
+
+log = logging.getLogger("aurora.gc")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What to keep."""
+
+    keep_last: int
+    """The newest this many committed versions."""
+    keep_fulls: int
+    """The newest this many full versions."""
+    keep_states: int = 2
+    """The newest this many saved trainer states (with their versions' chains)."""
+    holds: dict[str, int] | None = None
+    """What live actors hold and regions are at, by who (from Redis); None: no one was asked,
+    which only a dry run allows."""
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a gc would do to one run."""
+
+    uri: str
+    committed: list[int]
+    kept: dict[int, str]
+    """Every committed version kept, with the first reason it is."""
+    retire: list[int]
+    """Committed versions to retire now."""
+    retired: Retired
+    """Versions earlier gcs retired (their records')."""
+    leftovers: dict[int, list[str]] = field(default_factory=dict)
+    """Objects still there of versions retired earlier (a gc killed half-way)."""
+    objects: dict[int, list[str]] = field(default_factory=dict)
+    """The keys under each version retired now, its manifest last."""
+    states_kept: list[int] = field(default_factory=list)
+    states_deleted: dict[int, list[str]] = field(default_factory=dict)
+    records: list[str] = field(default_factory=list)
+    bad_records: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    """Manifests that could not be read: the chains through them are unknown, so nothing is deleted."""
+    freed_bytes: int = 0
+    """Bytes of the retired versions' objects (their manifests' stats)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "uri": self.uri,
+            "committed": len(self.committed),
+            "kept": {str(v): why for v, why in sorted(self.kept.items())},
+            "retire": self.retire,
+            "retired_before": len(self.retired),
+            "leftover_objects": sum(map(len, self.leftovers.values())),
+            "states_kept": self.states_kept,
+            "states_deleted": sorted(self.states_deleted),
+            "freed_bytes": self.freed_bytes,
+            "bad_records": self.bad_records,
+            "unreadable": self.unreadable,
+        }
+
+
+def plan(run: Run, policy: Policy) -> Plan:
+    """What a gc of ``run`` under ``policy`` would delete, and why every other version stays."""
+    store, reader = run.store, run.reader
+    if policy.keep_last < 1 or policy.keep_fulls < 1 or policy.keep_states < 0:
+        raise ValueError("keep at least the last version and the last full version")
+    record_keys, retired, bad = records(store)
+    committed = reader.versions()
+    manifests: dict[int, Manifest] = {}
+    unreadable = []
+
+    def read(v: int) -> tuple[int, Manifest | None, str | None]:
+        try:
+            return v, reader.manifest(v), None
+        except StoreError as exc:
+            return v, None, f"version {v}: {exc}"
+
+    for v, m, err in store.map(read, committed):
+        if m is not None:
+            manifests[v] = m
+        else:
+            unreadable.append(str(err))
+    kept: dict[int, str] = {}
+
+    def keep(v: int, why: str) -> None:
+        kept.setdefault(v, why)
+
+    if 0 in committed:
+        keep(0, "version 0: the run's identity and the KL reference")
+    for v in committed[-policy.keep_last :]:
+        keep(v, f"one of the last {policy.keep_last}")
+    for v in [v for v in committed if v in manifests and manifests[v].kind == "full"][-policy.keep_fulls :]:
+        keep(v, f"one of the last {policy.keep_fulls} full versions")
+    if policy.holds:
+        who, floor = min(policy.holds.items(), key=lambda kv: kv[1])
+        for v in committed:
+            if v >= floor:
+                keep(v, f"at or after version {floor}, which {who} holds")
+    states = run.state.versions()
+    states_kept = states[-policy.keep_states :] if policy.keep_states else []
+    for s in states_kept:
+        if s in committed:
+            keep(s, "a kept trainer state's version")
+    for v in sorted(kept, reverse=True):  # each kept delta's chain, back to its full version
+        m = manifests.get(v)
+        while m is not None and m.kind == "delta" and m.parent is not None:
+            keep(m.parent.version, f"in the chain of version {v}")
+            m = manifests.get(m.parent.version)
+    by_version = _under(store, VERSIONS_DIR)
+    retire = [v for v in committed if v not in kept]
+    p = Plan(store.uri, committed, kept, retire, retired, records=record_keys, bad_records=bad, unreadable=unreadable)
+    committed_set = set(committed)
+    for v, keys in by_version.items():
+        if v in retired and v not in committed_set:
+            p.leftovers[v] = keys
+    for v in retire:
+        mkey = manifest_key(v)
+        p.objects[v] = [*(k for k in by_version.get(v, []) if k != mkey), mkey]
+        p.freed_bytes += manifests[v].stats.bytes if v in manifests else 0
+    p.states_kept = states_kept
+    newest = states_kept[-1] if states_kept else None
+    for s, keys in _under(store, STATE_DIR).items():
+        if s in states_kept or newest is None or s > newest:
+            continue  # kept, or a state being written now
+        commit = next((k for k in keys if k.endswith("/" + STATE_COMMIT)), None)
+        p.states_deleted[s] = [*(k for k in keys if k != commit), *([commit] if commit else [])]
+    return p
+
+
+def apply(run: Run, p: Plan, *, now_ms: int | None = None) -> dict[str, int]:
+    """Carry out plan ``p``: record, then delete (see the module's docstring for the order). Returns counts."""
+    store = run.store
+    if p.unreadable:
+        raise RetentionError(
+            f"{store.uri}: {len(p.unreadable)} manifest(s) could not be read ({p.unreadable[0]}); the chains "
+            "through them are unknown, so gc deletes nothing: run aurora audit"
+        )
+    retired = p.retired | p.retire
+    wrote = None
+    if p.retire or len(p.records) > 1:
+        created = now_ms if now_ms is not None else int(time.time() * 1000)
+        wrote, data = retention.encode(retired, created)
+        store.put_if_absent(wrote, data)  # the intent, before the first deletion
+    counts = {"versions": 0, "objects": 0, "states": 0, "records": 0, "temporaries": 0}
+    for v in p.retire:
+        keys = p.objects[v]
+        counts["objects"] += store.delete([keys[-1]])  # the manifest first: no reader starts on it now
+        counts["objects"] += store.delete(keys[:-1])
+        counts["versions"] += 1
+        log.info("%s: retired version %d (%d objects)", store.uri, v, len(keys))
+    for keys in p.leftovers.values():
+        counts["objects"] += store.delete([k for k in keys if k.endswith("/" + MANIFEST)])
+        counts["objects"] += store.delete([k for k in keys if not k.endswith("/" + MANIFEST)])
+    for keys in p.states_deleted.values():
+        store.delete(keys[-1:])  # state.json first: a trainer never resumes from a state half-deleted
+        store.delete(keys[:-1])
+        counts["states"] += 1
+    if wrote is not None:
+        counts["records"] = store.delete([k for k in p.records if k != wrote])
+    counts["temporaries"] = store.sweep_temporaries()
+    return counts
+
+
+def _under(store: ObjectStore, directory: str) -> dict[int, list[str]]:
+    """Every key under ``versions/`` or ``trainer/``, by the version its directory names."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for key in store.list_keys(directory):
+        parts = key.split("/")
+        if len(parts) < 3:
+            continue
+        name = parts[1].removeprefix("state-") if directory == STATE_DIR else parts[1]
+        if len(name) == 10 and name.isdigit():
+            out[int(name)].append(key)
+    return dict(out)

@@ -1,0 +1,113 @@
+"""``aurora gc``: what retention would delete from a run (a dry run), or deletes it (``--apply``).
+
+The plan is :mod:`aurora_store.bucket.gc`'s; this module asks Redis what live actors hold and
+regions are at, refuses to delete on what it cannot read, and prints the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aurora_store.bucket.run import Run
+
+
+def gc(run: Run, args: argparse.Namespace) -> int:
+    from aurora_store.bucket import gc as retention
+    from aurora_store.errors import RetentionError
+
+    holds, unreadable = _holds(args, run.uri)
+    if not run.versions():
+        run.store.require_run()
+    p = retention.plan(
+        run,
+        retention.Policy(
+            keep_last=args.keep_last, keep_fulls=args.keep_fulls, keep_states=args.keep_states, holds=holds
+        ),
+    )
+    counts = None
+    if args.apply:
+        problem = None
+        if args.redis is None:
+            problem = "--apply needs --redis (or $AURORA_REDIS): what live actors hold decides what may go"
+        elif not holds:
+            run_id = _run_id(args, run.uri)
+            problem = f"Redis holds no region version and no live actor of run {run_id!r} (is --run-id right?)"
+        elif unreadable:
+            problem = (
+                f"{len(unreadable)} Redis entr(ies) could not be read ({unreadable[0]}): what they hold is unknown"
+            )
+        if problem is not None:
+            raise RetentionError(f"gc {run.uri}: nothing deleted: {problem}")
+        counts = retention.apply(run, p)
+    if args.json:
+        doc = {
+            **p.to_dict(),
+            "applied": counts is not None,
+            "deleted": counts,
+            "holds": holds,
+            "unreadable": unreadable,
+        }
+        print(json.dumps(doc))
+        return 0
+    _show(p, holds, unreadable, counts)
+    return 0
+
+
+def _run_id(args: argparse.Namespace, uri: str) -> str:
+    return args.run_id or uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _holds(args: argparse.Namespace, uri: str) -> tuple[dict[str, int] | None, list[str]]:
+    if args.redis is None:
+        return None, []
+    from aurora_store.coord.coordinator import Coordinator
+
+    coord = Coordinator(args.redis, _run_id(args, uri))
+    try:
+        return coord.holds()
+    finally:
+        coord.close()
+
+
+def _spans(versions: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1-3, 7``."""
+    out: list[list[int]] = []
+    for v in sorted(versions):
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out) or "none"
+
+
+def _show(p: object, holds: dict[str, int] | None, unreadable: list[str], counts: dict[str, int] | None) -> None:
+    from aurora_store.bucket.gc import Plan
+
+    assert isinstance(p, Plan)
+    print(
+        f"gc {p.uri}: {len(p.committed)} committed versions: keep {len(p.kept)}, retire {len(p.retire)} "
+        f"({p.freed_bytes:,} bytes); {len(p.states_deleted)} trainer state(s) to delete"
+    )
+    reasons: dict[str, list[int]] = {}
+    for v, why in p.kept.items():
+        reasons.setdefault(why, []).append(v)
+    for why, vs in reasons.items():
+        print(f"  keep {_spans(vs)}: {why}")
+    print(f"  retire {_spans(p.retire)}")
+    if p.leftovers:
+        print(f"  finish retiring {_spans(list(p.leftovers))} (objects an interrupted gc left)")
+    if holds is None:
+        print("  Redis not asked (no --redis): what live actors hold was not considered")
+    for bad in [*p.bad_records, *unreadable, *p.unreadable]:
+        print(f"aurora: warning: {bad}", file=sys.stderr)
+    if counts is None:
+        print("dry run: nothing deleted (--apply deletes)")
+    else:
+        print(
+            f"deleted {counts['versions']} versions ({counts['objects']} objects), {counts['states']} trainer states, "
+            f"{counts['records']} superseded retention records, {counts['temporaries']} temporary files"
+        )

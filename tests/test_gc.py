@@ -1,0 +1,326 @@
+"""Retention (``aurora gc``): what is kept and why, that kept versions still replay bit-exact and
+audit, that a dry run deletes nothing, that an interrupted gc is finished by the next, hostile
+retention records, Redis as the source of what actors hold, and gc while a trainer publishes and
+a relay copies (a real relay process, gc as real processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import aurora_store
+from aurora_store.bucket import gc
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.retention import records
+from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
+from aurora_store.errors import CorruptError
+from aurora_store.format import retention
+from aurora_store.format.keys import manifest_key
+from aurora_store.format.retention import Retired
+from aurora_store.testing import damage
+from aurora_store.testing.processes import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _publish(run: Any, n: int, seed: int = 0) -> dict[int, dict[str, torch.Tensor]]:
+    """``n`` versions of two small tensors, about 2% changed a step; the weights of each, by version."""
+    g = torch.Generator().manual_seed(seed)
+    w = {
+        "a": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "b": torch.randn(300, generator=g).to(torch.bfloat16),
+    }
+    out = {}
+    for _ in range(n):
+        info = run.publish(w)
+        out[info.version] = {k: v.clone() for k, v in w.items()}
+        for t in w.values():
+            flat = t.view(-1)
+            idx = torch.randperm(flat.numel(), generator=g)[: max(1, flat.numel() // 50)]
+            flat[idx] += 1
+    return out
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
+
+
+def _kinds(run: Any) -> dict[int, str]:
+    return {v: run.manifest(v).kind for v in run.versions()}
+
+
+def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    weights = _publish(run, 14)  # fulls at 0, 4, 8, 12
+    assert [v for v, k in _kinds(run).items() if k == "full"] == [0, 4, 8, 12]
+    for s in (5, 9, 13):  # three saved trainer states
+        run.state.put(s, "tensors.safetensors", b"x" * 10)
+        run.state.commit(s, json.dumps({"version": s}).encode())
+    p = gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
+    # 0: identity; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
+    # 9, 13: kept states; chains: 10 and 11 and 9 need 8
+    assert sorted(p.kept) == [0, 8, 9, 10, 11, 12, 13]
+    assert p.retire == [1, 2, 3, 4, 5, 6, 7]
+    assert "which actor a in eu holds" in p.kept[10] and "in the chain of version" in p.kept[8]
+    assert sorted(p.states_deleted) == [5] and p.states_kept == [9, 13]
+    before = sorted(run.store.list_keys(""))
+    assert gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1)).retire  # planning twice deletes nothing
+    assert sorted(run.store.list_keys("")) == before
+
+    counts = gc.apply(run, p)
+    assert counts["versions"] == 7 and counts["states"] == 1
+    fresh = aurora_store.open_run((tmp_path / "r").as_uri())
+    assert fresh.versions() == [0, 8, 9, 10, 11, 12, 13]
+    assert not any(k.startswith("versions/0000000003/") for k in fresh.store.list_keys("versions"))
+    assert fresh.state.versions() == [9, 13]
+    for v in fresh.versions():
+        assert _same(fresh.materialize(v), weights[v]), f"version {v} replays bit-exact after gc"
+    result = audit(fresh)
+    assert result.ok, result.first_error
+    assert result.retired == 7 and all(r.status == "ok" for r in result.versions)
+    keys, retired, bad = records(fresh.store)
+    assert len(keys) == 1 and not bad and list(retired.ranges) == [(1, 7)]
+
+    later = _publish(fresh, 3, seed=1)  # the run goes on; a second gc merges the records
+    weights.update(later)
+    p2 = gc.plan(fresh, gc.Policy(keep_last=2, keep_fulls=1, keep_states=1))
+    gc.apply(fresh, p2)
+    keys, retired, _ = records(fresh.store)
+    assert len(keys) == 1, "one record holds every retired version; the older one is gone"
+    assert set(range(1, 8)) <= {v for v in range(20) if v in retired}
+    assert audit(aurora_store.open_run((tmp_path / "r").as_uri())).ok
+
+
+def test_a_gap_gc_did_not_make_still_fails_the_audit(tmp_path: Path) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    _publish(run, 10)
+    gc.apply(run, gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1)))
+    assert run.versions() == [0, 8, 9]
+    damage.delete(run.store, manifest_key(8))  # lost, not retired: 9 is a delta on it
+    result = audit(aurora_store.open_run((tmp_path / "r").as_uri()))
+    assert not result.ok and result.first_error is not None and result.first_error.version == 9
+
+
+def test_an_interrupted_gc_is_finished_by_the_next(tmp_path: Path) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    weights = _publish(run, 9)
+    key, data = retention.encode(Retired() | [1, 2, 3], 1_700_000_000_000)
+    run.store.put_if_absent(key, data)  # a gc wrote its intent, deleted version 2's manifest, then died
+    damage.delete(run.store, manifest_key(2))
+    left = [k for k in run.store.list_keys("versions/0000000002")]
+    assert left, "version 2's objects are still there"
+    p = gc.plan(run, gc.Policy(keep_last=1, keep_fulls=1))
+    assert 2 in p.leftovers and 1 in p.retire and 3 in p.retire
+    gc.apply(run, p)
+    assert run.store.list_keys("versions/0000000002") == []
+    fresh = aurora_store.open_run((tmp_path / "r").as_uri())
+    assert audit(fresh).ok
+    assert _same(fresh.materialize(8), weights[8])
+
+
+def test_gc_refuses_to_delete_around_an_unreadable_manifest(tmp_path: Path) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    _publish(run, 6)
+    damage.overwrite(run.store, manifest_key(5), b"{not json")
+    fresh = aurora_store.open_run((tmp_path / "r").as_uri())
+    p = gc.plan(fresh, gc.Policy(keep_last=1, keep_fulls=1))
+    assert p.unreadable
+    with pytest.raises(Exception, match="could not be read"):
+        gc.apply(fresh, p)
+    assert fresh.versions() == [0, 1, 2, 3, 4, 5]
+
+
+HOSTILE_RECORDS = [
+    b"",
+    b"{",
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": [[0, 5]]}',
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": [[5, 3]]}',
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": [[1, 3], [2, 4]]}',
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": [[1, 99999999999]]}',
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": [[true, 2]]}',
+    b'{"format": "aurora-retention/2", "created_ms": 1, "retired": []}',
+    b'{"format": "aurora-retention/1", "created_ms": -1, "retired": []}',
+    b'{"format": "aurora-retention/1", "created_ms": 1, "retired": {"1": 2}}',
+    b"[" * 100_000,
+]
+
+
+@pytest.mark.parametrize("data", HOSTILE_RECORDS)
+def test_hostile_retention_records_retire_nothing_and_fail_the_audit(tmp_path: Path, data: bytes) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    _publish(run, 3)
+    key = f"retention/0000000000001-{hashlib.sha256(data).hexdigest()[:32]}.json"
+    with pytest.raises(CorruptError):
+        retention.decode(data, key)
+    damage.overwrite(run.store, key, data)
+    keys, retired, bad = records(run.store)
+    assert keys == [] and len(retired) == 0 and bad
+    result = audit(run)
+    assert not result.ok and result.bad_records
+
+
+def test_a_record_under_another_name_is_refused() -> None:
+    key, data = retention.encode(Retired() | [4], 1234)
+    assert retention.decode(data, key).retired.ranges == ((4, 4),)
+    with pytest.raises(CorruptError, match="hash of its bytes"):
+        retention.decode(data, key.replace(key.rsplit("-", 1)[1][:4], "ffff"))
+    with pytest.raises(CorruptError, match="name's time"):
+        retention.decode(data, "retention/0000000001235-" + key.rsplit("-", 1)[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(versions=st.sets(st.integers(1, 10**10 - 1), max_size=40), created=st.integers(0, 10**13 - 1))
+def test_records_round_trip(versions: set[int], created: int) -> None:
+    retired = Retired() | versions
+    key, data = retention.encode(retired, created)
+    back = retention.decode(data, key)
+    assert back.created_ms == created and back.retired == retired
+    assert all(v in back.retired for v in versions) and len(back.retired) == len(versions)
+    if versions:
+        lo, hi = min(versions), max(versions)
+        assert back.retired.covers(lo, hi) == (len(versions) == hi - lo + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_random_bytes_are_no_record(data: bytes) -> None:
+    key = f"retention/0000000000001-{hashlib.sha256(data).hexdigest()[:32]}.json"
+    with contextlib.suppress(CorruptError):
+        retention.decode(data, key)
+
+
+def _gc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "aurora_store.cli", "gc", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, redis_server: Any) -> None:
+    uri = (tmp_path / "home" / "g").as_uri()
+    run = aurora_store.open_run(uri, full_every=4)
+    coord = Coordinator(redis_server.url, "g")
+    run.announcer = RegionAnnouncer(coord, "home")
+    _publish(run, 10)
+    out = _gc(uri, "--keep-last", "2", "--keep-fulls", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["applied"] is False and doc["holds"] is None and doc["retire"] == [1, 2, 3, 4, 5, 6, 7]
+    assert run.versions() == list(range(10)), "a dry run deletes nothing"
+    out = _gc(uri, "--apply", env={"AURORA_REDIS": ""})
+    assert out.returncode == 1 and "--apply needs --redis" in out.stderr
+    other = _gc(uri, "--apply", "--redis", redis_server.url, "--run-id", "nope")
+    assert other.returncode == 1 and "is --run-id right?" in other.stderr
+    assert run.versions() == list(range(10))
+
+    wid = coord.register("actor", "eu", worker_id="a1", ttl_s=60)
+    coord.update_worker(wid, version=5, version_hash="0" * 64)
+    coord.r.hset(coord.key("workers"), "ghost", "{not json")
+    coord.r.set(coord.key("hb", "ghost"), "1")
+    refused = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1")
+    assert refused.returncode == 1 and "could not be read" in refused.stderr, "a live worker holding who knows what"
+    coord.r.delete(coord.key("hb", "ghost"))
+    done = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["applied"] and doc["holds"]["actor a1 in eu"] == 5 and doc["holds"]["region home"] == 9
+    assert run.versions() == [0, 4, 5, 6, 7, 8, 9], "everything from what a1 holds on, and 5's chain from 4"
+    text = _gc(uri, "--keep-last", "2")
+    assert text.returncode == 0 and "Redis not asked" in text.stdout and "dry run" in text.stdout
+
+
+@pytest.mark.slow
+def test_gc_while_the_trainer_publishes_and_a_relay_copies(tmp_path: Path, redis_server: Any) -> None:
+    """A publisher (the trainer's publishing path) in this process, a relay to eu as a real process,
+    and `aurora gc --apply` on home and on eu, over and over, all at once; then both regions audit,
+    and every version still there replays bit-exact."""
+    home, eu = (tmp_path / "home" / "c").as_uri(), (tmp_path / "eu" / "c").as_uri()
+    run = aurora_store.open_run(home, full_every=5)
+    coord = Coordinator(redis_server.url, "c")
+    run.announcer = RegionAnnouncer(coord, "home")
+    weights = _publish(run, 2)
+    log = open(tmp_path / "relay.log", "wb")  # noqa: SIM115 - the child owns it
+    argv = [sys.executable, "-m", "aurora_store.cli", "relay", "--source", home, "--dest", eu, "--dest-region", "eu"]
+    relay = subprocess.Popen(
+        [*argv, "--redis", redis_server.url, "--run-id", "c", "--rescan-s", "0.5"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def publish() -> None:
+        g = torch.Generator().manual_seed(3)
+        w = {k: v.clone() for k, v in weights[max(weights)].items()}
+        while not stop.is_set() and len(weights) < 40:
+            for t in w.values():
+                flat = t.view(-1)
+                flat[torch.randperm(flat.numel(), generator=g)[:40]] += 1
+            info = run.publish(w)
+            weights[info.version] = {k: v.clone() for k, v in w.items()}
+            time.sleep(0.05)
+
+    def collect(uri: str) -> None:
+        while not stop.is_set():
+            out = _gc(
+                uri, "--apply", "--redis", redis_server.url, "--run-id", "c", "--keep-last", "3", "--keep-fulls", "1"
+            )
+            if out.returncode != 0:
+                failures.append(f"gc {uri}: {out.stderr[-800:]}")
+                return
+
+    threads = [threading.Thread(target=publish), threading.Thread(target=collect, args=(home,))]
+    threads.append(threading.Thread(target=collect, args=(eu,)))
+    try:
+        wait_for(lambda: Coordinator(redis_server.url, "c").region_version("eu") is not None, what="the relay starts")
+        for t in threads:
+            t.start()
+        threads[0].join(timeout=240)
+        assert not threads[0].is_alive(), "the publisher finished"
+        latest = max(weights)
+        wait_for(
+            lambda: (rv := coord.region_version("eu")) is not None and rv.version == latest,
+            timeout=60,
+            what=f"eu reaches version {latest}:\n{(tmp_path / 'relay.log').read_text()[-2000:]}",
+        )
+        stop.set()
+        for t in threads[1:]:
+            t.join(timeout=150)
+        assert not failures, failures
+        assert relay.poll() is None, (tmp_path / "relay.log").read_text()[-3000:]
+        for uri in (home, eu):
+            out = _gc(
+                uri, "--apply", "--redis", redis_server.url, "--run-id", "c", "--keep-last", "3", "--keep-fulls", "1"
+            )
+            assert out.returncode == 0, out.stderr
+            fresh = aurora_store.open_run(uri)
+            result = audit(fresh)
+            assert result.ok, (uri, result.first_error, result.bad_records)
+            assert result.retired > 0, f"{uri}: gc retired versions while the run went on"
+            for v in fresh.versions():
+                assert _same(fresh.materialize(v), weights[v]), f"{uri} version {v}"
+        home_run, eu_run = aurora_store.open_run(home), aurora_store.open_run(eu)
+        _, eu_retired, _ = records(eu_run.store)
+        assert not [v for v in eu_run.versions() if v in eu_retired], "the relay copied no retired version back"
+        assert home_run.versions()[-1] == eu_run.versions()[-1] == latest
+        assert np.all(np.diff(eu_run.versions()) > 0)
+    finally:
+        stop.set()
+        relay.terminate()
+        try:
+            relay.wait(20)
+        except subprocess.TimeoutExpired:
+            relay.kill()
