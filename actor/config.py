@@ -80,6 +80,9 @@ class WorkerConfig:
     sync: SyncConfig
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    metrics_port: int | None = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
+    $AURORA_METRICS_ADDR."""
 
 
 def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:

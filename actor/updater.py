@@ -89,6 +89,8 @@ class Updater:
         self._prepared: tuple[Staging, object] | None = None
         """What ``live.prepare`` made of the staged changes, built while staging, off the apply path."""
         self._stage_lock = threading.Lock()
+        self.on_refused: Callable[[StoreError], None] | None = None
+        """Told of every object or manifest this updater refused (an actor's metrics count them)."""
 
     # ------------------------------------------------------------ discovery
 
@@ -112,10 +114,18 @@ class Updater:
         try:
             state = self.run.materialize_words(target)
         except (CorruptError, MissingError) as exc:
+            self._refused(exc)
             if self.fallback is None:
                 raise
             log.warning("actor %s: %s; bootstrapping from the fallback", self.worker_id, exc)
-            state = self.fallback.materialize_words(target)
+            try:
+                state = self.fallback.materialize_words(target)
+            except StoreError as exc2:
+                self._refused(exc2)
+                raise
+        except StoreError as exc:  # unsigned, of another run, ...: no fallback makes it acceptable
+            self._refused(exc)
+            raise
         with self.lock.write():
             self.live.load(state.specs, state.words)
             self.specs = state.specs
@@ -167,11 +177,6 @@ class Updater:
                     self.held.version_hash,
                     self._digest.copy(),
                 )
-            plan = (
-                self.plan(target)
-                if staged.version == self.held.version
-                else [self.run.reader.manifest(v) for v in range(staged.version + 1, target + 1)]
-            )
             work = Staging(
                 staged.base_version,
                 staged.base_hash,
@@ -181,8 +186,17 @@ class Updater:
                 dict(staged.changes),
                 staged.full,
             )
-            for m in plan:
-                self._stage_one(work, m)
+            try:
+                plan = (
+                    self.plan(target)
+                    if staged.version == self.held.version
+                    else [self.run.reader.manifest(v) for v in range(staged.version + 1, target + 1)]
+                )
+                for m in plan:
+                    self._stage_one(work, m)
+            except StoreError as exc:  # refused, and nothing recovered from it (a fallback read would have)
+                self._refused(exc)
+                raise
             self._staged = work
             if self._prepared is not None:
                 self.live.discard(self._prepared[1])
@@ -217,10 +231,16 @@ class Updater:
             except (CorruptError, MissingError) as exc2:
                 if self.fallback is None:
                     raise
+                self._refused(exc2)
                 log.warning("actor %s: %s; reading version %d from the fallback", self.worker_id, exc2, m.version)
                 return fn(self.fallback)
 
+    def _refused(self, exc: StoreError) -> None:
+        if self.on_refused is not None:
+            self.on_refused(exc)
+
     def _report(self, version: int, exc: StoreError) -> None:
+        self._refused(exc)
         if self.coord is not None:
             with contextlib.suppress(CoordinationError):
                 self.coord.report(self.worker_id, self.region, version, exc.url or "", str(exc))

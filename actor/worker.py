@@ -28,6 +28,7 @@ import torch
 from actor import assemble
 from actor.config import WorkerConfig
 from actor.engine import Completion
+from actor.metrics import ActorMetrics
 from actor.rewards import RewardPool
 from actor.updater import Held, Updater, open_sync_runs
 from aurora_store.coord.coordinator import Coordinator
@@ -55,6 +56,12 @@ class Worker:
         self.coord = Coordinator(sync.redis, sync.run_id)
         self.board = JobBoard(self.coord)
         self.run, self.fallback = open_sync_runs(sync)
+        self.metrics = ActorMetrics(sync.region, self.wid)
+        """This actor's Prometheus metrics (served by ``aurora actor --metrics-port``)."""
+        self.metrics.watch_redis(self.coord)
+        self.run.store.meter = self.metrics.m.meter("region")
+        if self.fallback is not None:
+            self.fallback.store.meter = self.metrics.m.meter("fallback")
         self.stop = threading.Event()
         self.busy = threading.Event()
         self._notices_after = f"{int(time.time() * 1000)}-0"  # what the trainer says from now on
@@ -88,6 +95,7 @@ class Worker:
             worker_id=self.wid,
             live=self.engine.live,
         )
+        self.up.on_refused = self.metrics.m.rejected
         held = self._retrying("bootstrap", self.up.bootstrap)
         self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
@@ -136,13 +144,29 @@ class Worker:
         outs = self._sample([prompt] * self.cfg.rollout.batch, seed=0)
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for comps in outs for c in comps)
-        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        self.metrics.calibrated(tau)
 
     def _emulate_slowdown(self, elapsed: float) -> None:
         if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
             time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
 
+    def _stage(self, target: int) -> None:
+        t0 = time.perf_counter()
+        self.up.stage(target)
+        self.metrics.staged(time.perf_counter() - t0)
+
+    def _apply(self, since: float | None = None) -> None:
+        """Apply what is staged (at a safe point); ``since``: when generation began to wait for it."""
+        t0 = time.perf_counter()
+        held = self.up.apply()
+        if held is not None:
+            done = time.perf_counter()
+            self.metrics.switched(apply_s=done - t0, pause_s=done - (t0 if since is None else since))
+            self._applied(held)
+
     def _applied(self, held: Held) -> None:
+        self.metrics.held(held.version)
         self.engine.applied(held.version, held.version_hash)
         with contextlib.suppress(CoordinationError):
             self.coord.note(
@@ -158,12 +182,13 @@ class Worker:
         while not self.stop.is_set():
             try:
                 latest = self.up.latest()
+                self.metrics.region_at(latest)
                 held = self.up.held
                 if latest is not None and held is not None and latest > held.version:
                     target = held.version + 1 if self.busy.is_set() else latest
                     staged = self.up.staged
                     if staged is None or staged.version < target:
-                        self.up.stage(target)
+                        self._stage(target)
                         continue
             except AuroraError as exc:
                 log.warning("actor %s: staging failed: %s", self.wid, exc)
@@ -174,16 +199,15 @@ class Worker:
         it did not arrive in ``wait_s``."""
         assert self.up.held is not None
         if version > self.up.held.version:
+            since = time.perf_counter()
             give_up = time.monotonic() + wait_s
             while (self.up.latest() or -1) < version:  # the relay is still copying it to this region
                 if time.monotonic() > give_up or self.stop.wait(0.02):
                     return False
             staged = self.up.staged
             if staged is None or staged.version != version:
-                self.up.stage(version)
-            held = self.up.apply()
-            if held is not None:
-                self._applied(held)
+                self._stage(version)
+            self._apply(since)
         return True
 
     def serve(self, leases: list[Lease]) -> None:
@@ -259,7 +283,8 @@ class Worker:
             self._submitted[rid] = None
             while len(self._submitted) > 4096:
                 self._submitted.popitem(last=False)
-        self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
         self._read_notices()
 
     def _read_notices(self) -> None:
@@ -316,9 +341,7 @@ class Worker:
                     self.serve(leases)
                     self.busy.clear()
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
-                    held = self.up.apply()
-                    if held is not None:
-                        self._applied(held)
+                    self._apply()
             except CoordinationError as exc:
                 log.warning("actor %s: %s", self.wid, exc)
                 registered = False
@@ -333,6 +356,7 @@ def run(cfg: WorkerConfig) -> int:
     setup_logging()
     torch.set_num_threads(cfg.engine.threads)
     w = Worker(cfg)
+    w.metrics.m.serve(cfg.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.stop.set())
     w.setup()

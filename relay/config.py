@@ -42,6 +42,9 @@ class RelayConfig:
     """Parallel object copies."""
     rescan_s: float = 30.0
     """Also scan the buckets this often, in seconds (announcements are hints; the buckets are the truth)."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
+    $AURORA_METRICS_ADDR."""
 
 
 def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:

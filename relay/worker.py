@@ -34,6 +34,7 @@ from aurora_store.format import retention, signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
 from aurora_store.format.retention import Retired
+from relay.metrics import RelayMetrics
 
 log = logging.getLogger("aurora.relay")
 T = TypeVar("T")
@@ -67,6 +68,7 @@ class Relay:
         limits: Limits | None = None,
         verify_key: object = None,
         announced_copies: int = 4,
+        metrics: RelayMetrics | None = None,
     ) -> None:
         vk = signing.load_verify_key(verify_key) if verify_key is not None else None  # type: ignore[arg-type]
         self.source, self.dest, self.coord = source, dest, coord
@@ -82,6 +84,10 @@ class Relay:
         self._lock = threading.Lock()
         self._last_warned: dict[str, float] = {}
         self._copies = ThreadPoolExecutor(max(1, announced_copies), thread_name_prefix="relay-announced")
+        self.metrics = metrics or RelayMetrics(dest_region)
+        """This relay's Prometheus metrics (served by ``aurora relay --metrics-port``)."""
+        self.metrics.watch(self.stats, coord)
+        source.meter, dest.meter = self.metrics.m.meter("source"), self.metrics.m.meter("dest")
 
     # ------------------------------------------------------------ objects
 
@@ -156,6 +162,7 @@ class Relay:
             m = self.dst.manifest(version)
             self._advance(m)
             return False
+        self.metrics.first_seen(version)
         m, raw = self.src.manifest_with_bytes(version)  # one GET: parsed, hash-, run- and signature-checked
         self._check_fits_dest(m)
         objects = list(m.objects) + list(m.files)
@@ -164,6 +171,7 @@ class Relay:
         if self.dest.put_if_absent(manifest_key(version), raw):
             with self._lock:
                 self.stats.versions.append(version)
+            self.metrics.committed(version)
         elif self.dest.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes) != raw:
             raise CorruptError(f"{self.dest.url(manifest_key(version))} differs from the source's manifest")
         self._advance(m)
@@ -196,6 +204,7 @@ class Relay:
                 check_link(self.dst.manifest(m.parent.version), m)
 
     def _advance(self, m: Manifest) -> None:
+        self.metrics.region_at(m.version)
         if self.coord is not None:
             self.coord.commit(self.dest_region, m.version, m.version_hash, m.kind)
 
@@ -206,7 +215,10 @@ class Relay:
         retired = self._copy_retention()
         have = set(self.dst.versions())
         done = []
-        for v in self.src.versions():
+        versions = self.src.versions()
+        if versions:
+            self.metrics.source_at(versions[-1])
+        for v in versions:
             if v not in have and v not in retired:  # a version gc retired here is not copied back
                 self.copy_version(v)
                 done.append(v)
@@ -310,6 +322,7 @@ class Relay:
     def reject(self, what: str, exc: StoreError) -> None:
         """Count a refusal by kind, and log it (each kind once a minute at warning level)."""
         kind = type(exc).__name__
+        self.metrics.m.rejected(exc)
         with self._lock:
             self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
             now = time.monotonic()
@@ -334,8 +347,10 @@ class Relay:
                 raise CorruptError(f"announced segment: {exc}") from None
             if size > self.limits.max_segment_bytes:
                 raise CorruptError(f"announced segment {key} is {size} bytes, over the cap")
+            self.metrics.first_seen(version)
             self.copy_announced(Segment(key, size, sha))
         elif kind == "commit":
+            self.metrics.source_at(version)
             for v in range(self._next_version(), version + 1):
                 self.copy_version(v)
 

@@ -22,6 +22,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.options": 0.5,
     "aurora_store.config": 0.6,
     "aurora_store.redact": 0,
+    "aurora_store.metrics": 0.5,
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
     "aurora_store.bucket": 3,
@@ -39,6 +40,7 @@ THIRD_PARTY = {
     "aurora_store.codec": {"numpy", "zstandard"},
     "aurora_store.format": {"numpy", "zstandard", "cryptography", "numba"},  # numba: the digest's compiled mixer
     "aurora_store.coord": {"redis", "fakeredis"},
+    "aurora_store.metrics": {"prometheus_client"},
 }
 """Third-party imports these layers may make at all (a format layer with no fsspec, redis or torch)."""
 

@@ -162,6 +162,9 @@ class TrainerConfig:
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    metrics_port: int | None = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
+    $AURORA_METRICS_ADDR; under torchrun each rank serves on this port plus its local rank."""
 
 
 @dataclass(kw_only=True, slots=True)

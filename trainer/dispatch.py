@@ -76,7 +76,10 @@ class Dispatcher:
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
         self.dropped: Counter[str] = Counter()
-        self._drops = Tally(log, "results")
+        self.drops = Tally(log, "results")
+        """Results dropped, by reason (``dropped`` also counts leases taken back, as ``lease_lost``)."""
+        self.admitted_total = 0
+        """Results admitted by this dispatcher."""
         self.reward_failures: Counter[str] = Counter()
         """Reward calls that failed on the actors (scored 0), by kind, over the admitted results."""
         self.stolen = 0
@@ -262,6 +265,7 @@ class Dispatcher:
             why, deadline, at = self.board.admit_within(res, self.published)
         if why == "ok":
             self.admitted[step][res.job] = res
+            self.admitted_total += 1
             self.reward_failures.update(res.payload.get("reward_failures", {}))
             self._record(step, res, deadline, at)
             return
@@ -272,7 +276,7 @@ class Dispatcher:
 
     def _drop(self, res: Result, why: str) -> None:
         self.dropped[why] += 1
-        self._drops.skip(why, f"result {res.id} for job {res.job!r:.80} from actor {res.actor!r:.80}")
+        self.drops.skip(why, f"result {res.id} for job {res.job!r:.80} from actor {res.actor!r:.80}")
         if why in TELL and res.actor:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
                 self.board.tell(res.actor, res.job, why, res.id)

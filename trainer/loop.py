@@ -34,6 +34,7 @@ from trainer.config import TrainerConfig
 from trainer.dispatch import Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
+from trainer.metrics import TrainerMetrics
 from trainer.sharded import ShardedPublisher
 from trainer.state import load_state, save_state, saved_versions
 from trainer.step import StepStats, optimizer_step
@@ -79,6 +80,10 @@ class Trainer:
             signing_key=cfg.publish.signing_key,
         )
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
+        self.metrics = TrainerMetrics(cfg.region)
+        """This trainer's Prometheus metrics (served by ``aurora train --metrics-port``)."""
+        self.metrics.watch(self.coord)
+        self.run.store.meter = self.metrics.m.meter(cfg.region)
         self.on_step = on_step
         self.grpo = GRPOConfig(
             clip=cfg.optim.clip,
@@ -117,6 +122,7 @@ class Trainer:
             admissions=self._admissions,
         )
         self.dispatch.on_lost = self._announce_again
+        self.metrics.watch_dispatch(self.dispatch)
         model = self.policy.model.to(self.device)
         if self.cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
@@ -132,6 +138,7 @@ class Trainer:
         self.dist.barrier()
         info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name(), "trainer": self.tag})
         self.dispatch.published_version(0, info.version_hash, info.weights_digest)
+        self.metrics.published(0)
         save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
         self._load_reference()
         return 0
@@ -171,6 +178,7 @@ class Trainer:
                 m = self.run.manifest(v)
                 self.dispatch.published_version(v, m.version_hash, m.weights_digest)
             self.dispatch.forget_predecessor()
+        self.metrics.published(latest)
 
     def _prompt_source(self) -> PromptSource:
         d = self.cfg.data
@@ -263,6 +271,8 @@ class Trainer:
     def train(self) -> int:
         """Run to ``cfg.steps``; returns the last published version. Collective under torchrun."""
         main = self.dist.main
+        if self.cfg.metrics_port:  # every rank its own port: --metrics-port plus its local rank
+            self.metrics.m.serve(self.cfg.metrics_port + policies.local_rank())
         at = self.start()
         if main:
             self.post(at + 1)
@@ -279,6 +289,7 @@ class Trainer:
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
             self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
+            self.metrics.step(version=info.version, publish_s=publish_s, train_s=train_s, wait_s=wait)
             # after the commit: a state saved first would be immutable and ahead of the chain, and the
             # step a restarted trainer redoes could never save its own (a kill between the two resumes
             # from the state before, which the warning in _resume says)

@@ -2,7 +2,8 @@
 
 Stores know keys (paths relative to a run prefix) and byte ranges only; they never
 parse what they move. Backend exceptions are translated into the store's error family
-by :func:`_translated`, around every backend call, and nowhere else.
+by :func:`_translated`, around every backend call, and nowhere else. Every byte a store moves is
+told to its :attr:`ObjectStore.meter`, when a role set one (its metrics count them).
 
 Put-if-absent, per backend:
 - ``file://``: the bytes go to a temporary file (``.tmp-...``) in the same directory, then
@@ -72,6 +73,13 @@ class ObjectStore:
         self._pool: ThreadPoolExecutor | None = None
         self._part_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self.meter: Callable[[str, int], None] | None = None
+        """Told ``(direction, bytes)`` of every write (``upload``) and read (``download``) this store
+        does: what crosses to and from the bucket, for a role's metrics."""
+
+    def _moved(self, direction: str, n: int) -> None:
+        if self.meter is not None and n:
+            self.meter(direction, n)
 
     # ------------------------------------------------------------ paths
 
@@ -99,10 +107,14 @@ class ObjectStore:
                         if self.fs.exists(path):
                             return False
                         self.fs.pipe_file(path, bytes(data))
+                        self._moved("upload", len(data))
                         return True
                 self.fs.pipe_file(path, bytes(data), mode="create")
+                self._moved("upload", len(data))
                 return True
         except _Exists:
+            if not self.is_local:  # a create-only PUT: its body was sent before the backend said the key is taken
+                self._moved("upload", len(data))
             return False
 
     def put_immutable(
@@ -155,7 +167,9 @@ class ObjectStore:
         """Bytes of a range; empty when the range starts at or past the object's end."""
         try:
             with _translated(self.url(req.key), ranged=True):
-                return bytes(self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop))
+                data = bytes(self.fs.cat_file(self.path(req.key), start=req.start, end=req.stop))
+            self._moved("download", len(data))
+            return data
         except _Unsatisfiable:
             return b""
 
@@ -205,7 +219,9 @@ class ObjectStore:
                         at += got
                     return at - lo
 
-                return sum(self.part_pool.map(part, range(0, n, part_bytes)))
+                got = sum(self.part_pool.map(part, range(0, n, part_bytes)))
+                self._moved("download", got)
+                return got
             finally:
                 os.close(fd)
 
@@ -338,6 +354,7 @@ class StagedWrite:
             raise StoreError("write to a staged object after it was linked or discarded")
         with _translated(self._url):
             self._file.write(piece)
+            self._store._moved("upload", len(piece))
             self._unsynced += len(piece)
             if self._unsynced >= _SYNC_EVERY:  # flush as it goes: the final fsync is then short
                 self._file.flush()

@@ -115,3 +115,8 @@ class Tally:
                 self._last[reason] = now
             n = self.counts[reason]
         (self.log.warning if loud else self.log.debug)("skipped %s (%s, %d so far): %s", self.what, reason, n, detail)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts by reason, as of now (safe to call from another thread: a metrics scrape)."""
+        with self._lock:
+            return dict(self.counts)

@@ -1,0 +1,110 @@
+"""The trainer's Prometheus metrics: the version it published, step and publish times, and what the
+dispatcher admitted, dropped and leased again.
+
+Bytes uploaded are the common ``aurora_bucket_bytes_total`` (``bucket="home"``). The dispatcher's
+counts (results admitted and dropped by reason, leases taken back, jobs stolen) are read at scrape
+time from what it keeps anyway. Under torchrun every rank serves its own (``--metrics-port`` plus
+its local rank); only rank 0 dispatches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aurora_store.metrics import Metrics, Spec
+
+if TYPE_CHECKING:
+    from aurora_store.coord.coordinator import Coordinator
+    from trainer.dispatch import Dispatcher
+
+PUBLISHED_VERSION = Spec(
+    "aurora_trainer_published_version",
+    "gauge",
+    "The latest version the trainer committed in its home region.",
+    ("region",),
+)
+STEPS = Spec("aurora_trainer_steps_total", "counter", "RL steps done (each publishes one version).")
+PUBLISH_SECONDS = Spec(
+    "aurora_trainer_publish_seconds",
+    "histogram",
+    "Time to publish one version after its step: extract the delta (or full), upload, commit the manifest.",
+)
+TRAIN_SECONDS = Spec("aurora_trainer_train_seconds", "histogram", "Time of one optimizer step on its rollouts.")
+WAIT_SECONDS = Spec(
+    "aurora_trainer_rollout_wait_seconds",
+    "histogram",
+    "Time a step waited until every prompt of it had an admitted result.",
+)
+ADMITTED = Spec("aurora_trainer_results_admitted_total", "counter", "Results admitted (one per prompt of a step).")
+DROPPED = Spec(
+    "aurora_trainer_results_dropped_total",
+    "counter",
+    "Results dropped, by reason: stale_lease, expired, wrong_actor, wrong_version, wrong_version_hash, "
+    "wrong_digest, bad_payload, duplicate, unknown_job, or what made the entry malformed.",
+    ("reason",),
+)
+LEASES_EXPIRED = Spec(
+    "aurora_trainer_leases_expired_total",
+    "counter",
+    "Leases taken back and leased again: their deadline passed (or their actor gave them back) or their "
+    "actor stopped beating.",
+)
+STOLEN = Spec(
+    "aurora_trainer_jobs_stolen_total",
+    "counter",
+    "Not-yet-started jobs moved from the most loaded actor to an idle one.",
+)
+PENDING = Spec("aurora_trainer_pending_jobs", "gauge", "Prompts waiting for an eligible actor to be leased to.")
+REWARD_FAILURES = Spec(
+    "aurora_trainer_reward_failures_total",
+    "counter",
+    "Reward calls that failed on the actors (scored 0) in admitted results, by kind.",
+    ("kind",),
+)
+SPECS = (
+    PUBLISHED_VERSION,
+    STEPS,
+    PUBLISH_SECONDS,
+    TRAIN_SECONDS,
+    WAIT_SECONDS,
+    ADMITTED,
+    DROPPED,
+    LEASES_EXPIRED,
+    STOLEN,
+    PENDING,
+    REWARD_FAILURES,
+)
+
+
+class TrainerMetrics:
+    """One trainer process's metrics; the loop feeds them once per step."""
+
+    def __init__(self, region: str) -> None:
+        self.m = Metrics("trainer", region, SPECS)
+        self._version = self.m.gauge(PUBLISHED_VERSION).labels(region)
+        self._steps = self.m.counter(STEPS)
+        self._publish = self.m.histogram(PUBLISH_SECONDS)
+        self._train = self.m.histogram(TRAIN_SECONDS)
+        self._wait = self.m.histogram(WAIT_SECONDS)
+
+    def watch(self, coord: Coordinator) -> None:
+        self.m.redis_skipped(coord.skipped.snapshot)
+
+    def watch_dispatch(self, d: Dispatcher) -> None:
+        """Export the dispatcher's own counts (read at scrape time; rank 0 only)."""
+        self.m.pull(ADMITTED, lambda: d.admitted_total)
+        self.m.pull(DROPPED, d.drops.snapshot)
+        self.m.pull(LEASES_EXPIRED, lambda: d.dropped.get("lease_lost", 0))
+        self.m.pull(STOLEN, lambda: d.stolen)
+        self.m.pull(PENDING, lambda: len(d.pending))
+        self.m.pull(REWARD_FAILURES, lambda: dict(d.reward_failures))  # one C-level copy: no torn read
+
+    def published(self, version: int) -> None:
+        self._version.set(version)
+
+    def step(self, *, version: int, publish_s: float, train_s: float, wait_s: float) -> None:
+        self._steps.inc()
+        self._publish.observe(publish_s)
+        self._train.observe(train_s)
+        self._wait.observe(wait_s)
+        self.published(version)
