@@ -31,7 +31,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.tensors": 2.5,
     "aurora_store.cli": 4,
     "aurora_store.cli_config": 3.9,
-    "aurora_store.cli_gc": 4,
+    "aurora_store.cli_gc": 3.9,
     "aurora_store.testing": 4,
 }
 """A library module may import (at run time) only modules of a lower layer, or of its own package."""
