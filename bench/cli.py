@@ -19,6 +19,7 @@ BENCHMARKS = {
     "full": "publish and materialize a full version against safetensors' own save and verified read; see --help",
     "chaos": "the whole system as real processes under a seeded schedule of faults; invariants checked; see --help",
     "fuzz": "every parser of outside bytes under mutated inputs: crashes, hangs, peak memory; see --help",
+    "retention": "a run's storage with aurora gc every few versions against the same run never collected; see --help",
 }
 
 
