@@ -243,7 +243,9 @@ def test_secrets_in_the_file_are_warned_of_and_never_printed(
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert any("password" in w for w in doc["warnings"]) and any("credential" in w for w in doc["warnings"])
-    assert "hunter2" not in captured.out
+    assert "hunter2" not in captured.out and "hunter3" not in captured.out
+    trainer = next(r for r in doc["roles"] if r["command"] == "train")
+    assert trainer["options"]["storage_options"] == {"secret": "***"}
     assert main(["config", "check", path]) == 0
     assert "hunter2" not in capsys.readouterr().out
 
