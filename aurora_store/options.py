@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from aurora_store.redact import redact
+from aurora_store.redact import redact_value
 
 _KEY = "aurora_option"
 
@@ -180,7 +180,7 @@ def add_options(
             kw["default"] = default
             shown = default is not None and not isinstance(default, bool) and default not in ("", {}, [])
             if shown and not from_env:  # a value from the environment may be a secret: never in --help
-                kw["help"] += f" (default: {redact(str(default))})".replace("%", "%%")
+                kw["help"] += f" (default: {redact_value(default)})".replace("%", "%%")
         target.add_argument(flag, *meta.get("aliases", ()), **kw)
 
 

@@ -30,6 +30,23 @@ def redact(text: str) -> str:
     return _QUERY.sub(lambda m: m.group("key") + "***", _USERINFO.sub(userinfo, text))
 
 
+SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key$|_key$)", re.IGNORECASE)
+"""Names of options (fsspec storage options, config keys) whose values are credentials."""
+
+
+def redact_value(value: object) -> object:
+    """``value`` (a string, or options nested in dicts) fit to print: URL passwords redacted, the
+    values of credential-like keys (``secret``, ``token``, ``key``, ...) replaced by ``***``."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            k: "***" if SECRET_KEYS.search(str(k)) and v not in (None, "") else redact_value(v)
+            for k, v in value.items()
+        }
+    return value
+
+
 class RedactingFilter(logging.Filter):
     """A log filter that redacts every record's message (its arguments merged in first)."""
 

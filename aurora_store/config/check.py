@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora_store.config.load import load
-from aurora_store.config.schema import ROLES, SECRET_KEYS, Region, RoleSchema, RunFile, table_values
+from aurora_store.config.schema import ROLES, Region, RoleSchema, RunFile, table_values
 from aurora_store.errors import ConfigError
 from aurora_store.options import build, leaves, option_env
-from aurora_store.redact import redact
+from aurora_store.redact import redact_value
 
 
 def role_values(schema: RoleSchema, f: RunFile, region: Region | None) -> dict[str, Any]:
@@ -68,18 +68,8 @@ def check(path: str) -> tuple[RunFile, list[RoleCheck]]:
                         f"aurora {schema.command}{where}: option {dest} is neither in the file nor has a default"
                     )
             build(schema.cls, values)  # the role's own dataclass takes them
-            shown = {k: _shown(v) for k, v in values.items() if k not in from_env}
+            shown = {k: redact_value(v) for k, v in values.items() if k not in from_env}
             out.append(RoleCheck(schema.command, region.name if region is not None else None, shown, from_env))
     if errors:
         raise ConfigError(f"{path}: " + "; ".join(errors))
     return f, out
-
-
-def _shown(value: Any) -> Any:
-    """``value`` as ``aurora config check`` prints it: URL passwords redacted, credential-like
-    storage options (``secret``, ``token``, ``key``, ...) masked."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {k: "***" if SECRET_KEYS.search(str(k)) and v not in (None, "") else _shown(v) for k, v in value.items()}
-    return value

@@ -16,7 +16,6 @@ from aurora_store.config.schema import (
     NAME,
     REGION_KEYS,
     ROLES,
-    SECRET_KEYS,
     Region,
     RunFile,
     kind_of,
@@ -24,7 +23,7 @@ from aurora_store.config.schema import (
     table_values,
 )
 from aurora_store.errors import ConfigError
-from aurora_store.redact import redact
+from aurora_store.redact import SECRET_KEYS, redact
 
 
 def load(path: str) -> RunFile:

@@ -27,7 +27,6 @@ REGION_KEYS = ("uri", "storage_options", "source")
 """What a ``[regions.NAME]`` table holds, besides per-region role tables (``[regions.NAME.actor]``)."""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
-SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key$|_key$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
