@@ -237,6 +237,9 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     doc = json.loads(done.stdout)
     assert doc["applied"] and doc["holds"]["actor a1 in eu"] == 5 and doc["holds"]["region home"] == 9
     assert run.versions() == [0, 4, 5, 6, 7, 8, 9], "everything from what a1 holds on, and 5's chain from 4"
+    for flag, value in (("--keep-states", "-1"), ("--keep-last", "0"), ("--keep-fulls", "x")):
+        bad = _gc(uri, flag, value)
+        assert bad.returncode == 2 and flag in bad.stderr
     text = _gc(uri, "--keep-last", "2")
     assert text.returncode == 0 and "Redis not asked" in text.stdout and "dry run" in text.stdout
 
