@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_args(p)
     p.add_argument("--keep-last", type=positive, default=10, metavar="K", help="keep the newest K versions")
     p.add_argument("--keep-fulls", type=positive, default=2, metavar="F", help="keep the newest F full versions")
-    p.add_argument("--keep-states", type=_count, default=2, metavar="S", help="keep the newest S trainer states")
+    p.add_argument(
+        "--keep-states", type=positive, default=2, metavar="S", help="keep the newest S trainer states (at least 1)"
+    )
     p.add_argument("--apply", action="store_true", help="delete (without it, only list what would go)")
     p.add_argument(
         "--redis",
@@ -123,17 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.key (private, 0600) and PREFIX.pub")
     p.set_defaults(handler=cmd_keygen)
     return parser
-
-
-def _count(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

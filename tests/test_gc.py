@@ -132,6 +132,19 @@ def test_an_interrupted_gc_is_finished_by_the_next(tmp_path: Path) -> None:
     assert _same(fresh.materialize(8), weights[8])
 
 
+def test_a_record_never_deletes_a_version_being_published(tmp_path: Path) -> None:
+    run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
+    _publish(run, 5)
+    in_flight = "versions/0000000005/00000-" + "ab" * 16 + ".seg"  # the next version's segment, uploaded ahead
+    run.store.put_if_absent(in_flight, b"segment bytes")
+    key, data = retention.encode(Retired() | [5], 1_700_000_000_000)  # a forged (or confused) record
+    run.store.put_if_absent(key, data)
+    p = gc.plan(run, gc.Policy(keep_last=1, keep_fulls=1))
+    assert 5 not in p.leftovers
+    gc.apply(run, p)
+    assert run.store.exists(in_flight)
+
+
 def test_gc_refuses_to_delete_around_an_unreadable_manifest(tmp_path: Path) -> None:
     run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
     _publish(run, 6)
@@ -237,7 +250,7 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     doc = json.loads(done.stdout)
     assert doc["applied"] and doc["holds"]["actor a1 in eu"] == 5 and doc["holds"]["region home"] == 9
     assert run.versions() == [0, 4, 5, 6, 7, 8, 9], "everything from what a1 holds on, and 5's chain from 4"
-    for flag, value in (("--keep-states", "-1"), ("--keep-last", "0"), ("--keep-fulls", "x")):
+    for flag, value in (("--keep-states", "0"), ("--keep-last", "0"), ("--keep-fulls", "x")):
         bad = _gc(uri, flag, value)
         assert bad.returncode == 2 and flag in bad.stderr
     text = _gc(uri, "--keep-last", "2")

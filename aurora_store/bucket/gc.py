@@ -43,7 +43,8 @@ class Policy:
     keep_fulls: int
     """The newest this many full versions."""
     keep_states: int = 2
-    """The newest this many saved trainer states (with their versions' chains)."""
+    """The newest this many saved trainer states (with their versions' chains); at least one, which a
+    restarted trainer resumes from."""
     holds: dict[str, int] | None = None
     """What live actors hold and regions are at, by who (from Redis); None: no one was asked,
     which only a dry run allows."""
@@ -93,8 +94,8 @@ class Plan:
 def plan(run: Run, policy: Policy) -> Plan:
     """What a gc of ``run`` under ``policy`` would delete, and why every other version stays."""
     store, reader = run.store, run.reader
-    if policy.keep_last < 1 or policy.keep_fulls < 1 or policy.keep_states < 0:
-        raise ValueError("keep at least the last version and the last full version")
+    if policy.keep_last < 1 or policy.keep_fulls < 1 or policy.keep_states < 1:
+        raise ValueError("keep at least the last version, the last full version and the last trainer state")
     record_keys, retired, bad = records(store)
     committed = reader.versions()
     manifests: dict[int, Manifest] = {}
@@ -128,7 +129,7 @@ def plan(run: Run, policy: Policy) -> Plan:
             if v >= floor:
                 keep(v, f"at or after version {floor}, which {who} holds")
     states = run.state.versions()
-    states_kept = states[-policy.keep_states :] if policy.keep_states else []
+    states_kept = states[-policy.keep_states :]
     for s in states_kept:
         if s in committed:
             keep(s, "a kept trainer state's version")
@@ -141,8 +142,9 @@ def plan(run: Run, policy: Policy) -> Plan:
     retire = [v for v in committed if v not in kept]
     p = Plan(store.uri, committed, kept, retire, retired, records=record_keys, bad_records=bad, unreadable=unreadable)
     committed_set = set(committed)
+    latest = committed[-1] if committed else -1
     for v, keys in by_version.items():
-        if v in retired and v not in committed_set:
+        if v in retired and v not in committed_set and v < latest:  # never a version being published now
             p.leftovers[v] = keys
     for v in retire:
         mkey = manifest_key(v)
