@@ -74,11 +74,12 @@ class StoreTests:
     def test_sized_reads_in_parallel_parts(self, store: ObjectStore) -> None:
         data = bytes(range(256)) * 40
         store.put_if_absent("s", data)
-        for part in (7, 100, len(data), len(data) + 1):
+        for part in (100, len(data), len(data) + 1):
             assert store.get_sized("s", len(data), part) == data
-        small = data[:300]  # one-byte parts are one request each: 10k of them take 80 s on an S3 server
+        small = data[:300]  # each part is a request: 1- and 7-byte parts of 10 KiB took 80 s on an S3 server
         store.put_if_absent("s1", small)
-        assert store.get_sized("s1", len(small), 1) == small
+        for part in (1, 7):
+            assert store.get_sized("s1", len(small), part) == small
         with pytest.raises(CorruptError, match="truncated") as err:
             store.get_sized("s", len(data) + 1, 100)
         assert err.value.url == store.url("s")
