@@ -75,13 +75,10 @@ def _holds(args: argparse.Namespace, uri: str) -> tuple[dict[str, int] | None, l
 
 def _spans(versions: list[int]) -> str:
     """``[1, 2, 3, 7]`` as ``1-3, 7``."""
-    out: list[list[int]] = []
-    for v in sorted(versions):
-        if out and out[-1][1] == v - 1:
-            out[-1][1] = v
-        else:
-            out.append([v, v])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out) or "none"
+    from aurora_store.format.retention import Retired
+
+    spans = (Retired() | versions).ranges
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans) or "none"
 
 
 def _show(p: object, holds: dict[str, int] | None, unreadable: list[str], counts: dict[str, int] | None) -> None:

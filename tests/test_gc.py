@@ -33,6 +33,7 @@ from aurora_store.format.keys import manifest_key
 from aurora_store.format.retention import Retired
 from aurora_store.testing import damage
 from aurora_store.testing.processes import wait_for
+from tests.helpers import bits_equal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,10 +54,6 @@ def _publish(run: Any, n: int, seed: int = 0) -> dict[int, dict[str, torch.Tenso
             idx = torch.randperm(flat.numel(), generator=g)[: max(1, flat.numel() // 50)]
             flat[idx] += 1
     return out
-
-
-def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
 
 
 def _kinds(run: Any) -> dict[int, str]:
@@ -88,7 +85,7 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     assert not any(k.startswith("versions/0000000003/") for k in fresh.store.list_keys("versions"))
     assert fresh.state.versions() == [9, 13]
     for v in fresh.versions():
-        assert _same(fresh.materialize(v), weights[v]), f"version {v} replays bit-exact after gc"
+        assert bits_equal(fresh.materialize(v), weights[v]), f"version {v} replays bit-exact after gc"
     result = audit(fresh)
     assert result.ok, result.first_error
     assert result.retired == 7 and all(r.status == "ok" for r in result.versions)
@@ -129,7 +126,7 @@ def test_an_interrupted_gc_is_finished_by_the_next(tmp_path: Path) -> None:
     assert run.store.list_keys("versions/0000000002") == []
     fresh = aurora_store.open_run((tmp_path / "r").as_uri())
     assert audit(fresh).ok
-    assert _same(fresh.materialize(8), weights[8])
+    assert bits_equal(fresh.materialize(8), weights[8])
 
 
 def test_a_record_never_deletes_a_version_being_published(tmp_path: Path) -> None:
@@ -327,7 +324,7 @@ def test_gc_while_the_trainer_publishes_and_a_relay_copies(tmp_path: Path, redis
             assert result.ok, (uri, result.first_error, result.bad_records)
             assert result.retired > 0, f"{uri}: gc retired versions while the run went on"
             for v in fresh.versions():
-                assert _same(fresh.materialize(v), weights[v]), f"{uri} version {v}"
+                assert bits_equal(fresh.materialize(v), weights[v]), f"{uri} version {v}"
         home_run, eu_run = aurora_store.open_run(home), aurora_store.open_run(eu)
         _, eu_retired, _ = records(eu_run.store)
         assert not [v for v in eu_run.versions() if v in eu_retired], "the relay copied no retired version back"
