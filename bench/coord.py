@@ -1,0 +1,309 @@
+"""Coordination at fleet scale: one Redis and one trainer against 8 to 1024 actors.
+
+For each row ``ACTORSxGROUPSxTOKENS`` a fresh ``redis-server`` is started and a tiny run is
+published to a local bucket; a real trainer :class:`~trainer.dispatch.Dispatcher` posts each
+step's ``GROUPS`` prompts as leased jobs, sweeps and admits; ``ACTORS`` real actor
+:class:`~actor.worker.Worker` loops (threads of this process, :mod:`bench.coord_fleet`) take
+them, "generate" at once ``group`` completions of ``TOKENS`` tokens each and submit results as
+the worker builds them. Measured per row:
+
+- ``sweep``: one trainer sweep with every actor registered and the step's jobs open (before the
+  actors start taking them): round trips and seconds, against its interval (``sweep_s``);
+- ``steps``: per step, the round trips every client made (counted in the client library: a
+  pipeline is one), the commands Redis ran (``INFO``, script-internal ones included), Redis CPU
+  seconds (``INFO cpu``), bytes in and out of Redis (``INFO stats``), Redis memory after it, and the
+  trainer's wall time from posting to the last admission;
+- ``idle``: round trips per second per actor while every actor waits for work;
+- ``admission``: the trainer's decoding and checking of results read from Redis, in completion
+  tokens per second (CPU of one thread; no Redis in the timing).
+
+Projections: Redis CPU as a fraction of one core at one step per 30 s (the step's CPU plus the
+idle actors' CPU over the rest of the 30 s), and bytes through Redis per completion token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aurora_store.options import positive
+
+ROWS = "8x64x256,256x512x4096,1024x512x4096,1024x512x16384"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    rows: str = ROWS
+    """``ACTORSxGROUPSxTOKENS`` rows, comma-separated."""
+    steps: int = 2
+    group: int = 8
+    vocab: int = 32000
+    idle_s: float = 5.0
+    sweep_s: float = 0.25
+    step_period_s: float = 30.0
+    """The step period the Redis CPU projection assumes."""
+    seed: int = 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = Config()
+    p.add_argument("--rows", default=d.rows, help=f"ACTORSxGROUPSxTOKENS,... (default {d.rows})")
+    p.add_argument("--steps", type=positive, default=d.steps, help="steps per row")
+    p.add_argument("--group", type=positive, default=d.group, help="completions per prompt")
+    p.add_argument("--vocab", type=positive, default=d.vocab, help="vocabulary size of the token ids")
+    p.add_argument("--idle-s", type=float, default=d.idle_s, help="seconds the idle fleet is measured")
+    p.add_argument("--sweep-s", type=float, default=d.sweep_s, help="the trainer's sweep interval")
+    p.add_argument("--step-period-s", type=float, default=d.step_period_s, help="step period of the CPU projection")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the completions")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+class RoundTrips:
+    """Round trips every redis-py client of this process makes (a pipeline's batch is one)."""
+
+    def __init__(self) -> None:
+        import redis.connection
+
+        self._n = itertools.count()
+        self._cls = redis.connection.AbstractConnection
+        self._orig = self._cls.send_packed_command
+        counter = self._n
+        orig = self._orig
+
+        def counted(conn: Any, command: Any, check_health: bool = True) -> None:
+            next(counter)
+            return orig(conn, command, check_health)
+
+        self._cls.send_packed_command = counted  # type: ignore[method-assign]
+
+    def now(self) -> int:
+        return next(self._n)  # each read costs one, subtracted by the readers below
+
+    def close(self) -> None:
+        self._cls.send_packed_command = self._orig  # type: ignore[method-assign]
+
+
+class Probe:
+    """Redis's own counters (``INFO``), read by a client of its own."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+
+    def read(self) -> dict[str, float]:
+        info = self.r.info("all")
+        return {
+            "commands": float(info["total_commands_processed"]),
+            "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+            "bytes": float(info["total_net_input_bytes"]) + float(info["total_net_output_bytes"]),
+            "memory": float(info["used_memory"]),
+        }
+
+
+def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: b[k] - a[k] for k in a if k != "memory"}
+
+
+def _rows(spec: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in spec.split(","):
+        bits = part.strip().lower().split("x")
+        if len(bits) != 3 or not all(b.isdigit() and int(b) > 0 for b in bits):
+            raise SystemExit(f"aurora bench coord: a row is ACTORSxGROUPSxTOKENS, got {part!r}")
+        out.append((int(bits[0]), int(bits[1]), int(bits[2])))
+    return out
+
+
+def measure(cfg: Config) -> dict[str, Any]:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection or two per actor
+    trips = RoundTrips()
+    try:
+        rows = [_row(cfg, *row, trips) for row in _rows(cfg.rows)]
+    finally:
+        trips.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return {"bench": "coord", "config": asdict(cfg), "clients": "threads of one process", "rows": rows}
+
+
+def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) -> dict[str, Any]:
+    import logging
+
+    import torch
+
+    import aurora_store
+    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.jobs import JobBoard
+    from aurora_store.rl.sampling import SamplingConfig
+    from aurora_store.rl.tasks import Prompt
+    from aurora_store.testing.redis_server import RedisServer
+    from bench.coord_fleet import Fleet
+    from trainer.config import ScheduleConfig
+    from trainer.dispatch import Dispatcher
+
+    logging.getLogger("aurora").setLevel(logging.ERROR)
+    root = tempfile.mkdtemp(prefix="aurora-bench-coord-")
+    store = f"file://{root}/run"
+    run = aurora_store.open_run(store)
+    info = run.publish({"w": torch.zeros(64, dtype=torch.bfloat16)})
+    run_id = "bench"
+    with RedisServer().start() as server:
+        probe = Probe(server.url)
+        coord = Coordinator(server.url, run_id)
+        board = JobBoard(coord)
+        sampling = SamplingConfig(group=cfg.group, max_new_tokens=tokens)
+        d = Dispatcher(
+            coord,
+            board,
+            schedule=ScheduleConfig(sweep_s=cfg.sweep_s, lease_s=600.0),
+            sampling=sampling,
+            vocab_size=cfg.vocab,
+            tag="bench",
+        )
+        d.published_version(0, info.version_hash, info.weights_digest)
+
+        def prompts(step: int) -> list[Prompt]:
+            return [Prompt(f"p{step}-{i}", "q", "a", (1, 2, 3)) for i in range(groups)]
+
+        t0 = time.perf_counter()
+        fleet = Fleet(
+            actors, store=store, redis=server.url, run_id=run_id, tokens=tokens, group=cfg.group, vocab=cfg.vocab
+        )
+        built_s = time.perf_counter() - t0
+
+        # one sweep, with every actor registered and the step's jobs open
+        n0 = trips.now()
+        d.post(1, prompts(1))
+        post_trips = trips.now() - n0 - 1
+        sweeps = []
+        for _ in range(3):
+            a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
+            d._sweep()
+            sweeps.append((time.perf_counter() - s0, trips.now() - n0 - 1, _delta(a, probe.read())["commands"] - 1))
+        sweep_s = statistics.median(s for s, _, _ in sweeps)
+
+        fleet.start()
+        steps = []
+        for step in range(1, cfg.steps + 1):
+            a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
+            if step > 1:
+                d.post(step, prompts(step))
+            results = d.collect(step)
+            wall = time.perf_counter() - s0
+            b = probe.read()
+            delta = _delta(a, b)
+            done_tokens = sum(len(c["tokens"]) for r in results for c in r.payload["completions"])
+            steps.append(
+                {
+                    "step": step,
+                    "round_trips": trips.now() - n0 - 2,
+                    "redis_commands": delta["commands"] - 2,
+                    "redis_cpu_s": round(delta["cpu_s"], 4),
+                    "bytes": int(delta["bytes"]),
+                    "memory_after": int(b["memory"]),
+                    "collect_s": round(wall, 4),
+                    "tokens": done_tokens,
+                    "admitted": len(results),
+                }
+            )
+
+        # idle: every actor waits for work
+        time.sleep(1.0)
+        a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
+        time.sleep(cfg.idle_s)
+        idle_wall = time.perf_counter() - s0
+        idle = _delta(a, probe.read())
+        idle_trips = (trips.now() - n0 - 1) / idle_wall / actors
+        idle_cpu = idle["cpu_s"] / idle_wall / actors
+        fleet.stop()
+
+        admission = _admission(d, board, fleet, cfg, tokens)
+        coord.close()
+    last = steps[-1]
+    step_cpu = last["redis_cpu_s"]
+    rest = max(cfg.step_period_s - last["collect_s"], 0.0)
+    return {
+        "actors": actors,
+        "groups": groups,
+        "tokens": tokens,
+        "fleet_built_s": round(built_s, 2),
+        "post_round_trips": post_trips,
+        "sweep": {
+            "round_trips": sweeps[1][1],
+            "redis_commands": sweeps[1][2],
+            "seconds": round(sweep_s, 5),
+            "fraction_of_interval": round(sweep_s / cfg.sweep_s, 4),
+        },
+        "steps": steps,
+        "idle": {
+            "round_trips_per_actor_s": round(idle_trips, 3),
+            "redis_cpu_per_actor_s": idle_cpu,
+            "redis_commands_per_s": round(idle["commands"] / idle_wall, 1),
+        },
+        "admission": admission,
+        "bytes_per_token": round(last["bytes"] / max(last["tokens"], 1), 3),
+        "redis_core_fraction_at_period": round((step_cpu + idle_cpu * actors * rest) / cfg.step_period_s, 4),
+        "memory_growth_per_step": (steps[-1]["memory_after"] - steps[0]["memory_after"]) / max(len(steps) - 1, 1),
+    }
+
+
+def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict[str, Any]:
+    """Decode and check results as the trainer does, on entries the actors' code wrote, without Redis."""
+    from aurora_store.coord.jobs import Lease, parse_result
+
+    w = fleet.workers[0]
+    held = w.up.held
+    comp = w.engine.completion
+    n = max(1, min(64, (8 << 20) // (tokens * cfg.group * 26)))
+    lease = Lease("bench:1:0", 1, 1, 0, 0, {})
+    payload = {
+        "completions": [
+            {"tokens": list(comp.token_ids), "logprobs": list(comp.logprobs), "finish": "length", "reward": 0.0}
+            for _ in range(cfg.group)
+        ],
+        "reward_failures": {},
+        "weights_digest": held.weights_digest,
+    }
+    for _ in range(n):
+        board.submit(lease, actor=w.wid, version=0, version_hash=held.version_hash, payload=payload)
+    raw = board.r.xrange(board._k("results"))[-n:]
+    t0 = time.process_time()
+    ok = 0
+    for eid, fields in raw:
+        res = parse_result(eid, fields)
+        ok += res.malformed is None and d._check_payload(res) is None
+    cpu = time.process_time() - t0
+    return {
+        "results": n,
+        "admitted": ok,
+        "tokens_per_s": round(n * cfg.group * tokens / cpu),
+        "bytes_per_token_in_redis": round(sum(len(f["payload"]) for _, f in raw) / (n * cfg.group * tokens), 3),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    fields = {k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__}
+    out = measure(Config(**fields))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for r in out["rows"]:
+        s = r["steps"][-1]
+        print(
+            f"{r['actors']:5d} actors {r['groups']:4d} groups {r['tokens']:6d} tokens: "
+            f"{s['round_trips']} round trips/step, {s['bytes'] / 1e6:.1f} MB, collect {s['collect_s']:.2f} s, "
+            f"sweep {r['sweep']['round_trips']} trips {r['sweep']['seconds'] * 1000:.1f} ms, "
+            f"idle {r['idle']['round_trips_per_actor_s']:.2f}/actor/s, admission "
+            f"{r['admission']['tokens_per_s'] / 1e6:.1f}M tokens/s, Redis {r['redis_core_fraction_at_period']:.1%} "
+            "of a core"
+        )
+    return 0
