@@ -64,3 +64,13 @@ class ConfigError(AuroraError, ValueError):
 class RetentionError(StoreError):
     """``aurora gc`` refused to delete: it cannot tell what is safe to (unreadable manifests or Redis
     entries, no Redis to ask what live actors hold)."""
+
+
+class PayloadError(AuroraError, ValueError):
+    """A rollout result's payload is malformed; ``reason`` is a short identifier the trainer counts
+    drops by (``bad_payload``, ``payload_too_large``, ``wrong_size``, ...), ``detail`` says what."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail

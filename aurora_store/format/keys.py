@@ -7,7 +7,9 @@ A run is a prefix in a bucket. Under it (see docs/FORMAT.md, "Layout"):
 - ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.safetensors``: a full version's shard;
 - ``versions/NNNNNNNNNN/model.safetensors.index-<sha256[:32]>.json``: its HF-style index;
 - ``files/<name>``: a run-level attachment (config.json, tokenizer files);
-- ``trainer/state-NNNNNNNNNN/...``: the trainer's resumable state, ``state.json`` last.
+- ``trainer/state-NNNNNNNNNN/...``: the trainer's resumable state, ``state.json`` last;
+- ``results/<sha256>.bin``: a rollout result's payload too large for Redis, content-addressed
+  (never part of a version).
 
 Names starting with ``.tmp-`` are in-flight temporary files of a local store: never objects.
 Pure string rules, no I/O.
@@ -27,6 +29,8 @@ FILES_DIR = "files"
 STATE_DIR = "trainer"
 STATE_COMMIT = "state.json"
 """The trainer state's commit marker, written last."""
+RESULTS_DIR = "results"
+"""Offloaded rollout-result payloads (see :mod:`aurora_store.format.results`)."""
 INDEX_NAME = "model.safetensors.index.json"
 TMP_PREFIX = ".tmp-"
 """Prefix of a local store's temporary files; no object is ever named with it."""
@@ -34,6 +38,7 @@ TMP_PREFIX = ".tmp-"
 _KEY_RE = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
 _VERSION_DIR = re.compile(r"[0-9]{10}")
+_RESULT_KEY = re.compile(r"results/[0-9a-f]{64}\.bin")
 _OBJECT_NAME = re.compile(r"[0-9]{5,}-[0-9a-f]{32}\.(seg|safetensors)|model\.safetensors\.index-[0-9a-f]{32}\.json")
 
 
@@ -61,6 +66,18 @@ def file_key(name: str) -> str:
 
 def state_dir(version: int) -> str:
     return f"{STATE_DIR}/state-{version:010d}"
+
+
+def result_key(sha256: str) -> str:
+    """The key of an offloaded payload whose SHA-256 (hex) is ``sha256``."""
+    return check_result_key(f"{RESULTS_DIR}/{sha256}.bin")
+
+
+def check_result_key(key: str) -> str:
+    """A key a result names as its offloaded payload: exactly ``results/<64 lowercase hex>.bin``."""
+    if not isinstance(key, str) or not _RESULT_KEY.fullmatch(key):
+        raise CorruptError(f"result key {key!r:.120} is not results/<sha256 as 64 lowercase hex>.bin")
+    return key
 
 
 def committed_version(key: str) -> int | None:
