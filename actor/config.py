@@ -52,6 +52,12 @@ class RolloutConfig:
     heartbeat_s: float = 5.0
     """Heartbeat lifetime in seconds (it beats three times in one): an actor silent this long counts
     as gone, and its jobs are leased to others."""
+    check_s: float = 15.0
+    """How often an idle actor looks at Redis for jobs and versions without being woken (the safety net
+    under push: jobs and commits wake it at once); each look is one round trip."""
+    inline_bytes: int = 64 << 10
+    """Result payloads up to this many bytes go through Redis; larger ones are put in this region's
+    bucket (``results/``) and only their reference goes through Redis. At most 65536."""
     slowdown: float = 1.0
     """Emulate hardware this many times slower (for demos and tests)."""
 

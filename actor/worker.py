@@ -4,10 +4,16 @@ Builds its tokenizer, engine and reward from the run (``actor.assemble``), regis
 heartbeat, takes the jobs leased to it, generates on exactly the version each job names as the
 run says to sample, scores completions with the run's reward in a process of its own under a
 time limit (``actor.rewards``), and submits results tagged with lease token, version and
-version hash. A background thread stages the next version while
-the engine generates; the main loop applies it between batches, never during one. An
-actor with no work applies whatever is staged, so one that fell behind catches up by deltas
-and becomes eligible again once it holds the latest version or the one before.
+version hash, their payload packed (:mod:`aurora_store.format.results`) and, above
+``--inline-bytes``, put in this region's bucket with only its reference through Redis. A
+background thread stages the next version while the engine generates; the main loop applies
+it between batches, never during one. An actor with no work applies whatever is staged, so one
+that fell behind catches up by deltas and becomes eligible again once it holds the latest
+version or the one before.
+
+Nothing polls: one listener thread (:mod:`actor.wakeups`) blocks on this actor's inbox, its
+region's commits and the trainer's notices; the heartbeat beats every third of its TTL; and a
+check every ``--check-s`` is the safety net under a lost wake-up.
 """
 
 from __future__ import annotations
@@ -31,10 +37,14 @@ from actor.engine import Completion
 from actor.metrics import ActorMetrics
 from actor.rewards import RewardPool
 from actor.updater import Held, Updater, open_sync_runs
+from actor.wakeups import Wakeups
+from aurora_store.bucket.results import put_payload
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, Lease
+from aurora_store.coord.jobs import JobBoard, Lease, Notice
+from aurora_store.coord.results import INLINE_MAX, Ref
 from aurora_store.errors import AuroraError, StoreError
+from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
 from aurora_store.rl.tasks import Prompt, TaskError
@@ -64,13 +74,28 @@ class Worker:
             self.fallback.store.meter = self.metrics.m.meter("fallback")
         self.stop = threading.Event()
         self.busy = threading.Event()
-        self._notices_after = f"{int(time.time() * 1000)}-0"  # what the trainer says from now on
+        self.wake = Wakeups(
+            self.coord,
+            self.board,
+            self.wid,
+            sync.region,
+            block_s=cfg.rollout.check_s,
+            on_notices=self._read_notices,
+        )
+        self._reregister = threading.Event()
+        """Set by the heartbeat when this actor's state in Redis is gone."""
         self._told: set[str] = set()
         self._submitted: OrderedDict[str, None] = OrderedDict()
         """Stream ids of the results this actor submitted (the last 4096)."""
+        self._submitted_lock = threading.Lock()
         self._refused = 0
         self.refused = False
         """Whether the actor stopped because the trainer kept refusing its results."""
+
+    def halt(self) -> None:
+        """Stop the loops (a signal, or the trainer refusing this actor's results): every waiter wakes."""
+        self.stop.set()
+        self.wake.poke()
 
     def _wait_for_version(self) -> int:
         while not self.stop.is_set():
@@ -178,8 +203,10 @@ class Worker:
             )
 
     def _stager(self) -> None:
-        """Stage ahead while the engine generates: one version ahead when busy, the latest when idle."""
+        """Stage ahead while the engine generates: one version ahead when busy, the latest when idle.
+        Looks when a commit reaches the region (or the main loop applied one), and every ``check_s``."""
         while not self.stop.is_set():
+            seen = self.wake.seq
             try:
                 latest = self.up.latest()
                 self.metrics.region_at(latest)
@@ -189,10 +216,13 @@ class Worker:
                     staged = self.up.staged
                     if staged is None or staged.version < target:
                         self._stage(target)
+                        self.wake.kick.set()  # an idle main loop applies it now
                         continue
             except AuroraError as exc:
                 log.warning("actor %s: staging failed: %s", self.wid, exc)
-            self.stop.wait(0.05)
+                if self.stop.wait(0.5):
+                    return
+            self.wake.wait_commit(seen, timeout=self.cfg.rollout.check_s)
 
     def _advance_to(self, version: int, *, wait_s: float) -> bool:
         """Hold exactly ``version``: wait for it to reach this region, stage it, apply it. False if
@@ -201,13 +231,17 @@ class Worker:
         if version > self.up.held.version:
             since = time.perf_counter()
             give_up = time.monotonic() + wait_s
+            seen = self.wake.seq
             while (self.up.latest() or -1) < version:  # the relay is still copying it to this region
-                if time.monotonic() > give_up or self.stop.wait(0.02):
+                left = give_up - time.monotonic()
+                if left <= 0 or self.stop.is_set():
                     return False
+                seen = self.wake.wait_commit(seen, timeout=min(left, 1.0))
             staged = self.up.staged
             if staged is None or staged.version != version:
                 self._stage(version)
             self._apply(since)
+            self.wake.poke()  # the stager looks for the next one
         return True
 
     def serve(self, leases: list[Lease]) -> None:
@@ -258,42 +292,50 @@ class Worker:
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
         for (lease, prompt), comps in zip(batch, outs, strict=True):
-            completions, failures = [], Counter[str]()
+            rows, failures = [], Counter[str]()
             for c in comps:
                 reward, failure = self.rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
                 if failure is not None:
                     failures[failure] += 1
-                completions.append(
-                    {
-                        "tokens": list(c.token_ids),
-                        "logprobs": list(c.logprobs),
-                        "finish": c.finish_reason,
-                        "reward": reward,
-                    }
-                )
-            payload = {
-                "completions": completions,
-                "reward_failures": dict(failures),
-                "weights_digest": held.weights_digest,  # verified when these weights were applied
-            }
+                rows.append((c.token_ids, c.logprobs, c.finish_reason, reward))
             tokens += sum(len(c.token_ids) for c in comps)
-            rid = self.board.submit(
-                lease, actor=self.wid, version=held.version, version_hash=held.version_hash, payload=payload
-            )
+            # weights_digest: verified when these weights were applied
+            self._submit(lease, held, payloads.encode(rows, failures=failures, weights_digest=held.weights_digest))
+        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
+
+    def _submit(self, lease: Lease, held: Held, data: bytes) -> None:
+        """Submit one result: inline up to ``--inline-bytes``, else put in this region's bucket first."""
+        ref = None
+        if len(data) > min(self.cfg.rollout.inline_bytes, INLINE_MAX):
+            try:
+                key, sha = put_payload(self.run.store, data)
+            except StoreError as exc:  # the bucket refuses: give the job back, never die of it
+                log.warning("actor %s: cannot store the result of job %s: %s", self.wid, lease.job, exc)
+                self.board.release(lease)
+                return
+            ref = Ref(self.cfg.sync.region, key, sha, len(data))
+        rid = self.board.submit(
+            lease,
+            actor=self.wid,
+            version=held.version,
+            version_hash=held.version_hash,
+            payload=None if ref is not None else data,
+            ref=ref,
+        )
+        with self._submitted_lock:
             self._submitted[rid] = None
             while len(self._submitted) > 4096:
                 self._submitted.popitem(last=False)
-        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
-        self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
-        self._read_notices()
 
-    def _read_notices(self) -> None:
-        """What the trainer said of this actor's results. Each reason is logged once; results it
-        cannot use (a payload it refuses, weights it did not publish, a lease not this actor's),
-        MAX_REFUSED times in a row, stop the actor: it would only burn its GPU."""
-        for n in self.board.notices(self.wid, self._notices_after):
-            self._notices_after = n.id
-            if n.result not in self._submitted:
+    def _read_notices(self, notices: list[Notice]) -> None:
+        """What the trainer said of this actor's results (the listener's callback). Each reason is
+        logged once; results it cannot use (a payload it refuses, weights it did not publish, a lease
+        not this actor's), MAX_REFUSED times in a row, stop the actor: it would only burn its GPU."""
+        for n in notices:
+            with self._submitted_lock:
+                mine = n.result in self._submitted
+            if not mine:
                 continue  # about a result submitted in this actor's name by someone else: not its own
             if n.reason not in self._told:
                 self._told.add(n.reason)
@@ -308,43 +350,53 @@ class Worker:
                     n.reason,
                 )
                 self.refused = True
-                self.stop.set()
+                self.halt()
 
     def _heartbeat(self) -> None:
-        """Beat on a thread of its own, so a long batch does not look like a dead actor."""
+        """Beat on a thread of its own, so a long batch does not look like a dead actor; when the beat
+        says this actor's state in Redis is gone (a flush, an empty failover, a pruned registration:
+        no disconnect tells), the main loop registers again."""
         while not self.stop.wait(self.cfg.rollout.heartbeat_s / 3):
-            with contextlib.suppress(CoordinationError):
-                self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s)
+            try:
+                if self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s):
+                    self._reregister.set()
+                    self.wake.kick.set()
+            except CoordinationError:
+                self._reregister.set()
+
+    def _register_again(self) -> None:
+        self._reregister.clear()
+        self.coord.register("actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s)
+        assert self.up.held is not None
+        self.coord.update_worker(self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash)
+        self.board.rewind(self.wid)
+        self.wake.rewind()
 
     def loop(self) -> None:
+        threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True).start()
         threading.Thread(target=self._stager, name="stager", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-        registered = True
+        self.wake.kick.set()  # take whatever is waiting already
         while not self.stop.is_set():
             try:
-                if not registered:  # Redis lost its state: register again
-                    self.coord.register(
-                        "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
-                    )
-                    assert self.up.held is not None
-                    self.coord.update_worker(
-                        self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash
-                    )
-                    registered = True
-                self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s)
-                if self.coord.state_lost():  # FLUSHALL or an empty failover: no disconnect to tell
-                    registered = False
-                    continue
-                leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0.2)
+                if self._reregister.is_set():
+                    self._register_again()
+                self.wake.kick.wait(self.cfg.rollout.check_s)  # woken by the listener; else the safety net
+                self.wake.kick.clear()
+                if self.stop.is_set():
+                    break
+                leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0)
                 if leases:
                     self.busy.set()
                     self.serve(leases)
                     self.busy.clear()
+                    self.wake.kick.set()  # more may wait: take again before waiting
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
                     self._apply()
+                    self.wake.poke()
             except CoordinationError as exc:
                 log.warning("actor %s: %s", self.wid, exc)
-                registered = False
+                self._reregister.set()
                 self.busy.clear()
                 self.stop.wait(0.5)
         with contextlib.suppress(CoordinationError):
@@ -358,7 +410,7 @@ def run(cfg: WorkerConfig) -> int:
     w = Worker(cfg)
     w.metrics.m.serve(cfg.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: w.stop.set())
+        signal.signal(sig, lambda *_: w.halt())
     w.setup()
     w.loop()
     return 3 if w.refused else 0

@@ -168,6 +168,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             sampling=sampling,
             vocab_size=cfg.vocab,
             tag="bench",
+            stores={"home": run.store},
         )
         d.published_version(0, info.version_hash, info.weights_digest)
 
@@ -192,6 +193,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
         sweep_s = statistics.median(s for s, _, _ in sweeps)
 
         fleet.start()
+        d.start()  # as the trainer does: sweeps, reads and admits on a thread of its own
         steps = []
         for step in range(1, cfg.steps + 1):
             a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
@@ -201,7 +203,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             wall = time.perf_counter() - s0
             b = probe.read()
             delta = _delta(a, b)
-            done_tokens = sum(len(c["tokens"]) for r in results for c in r.payload["completions"])
+            done_tokens = sum(r.rollouts.n_tokens for r in results)
             steps.append(
                 {
                     "step": step,
@@ -216,7 +218,8 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
                 }
             )
 
-        # idle: every actor waits for work
+        # idle: every actor waits for work (the trainer's own sweeps and reads are not the actors')
+        d.stop()
         time.sleep(1.0)
         a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
         time.sleep(cfg.idle_s)
@@ -227,6 +230,8 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
         fleet.stop()
 
         admission = _admission(d, board, fleet, cfg, tokens)
+        d.close()
+        admission["during_steps_tokens_per_cpu_s"] = round(d.payloads.tokens / max(d.payloads.cpu_s, 1e-9))
         coord.close()
     last = steps[-1]
     step_cpu = last["redis_cpu_s"]
@@ -257,36 +262,39 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
 
 
 def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict[str, Any]:
-    """Decode and check results as the trainer does, on entries the actors' code wrote, without Redis."""
-    from aurora_store.coord.jobs import Lease, parse_result
+    """Decode and check results as the trainer does (:class:`trainer.admission.Payloads`), on results
+    the actor's own code encoded and submitted (inline or by reference, as it chooses): thread CPU
+    of the decoding and checking, fetches from the bucket excluded."""
+    from aurora_store.coord.jobs import Lease
+    from aurora_store.format import results as payloads
 
     w = fleet.workers[0]
     held = w.up.held
     comp = w.engine.completion
-    n = max(1, min(64, (8 << 20) // (tokens * cfg.group * 26)))
+    n = 64
     lease = Lease("bench:1:0", 1, 1, 0, 0, {})
-    payload = {
-        "completions": [
-            {"tokens": list(comp.token_ids), "logprobs": list(comp.logprobs), "finish": "length", "reward": 0.0}
-            for _ in range(cfg.group)
-        ],
-        "reward_failures": {},
-        "weights_digest": held.weights_digest,
-    }
-    for _ in range(n):
-        board.submit(lease, actor=w.wid, version=0, version_hash=held.version_hash, payload=payload)
-    raw = board.r.xrange(board._k("results"))[-n:]
+    rows = [(comp.token_ids, comp.logprobs, "length", 0.0)] * cfg.group
     t0 = time.process_time()
-    ok = 0
-    for eid, fields in raw:
-        res = parse_result(eid, fields)
-        ok += res.malformed is None and d._check_payload(res) is None
-    cpu = time.process_time() - t0
+    data = payloads.encode(rows, failures={}, weights_digest=held.weights_digest)
+    encode_s = time.process_time() - t0
+    after = board.last_result_id()
+    for _ in range(n):
+        w._submit(lease, held, data)
+    got: list[Any] = []
+    while len(got) < n:
+        got += board.results(got[-1].id if got else after, block_ms=100)
+    cpu0, tok0 = d.payloads.cpu_s, d.payloads.tokens
+    decoded = d.payloads.decode_all(got)
+    cpu = d.payloads.cpu_s - cpu0
+    ok = sum(r is not None and why is None for r, why in decoded)
     return {
         "results": n,
         "admitted": ok,
-        "tokens_per_s": round(n * cfg.group * tokens / cpu),
-        "bytes_per_token_in_redis": round(sum(len(f["payload"]) for _, f in raw) / (n * cfg.group * tokens), 3),
+        "payload_bytes": len(data),
+        "by_reference": sum(r.ref is not None for r in got),
+        "encode_tokens_per_s": round(cfg.group * tokens / max(encode_s, 1e-9)),
+        "tokens_per_s": round((d.payloads.tokens - tok0) / max(cpu, 1e-9)),
+        "bytes_per_token_in_redis": round(sum(len(r.inline or b"") for r in got) / (n * cfg.group * tokens), 3),
     }
 
 

@@ -79,13 +79,13 @@ class Fleet:
         for i in range(n):
             cfg = WorkerConfig(
                 sync=SyncConfig(store=store, region="home", redis=redis, run_id=run_id, worker_id=f"actor-{i:04d}"),
-                rollout=RolloutConfig(batch=8, heartbeat_s=15.0),
+                rollout=RolloutConfig(batch=8),  # the actor's defaults: heartbeat, check interval, inline cap
             )
             w = Worker(cfg)
             w.spec = _Spec(sampling)  # type: ignore[assignment]
             w.tok = _Tokenizer()  # type: ignore[assignment]
             w.rewards = _Reward()  # type: ignore[assignment]
-            w.engine = InstantEngine(tokens, vocab, seed=i)  # type: ignore[assignment]
+            w.engine = InstantEngine(tokens, vocab, seed=i)
             w.vocab = vocab
             w.up = Updater(w.run, region="home", coord=w.coord, worker_id=w.wid)
             held = w.up.bootstrap()
@@ -102,8 +102,7 @@ class Fleet:
 
     def stop(self) -> None:
         for w in self.workers:
-            w.stop.set()
+            w.halt()
         for t in self.threads:
             t.join(timeout=30)
-        for w in self.workers:
-            w.coord.close()
+        # connections stay open: a listener blocked in its read ends when the server goes

@@ -90,3 +90,74 @@ def test_bad_urls_and_unreachable_servers() -> None:
         Coordinator("http://nope", "exp")
     with pytest.raises(CoordinationError, match="127.0.0.1:1"):
         Coordinator("redis://127.0.0.1:1/0", "exp").ping()
+
+
+def test_the_roster_reads_only_what_changed(redis_url: str) -> None:
+    from aurora_store.coord.roster import Roster
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    ids = [c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30) for i in range(50)]
+    roster = Roster(c)
+    first = roster.refresh()
+    assert first.reloaded and first.joined == set(ids) and roster.round_trips == 1
+    quiet = roster.refresh()
+    assert not (quiet.joined or quiet.gone or quiet.reloaded) and roster.round_trips == 2
+    c.update_worker("a3", version=7)
+    assert roster.refresh().joined == set() and roster.docs["a3"]["version"] == 7, "an update is read, alone"
+    short = c.register("actor", "eu", worker_id="short", ttl_s=0.2)
+    assert roster.refresh().joined == {short}
+    wait_for(lambda: short in roster.refresh().gone or short not in roster.docs, "its heartbeat to expire", 10)
+    n = roster.round_trips
+    assert c.heartbeat(short, 30) is False, "a late beat brings it back (Redis kept its state)"
+    assert roster.refresh().joined == {short}
+    c.unregister("a0")
+    assert roster.refresh().gone == {"a0"}
+    c.r.hset(c.key("workers"), "a5", "{not json")
+    c.update_worker("a6", version=1)  # marks a6 changed; a5's damage is seen when a5 changes
+    c.r.zadd(c.key("roster"), {"a5": 10**9})
+    assert "a5" in roster.refresh().gone and c.skipped.counts["registration_not_json"] == 1
+    assert roster.round_trips == n + 3, "one round trip a refresh"
+
+
+def test_the_roster_reloads_when_redis_loses_its_state(redis_url: str) -> None:
+    from aurora_store.coord.roster import Roster
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    for i in range(5):
+        c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30)
+    roster = Roster(c)
+    roster.refresh()
+    c.r.flushall()
+    c.register("actor", "eu", worker_id="b", ttl_s=30)
+    got = roster.refresh()
+    assert got.reloaded and set(roster.docs) == {"b"} and got.gone == {f"a{i}" for i in range(5)}
+
+
+def test_a_beat_says_when_the_registration_is_gone(redis_url: str) -> None:
+    from aurora_store.coord.roster import Roster
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    a = c.register("actor", "eu", ttl_s=0.1)
+    assert c.heartbeat(a, 0.1) is False
+    time.sleep(0.3)
+    roster = Roster(c, prune_after_s=0.1)
+    assert roster.refresh().pruned == [a], "long dead: removed from Redis"
+    assert c.workers(alive_only=False) == {}
+    assert c.heartbeat(a, 30) is True and c.state_lost(), "the worker learns its state is gone"
+    c.register("actor", "eu", worker_id=a, ttl_s=30)
+    assert c.heartbeat(a, 30) is False and a in c.workers()
+
+
+def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
+    import threading
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    seg = Segment("versions/0000000001/00000-" + "0" * 32 + ".seg", 1, "f" * 64)
+    for _ in range(5):
+        c.announce_segment("eu", 1, seg)  # segments go to the relays' stream only
+    threading.Timer(0.2, c.commit, args=("eu", 1, "a" * 64, "delta")).start()
+    t0 = time.monotonic()
+    got = c.read_streams({c.commits_key("eu"): "0-0"}, block_ms=5000)
+    assert time.monotonic() - t0 < 4, "woken by the commit, not by the timeout"
+    (entries,) = got.values()
+    assert [(f["type"], f["version"]) for _, f in entries] == [("commit", "1")]

@@ -396,25 +396,31 @@ def _one_job(d: Any) -> Any:
     return lease
 
 
-GOOD_GROUP = {"completions": [{"tokens": [5, 1], "logprobs": [-0.5, -0.1], "reward": 1.0}] * 2}
+def _group(digest: str = "d" * 32, tokens: int = 2) -> bytes:
+    from aurora_store.format import results as payloads
+
+    comp = ([5] * (tokens - 1) + [1], [-0.5] * tokens, "stop", 1.0)
+    return payloads.encode([comp] * 2, failures={}, weights_digest=digest)
 
 
-def test_results_that_are_lists_or_deep_are_dropped_with_the_reason_and_removed(redis_server: Any) -> None:
+GOOD_GROUP = _group()
+
+
+def test_results_that_are_garbage_or_elsewhere_are_dropped_with_the_reason_and_removed(redis_server: Any) -> None:
     d = _dispatcher(redis_server.url)
     lease = _one_job(d)
     stream = d.board._k("results")
     base = {"job": lease.job, "token": str(lease.token), "actor": "a", "version": "0", "version_hash": "0" * 64}
-    d.board.r.xadd(stream, {**base, "payload": "[1, 2]"})
-    d.board.r.xadd(stream, {**base, "payload": "[" * 100_000 + "]" * 100_000})
-    d.board.r.xadd(stream, {**base, "payload": json.dumps({**GOOD_GROUP, "weights_digest": "e" * 32})})
-    d.board.submit(
-        lease, actor="a", version=0, version_hash="0" * 64, payload={**GOOD_GROUP, "weights_digest": "d" * 32}
-    )
+    d.board.rb.xadd(stream, {**base, "bin": b"[1, 2]"})
+    sha = "ab" * 32
+    d.board.rb.xadd(stream, {**base, "ref": f"results/{sha}.bin", "sha256": sha, "size": "9", "region": "mars"})
+    d.board.rb.xadd(stream, {**base, "bin": _group(digest="e" * 32)})
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert len(d.collect(1)) == 1
-    assert d.dropped == {"payload_not_object": 1, "payload_too_deep": 1, "wrong_digest": 1}
+    assert d.dropped == {"bad_payload": 1, "unknown_region": 1, "wrong_digest": 1}
     assert d.board.r.xlen(stream) == 0, "every result read left the stream"
     notices = d.board.notices("a", "0-0")
-    assert [n.reason for n in notices] == ["wrong_digest"], "the actor is told what it can act on"
+    assert [n.reason for n in notices] == ["bad_payload", "unknown_region", "wrong_digest"], "told what it can fix"
 
 
 # ---------------------------------------------------------------- 10. Redis holds only the steps in flight
@@ -423,7 +429,7 @@ def test_results_that_are_lists_or_deep_are_dropped_with_the_reason_and_removed(
 def test_admitted_results_and_prompts_leave_redis(redis_server: Any) -> None:
     d = _dispatcher(redis_server.url)
     lease = _one_job(d)
-    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload={**GOOD_GROUP, "pad": "x" * 100_000})
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert len(d.collect(1)) == 1
     assert d.board.r.xlen(d.board._k("results")) == 0
     assert d.board.r.hget(d.board._k("job", lease.job), "prompt") is None, "an admitted job keeps no prompt"
@@ -447,7 +453,7 @@ def test_a_flushall_is_noticed_and_every_unadmitted_job_leased_again(redis_serve
     assert again.job == lease.job and again.token != lease.token
     d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # before the flush
     d.board.submit(again, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
-    assert [r.token for r in d.collect(1)] == [again.token]
+    assert [r.result.token for r in d.collect(1)] == [again.token]
     assert d.dropped["unknown_job"] + d.dropped["stale_lease"] == 1
 
 
@@ -615,7 +621,7 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
         # a forger submits bad results in framed's name: the notices name the forger's results, not framed's
         framed.board.tell("framed", f"j{i}", "wrong_digest", f"{i + 1}-0")
     for w in (late, bad, framed):
-        w._read_notices()
+        w._read_notices(w.board.notices(w.wid, "0-0"))
     assert not late.stop.is_set() and not late.refused
     assert bad.stop.is_set() and bad.refused
     assert not framed.stop.is_set(), "results forged in an actor's name never stop it"
@@ -660,21 +666,23 @@ def test_secrets_come_from_the_environment_and_never_show_in_help(tmp_path: Path
 
 
 def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: Any) -> None:
-    """Hole 10, measured: groups of 8 completions of 1,024 tokens as actor/worker.py builds them
-    (~140 KB each), 16 groups a step. Before the fix Redis grew by every step's results."""
+    """Hole 10, measured: groups of 8 completions of 1,000 tokens as actor/worker.py builds them
+    (~64 KB each, the most that goes inline), 16 groups a step. Before the fix Redis grew by every
+    step's results; now a step's jobs leave too, two steps after it was trained on."""
     import redis as redis_client
 
+    from aurora_store.format import results as payloads
     from aurora_store.rl.tasks import Prompt
 
     d = _dispatcher(redis_server.url, group=8)
-    d.sampling = dataclasses.replace(d.sampling, max_new_tokens=1024)
+    d.payloads.sampling = d.sampling = dataclasses.replace(d.sampling, max_new_tokens=1000)
     d.coord.register("actor", "home", worker_id="a", ttl_s=60)
     d.coord.update_worker("a", version=0)
-    comp = {"tokens": [7] * 1024, "logprobs": [-0.123456789] * 1024, "reward": 1.0, "finish": "length"}
-    payload = {"completions": [comp] * 8, "reward_failures": {}, "weights_digest": "d" * 32}
+    comp = ([7] * 1000, [-0.123456789] * 1000, "length", 1.0)
+    payload = payloads.encode([comp] * 8, failures={}, weights_digest="d" * 32)
     r = redis_client.Redis(port=redis_server.port)
     used = []
-    for step in range(1, 5):
+    for step in range(1, 9):
         d.post(step, [Prompt(f"p{i}", "x", "y", (1, 2)) for i in range(16)])
         leases: list[Any] = []
         while len(leases) < 16:
@@ -683,4 +691,6 @@ def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: A
             d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=payload)
         assert len(d.collect(step)) == 16
         used.append(r.info("memory")["used_memory"])
-    assert max(used) - used[0] < (1 << 20), f"Redis grew by {[u - used[0] for u in used]} bytes over 4 steps of ~2.2 MB"
+    grew = [u - used[2] for u in used[2:]]
+    assert max(grew) < (256 << 10), f"Redis grew by {grew} bytes over 6 steps of ~1 MB"
+    assert len(d.step_jobs) == 3 and d.board.r.exists(d.board._k("job", "t:1:0")) == 0, "old steps' jobs are gone"

@@ -1,4 +1,5 @@
-"""The job board on a real redis-server: leases, fencing, admission exactly once, throughput."""
+"""The job board on a real redis-server: leases, fencing, admission exactly once, throughput, and the
+indexes that let a sweep read only what changed (deadlines, untaken leases)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
-from aurora_store.coord.jobs import MAX_RESULT_BYTES, JobBoard, Lease, Result, now_ms
+from aurora_store.coord.jobs import JobBoard, Lease, now_ms
+from aurora_store.coord.results import INLINE_MAX, Ref, Result
 from aurora_store.rl.tasks import Prompt
 from aurora_store.testing.processes import wait_for
 
@@ -28,7 +30,7 @@ def prompt(i: int) -> dict[str, str]:
 
 
 def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = H0) -> Result:
-    board.submit(lease, actor=actor, version=version, version_hash=vhash, payload={"completions": []})
+    board.submit(lease, actor=actor, version=version, version_hash=vhash, payload=b"\x00payload\xff")
     return board.results("0-0", block_ms=10)[-1]
 
 
@@ -105,24 +107,99 @@ def test_concurrent_admission_admits_once(board: JobBoard) -> None:
 
 def test_malformed_results_are_refused(board: JobBoard, redis_server: Any) -> None:
     good = {"job": "x", "token": "1", "actor": "a", "version": "0", "version_hash": H0}
+    sha = "ab" * 32
+    ref = {"ref": f"results/{sha}.bin", "sha256": sha, "size": "10", "region": "eu"}
     entries = [
         ({"job": "x", "token": "not-a-number", "actor": "a"}, "bad_token"),
         ({"nothing": "here"}, "bad_job"),
-        ({**good, "payload": "{not json"}, "payload_not_json"),
-        ({**good, "payload": "[1, 2, 3]"}, "payload_not_object"),
-        ({**good, "payload": "[" * 100_000 + "]" * 100_000}, "payload_too_deep"),
-        ({**good, "payload": '{"a": NaN}'}, "payload_not_json"),
-        ({**good, "payload": " " * (MAX_RESULT_BYTES + 1)}, "payload_too_large"),
-        ({**good, "version": "xyz", "payload": "{}"}, "bad_version"),
-        ({**good, "version_hash": "h0", "payload": "{}"}, "bad_version_hash"),
+        ({**good}, "bad_payload"),  # neither inline nor a reference
+        ({**good, "bin": b"\x00" * (INLINE_MAX + 1)}, "payload_too_large"),
+        ({**good, "version": "xyz", "bin": b"x"}, "bad_version"),
+        ({**good, "version_hash": "h0", "bin": b"x"}, "bad_version_hash"),
+        ({**good, "job": b"\xff\xfe", "bin": b"x"}, "bad_job"),
+        ({**good, "actor": "a" * 300, "bin": b"x"}, "bad_actor"),
+        ({**good, **ref, "ref": "versions/0000000000/manifest.json"}, "bad_payload"),
+        ({**good, **ref, "ref": f"results/{'cd' * 32}.bin"}, "bad_payload"),  # not the object of its hash
+        ({**good, **ref, "sha256": "AB" * 32, "ref": f"results/{'AB' * 32}.bin"}, "bad_payload"),
+        ({**good, **ref, "size": "-1"}, "bad_size"),
+        ({**good, **ref, "region": "e u"}, "bad_region"),
     ]
     for fields, _ in entries:
-        board.r.xadd(board.coord.key("results"), fields)
-    results = board.results("0-0", block_ms=10)
+        board.rb.xadd(board.coord.key("results"), fields)
+    results = board.results("0-0", block_ms=10, count=100)
     assert [board.admit(r, HASHES) for r in results] == [why for _, why in entries]
     assert all(r.malformed is not None for r in results)
     board.discard([r.id for r in results])
     assert board.r.xlen(board.coord.key("results")) == 0, "dropped results leave the stream"
+
+
+def test_a_payload_goes_inline_or_by_reference(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0), prompt(1)], {"a": 2}, lease_s=30, tag="t")
+    first, second = board.take("a", max_jobs=2, block_s=0.1)
+    data = bytes(range(256)) * 4
+    board.submit(first, actor="a", version=0, version_hash=H0, payload=data)
+    ref = Ref("eu", f"results/{'ab' * 32}.bin", "ab" * 32, 1234)
+    board.submit(second, actor="a", version=0, version_hash=H0, ref=ref)
+    inline, by_ref = board.results("0-0", block_ms=10)
+    assert inline.inline == data and inline.ref is None, "bytes come back exactly"
+    assert by_ref.ref == ref and by_ref.inline is None
+    with pytest.raises(JobError):
+        board.submit(first, actor="a", version=0, version_hash=H0, payload=data, ref=ref)
+
+
+def test_reads_of_the_results_stream_are_bounded_in_bytes(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    (lease,) = board.take("a", max_jobs=1, block_s=0.1)
+    for _ in range(200):
+        board.submit(lease, actor="a", version=0, version_hash=H0, payload=b"\x01" * INLINE_MAX)
+    got = board.results("0-0", block_ms=10)
+    assert 0 < sum(len(r.inline or b"") for r in got) <= 4 << 20, "one read returns at most READ_BYTES"
+
+
+def test_the_sweep_indexes_hold_only_open_leases(board: JobBoard) -> None:
+    jobs = board.post(1, 0, [prompt(i) for i in range(4)], {"a": 2, "b": 2}, lease_s=0.05, tag="t")
+    assert board.untaken() == set(jobs), "nothing is taken yet"
+    taken = board.take("a", max_jobs=2, block_s=0.1)
+    assert board.untaken() == set(jobs) - {le.job for le in taken}
+    wait_for(lambda: len(board.expired(now_ms())) == 4, "the 50 ms leases to run out", timeout=5)
+    board.lease(taken[0].job, "b", version=0, lease_s=30)
+    assert taken[0].job not in board.expired(now_ms()), "a new lease moves its deadline on"
+    (fresh,) = [le for le in board.take("b", max_jobs=10, block_s=0.1) if le.job == taken[0].job]
+    assert board.admit(submit(board, fresh, "b"), HASHES) == "ok"
+    assert fresh.job not in board.expired(now_ms()) and fresh.job not in board.untaken(), "admitted: untracked"
+    board.drop_jobs(list(jobs))
+    assert board.expired(now_ms()) == [] and board.untaken() == set() and board.open_jobs() == []
+    assert not any(board.r.exists(board.coord.key("job", j)) for j in jobs), "dropped jobs leave Redis"
+
+
+def test_a_step_of_leases_is_one_round_trip(board: JobBoard, redis_server: Any) -> None:
+    import redis
+
+    probe = redis.Redis(port=redis_server.port)
+    before = probe.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    board.post(1, 0, [prompt(i) for i in range(300)], {"a": 300}, lease_s=30, tag="t")
+    after = probe.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert after - before == 300 and len(board.take("a", max_jobs=500, block_s=0.1)) == 300
+
+
+def test_inbox_entries_are_deleted_once_taken(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(i) for i in range(3)], {"a": 3}, lease_s=30, tag="t")
+    assert len(board.take("a", max_jobs=2, block_s=0.1)) == 2
+    assert board.r.xlen(board.inbox("a")) == 1
+    fresh = JobBoard(board.coord)  # a restarted actor reads its inbox from the start
+    assert [le.job for le in fresh.take("a", max_jobs=5, block_s=0.1)] == ["t:1:2"]
+    board.r.xadd(board.inbox("a"), {"lease": "no-token-here"})
+    board.r.xadd(board.inbox("a"), {"junk": "x"})
+    assert fresh.take("a", max_jobs=5, block_s=0.1) == [], "damaged inbox entries are skipped"
+    assert board.coord.skipped.counts["bad_inbox"] == 2
+
+
+def test_long_gone_actors_leave_no_keys(board: JobBoard) -> None:
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    board.tell("a", "t:1:0", "expired")
+    board.report_throughput("a", 10, 1.0, beta=0.5)
+    board.forget_actors(["a", "bad name"])
+    assert not board.r.exists(board.inbox("a"), board.notices_key("a")) and board.throughputs()[0] == {}
 
 
 @pytest.mark.parametrize("bad", ["", "has space", "a|b", "x" * 300, "{a}"])
@@ -148,7 +225,7 @@ def test_a_result_too_large_is_refused_before_redis(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
     lease = board.take("a", max_jobs=1, block_s=0.1)[0]
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash=H0, payload={"x": "y" * (9 << 20)})
+        board.submit(lease, actor="a", version=0, version_hash=H0, payload=b"y" * (INLINE_MAX + 1))
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash=H0, payload={"x": float("nan")})
+        board.submit(lease, actor="a", version=0, version_hash=H0)
     assert board.results("0-0", block_ms=10) == []

@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from actor.torch_engine import TorchEngine
 from aurora_store.bucket.run import open_run
 from aurora_store.coord.coordinator import Coordinator
-from aurora_store.coord.jobs import JobBoard, Result
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.results import Result
 from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format import results as payloads
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, tiny_config
 from aurora_store.rl.sampling import SamplingConfig
@@ -56,7 +58,7 @@ def actor(t: Dispatcher, wid: str, version: int, *, alive: bool = True, role: st
     t.coord.register(role, "home", worker_id=wid, ttl_s=30)
     t.coord.update_worker(wid, version=version)
     if not alive:
-        t.coord.r.delete(t.coord.key("hb", wid))
+        t.coord.r.zrem(t.coord.key("alive"), wid)
 
 
 def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Dispatcher) -> None:
@@ -65,58 +67,86 @@ def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Dispatche
     actor(trainer, "two-behind", 0)
     actor(trainer, "dead", 2, alive=False)
     actor(trainer, "relay-eu", 2, role="relay")
+    trainer.coord.r.hset(trainer.coord.key("workers"), "old", json.dumps({"role": "actor", "version": 2}))
+    trainer.coord.heartbeat("old", 30)  # alive, but an actor of before push: no protocol, no work
+    trainer.roster.refresh()
     assert set(trainer._eligible()) == {"latest", "one-behind"}
 
 
 def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> None:
     actor(trainer, "busy", 2)
-    actor(trainer, "idle", 2)
-    prompts = {f"j{i}": Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)}
-    for job, p in prompts.items():
-        trainer.step_jobs[3][job] = p
-        trainer.board.lease(job, "busy", version=2, lease_s=30, step=3, prompt=p.to_dict())
+    trainer.post(3, [Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)])
     started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
+    actor(trainer, "idle", 2)
     trainer._sweep()
     holders = {j.job: j.actor for j in trainer.board.open_jobs()}
     assert sorted(holders.values()).count("idle") == 2, "half of the four unstarted ones"
     assert all(holders[lease.job] == "busy" for lease in started), "started work is never taken away"
-    assert trainer.stolen == 2
+    assert trainer.stolen == 2 and trainer.holder == holders
 
 
-def result(payload: dict[str, Any]) -> Result:
-    return Result("1-0", "j", 1, "a", 0, "0" * 64, payload)
+def test_a_sweep_costs_the_same_round_trips_whatever_the_fleet(trainer: Dispatcher, redis_server: Any) -> None:
+    import redis
+
+    probe = redis.Redis(port=redis_server.port)
+
+    def trips() -> int:
+        return sum(v["calls"] for v in probe.info("commandstats").values())  # type: ignore[union-attr]
+
+    costs = []
+    for n in (4, 200):
+        for i in range(n):
+            actor(trainer, f"a{n}-{i}", 2)
+        trainer.post(n, [Prompt(f"p{i}", "q", "a") for i in range(n)])
+        trainer._sweep()  # reads the new registrations once
+        before = trips()
+        trainer._sweep()
+        costs.append(trips() - before - 1)
+    assert costs[0] == costs[1] <= 12, f"a quiet sweep's commands (script calls counted inside): {costs}"
 
 
-GOOD = {"tokens": [5, EOS], "logprobs": [-0.5, -0.1], "reward": 1.0}
+G = 2
+DIGEST = "d" * 32
+
+
+def payload(rows: list[tuple[list[int], list[float], str, float]], failures: dict[str, int] | None = None) -> bytes:
+    return payloads.encode(rows, failures=failures or {}, weights_digest=DIGEST)
+
+
+GOOD = ([5, EOS], [-0.5, -0.1], "stop", 1.0)
+
+
+def verdict(t: Dispatcher, data: bytes) -> str | None:
+    t.digests[0] = DIGEST
+    ((_, why),) = t.payloads.decode_all([Result("1-0", "j", 1, "a", 0, "0" * 64, inline=data)])
+    return why
 
 
 @pytest.mark.parametrize(
     "bad",
     [
-        {},
-        {"completions": "no"},
-        {"completions": [GOOD]},  # one completion, group is 2
-        {"completions": [GOOD, "x"]},
-        {"completions": [GOOD, {**GOOD, "tokens": []}]},
-        {"completions": [GOOD, {**GOOD, "tokens": [5], "logprobs": [-1.0, -1.0]}]},
-        {"completions": [GOOD, {**GOOD, "tokens": [5] * 5, "logprobs": [-1.0] * 5}]},  # over max_new_tokens
-        {"completions": [GOOD, {**GOOD, "tokens": [TOK.vocab_size], "logprobs": [-1.0]}]},
-        {"completions": [GOOD, {**GOOD, "tokens": [-1], "logprobs": [-1.0]}]},
-        {"completions": [GOOD, {**GOOD, "tokens": [1.5], "logprobs": [-1.0]}]},
-        {"completions": [GOOD, {**GOOD, "logprobs": [0.5, -0.1]}]},
-        {"completions": [GOOD, {**GOOD, "logprobs": [math.nan, -0.1]}]},
-        {"completions": [GOOD, {**GOOD, "reward": math.inf}]},
-        {"completions": [GOOD, {**GOOD, "reward": "1"}]},
-        {"completions": [GOOD, GOOD], "reward_failures": []},
-        {"completions": [GOOD, GOOD], "reward_failures": {"error": 3}},  # more failures than completions
-        {"completions": [GOOD, GOOD], "reward_failures": {"mystery": 1}},
-        {"completions": [GOOD, GOOD], "reward_failures": {"timeout": -1}},
+        b"",
+        b"{json: no}",
+        payload([GOOD]),  # one completion, group is 2
+        payload([GOOD, ([], [], "stop", 0.0)]),
+        payload([GOOD, ([5] * 5, [-1.0] * 5, "length", 0.0)]),  # over max_new_tokens
+        payload([GOOD, ([TOK.vocab_size], [-1.0], "stop", 0.0)]),
+        payload([GOOD, ([-1], [-1.0], "stop", 0.0)]),
+        payload([GOOD, ([5, EOS], [0.5, -0.1], "stop", 0.0)]),
+        payload([GOOD, ([5, EOS], [math.nan, -0.1], "stop", 0.0)]),
+        payload([GOOD, GOOD], {"error": 3}),  # more failures than completions
+        payload([GOOD, GOOD])[:-1],
     ],
 )
-def test_hostile_payloads_are_refused(trainer: Dispatcher, bad: dict[str, Any]) -> None:
-    assert trainer._check_payload(result(bad)) == "bad_payload"
-    assert trainer._check_payload(result({"completions": [GOOD, GOOD]})) is None
-    assert trainer._check_payload(result({"completions": [GOOD, GOOD], "reward_failures": {"timeout": 2}})) is None
+def test_hostile_payloads_are_refused(trainer: Dispatcher, bad: bytes) -> None:
+    assert verdict(trainer, bad) == "bad_payload"
+    assert verdict(trainer, payload([GOOD, GOOD])) is None
+    assert verdict(trainer, payload([GOOD, GOOD], {"timeout": 2})) is None
+
+
+def test_a_payload_from_other_weights_is_refused(trainer: Dispatcher) -> None:
+    other = payloads.encode([GOOD, GOOD], failures={}, weights_digest="e" * 32)
+    assert verdict(trainer, other) == "wrong_digest"
 
 
 def test_advantages() -> None:

@@ -151,6 +151,12 @@ class TrainerConfig:
     """Append one JSON line per admitted result to this file (trainer id, step, job, prompt id, actor, lease token
     and deadline, admission time, version, version hash, weights digest): an audit trail of what every
     step trained on."""
+    result_regions: dict[str, Any] = field(
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_RESULT_REGIONS")
+    )
+    """Other regions' buckets, as a JSON object ``{region: {"uri": URI, "storage_options": {...}}}``: actors
+    there put result payloads too large for Redis in their own region's bucket, and the trainer reads them
+    from it (the home region's is the trainer's own store). From a config file: every region's."""
     seed: int = 0
     """Seeds the model, the order of the data, the prompts of built-in tasks and the warm start."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -192,6 +198,9 @@ def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
         "region": f.home,
         "run_id": f.run_id,
     }
+    others = {n: {"uri": r.uri, "storage_options": r.storage_options} for n, r in f.regions.items() if n != f.home}
+    if others:
+        out["result_regions"] = others
     if f.redis is not None:
         out["redis"] = f.redis
     if f.signing_key is not None:
@@ -207,7 +216,9 @@ CONFIG_FILE = RoleSchema(
         *(Table(s, (s,)) for s in ("model", "data", "reward", "rollout", "sampling", "optim", "publish", "schedule")),
     ),
     derive=_from_file,
-    derived=frozenset({"store", "storage_options", "region", "run_id", "redis", "publish.signing_key"}),
+    derived=frozenset(
+        {"store", "storage_options", "region", "run_id", "redis", "publish.signing_key", "result_regions"}
+    ),
     regions="home",
 )
 """How ``aurora train --config aurora.toml`` reads the file: ``[trainer]`` holds the top-level options

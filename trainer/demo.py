@@ -70,6 +70,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
     procs: list[subprocess.Popen[bytes]] = []
     with _redis(demo.redis) as url:
         cfg = make_config(store=stores[0], redis=url, run_id=run_id)
+        cfg.result_regions = {r: {"uri": s} for r, s in zip(REGIONS[1:], stores[1:], strict=True)}
         coord = Coordinator(url, run_id)
         console.print(
             f"[bold]AuroraRL demo[/] run {run_id} in {work} (Redis {'embedded' if not demo.redis else 'given'})"

@@ -1,12 +1,19 @@
 """The trainer's side of the job board: posting each step's prompts as leased jobs, sweeping
 expired and orphaned leases, letting idle actors take over unstarted work, and admitting results.
 
-Jobs are leased to eligible actors (alive, holding the latest version or the one before) in
-proportion to their throughput EMAs; expired or orphaned leases are leased again with a new
-fencing token. A result is admitted only after its payload passes every check (it is hostile
-input: another process wrote it), and every prompt of a step is admitted exactly once. Every
-result read is removed from the stream once admitted or dropped; a drop is counted by reason,
-logged once a minute per reason, and told to the actor that submitted it.
+Jobs are leased to eligible actors (alive, speaking this coordination protocol, holding the latest
+version or the one before) in proportion to their throughput EMAs; expired or orphaned leases are
+leased again with a new fencing token. A sweep costs a few round trips whatever the fleet: the
+live actors come from :class:`~aurora_store.coord.roster.Roster` (what changed since the last
+sweep), expired leases from the deadline index, and the holder of every lease is known here
+(this trainer made them). A result is admitted only after its payload passes every check
+(:mod:`trainer.admission`: it is hostile input), and every prompt of a step is admitted exactly
+once. Every result read is removed from the stream once admitted or dropped; a drop is counted by
+reason, logged once a minute per reason, and told to the actor that submitted it.
+
+With :meth:`Dispatcher.start`, sweeping, reading, fetching and decoding run on a thread of their
+own, so the training thread only waits for a step's last admission; without it :meth:`collect`
+does the same work in the caller's thread.
 
 Redis may lose its state (a flush, a failover to an empty replica): the sweep checks the run's
 epoch, and when it changed the trainer leases again every unadmitted job of its current steps
@@ -19,29 +26,61 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
+import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import IO, TypeVar
 
-from aurora_store.coord.coordinator import Coordinator
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.coord.coordinator import PROTOCOL, Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, OpenJob, Result, now_ms
+from aurora_store.coord.jobs import JobBoard, now_ms
+from aurora_store.coord.results import Result
+from aurora_store.coord.roster import Roster
 from aurora_store.coord.schedule import effective, split
 from aurora_store.coord.wire import Tally
+from aurora_store.format.results import Rollouts
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
+from trainer.admission import Payloads
 from trainer.config import ScheduleConfig
 
 log = logging.getLogger("aurora.trainer")
 T = TypeVar("T")
-FAILURES = ("error", "invalid", "timeout", "crashed")
-"""The kinds of reward failure an actor may report (``actor.rewards``)."""
-RELEASE = ("bad_payload", "wrong_version", "wrong_version_hash", "wrong_digest")
+RELEASE = ("bad_payload", "wrong_version", "wrong_version_hash", "wrong_digest", "payload_unavailable")
 """Drops after which the prompt is leased again at once (its holder produced something unusable)."""
-TELL = frozenset({"bad_payload", "wrong_version", "wrong_version_hash", "wrong_digest", "wrong_actor", "expired"})
+TELL = frozenset(
+    {
+        "bad_payload",
+        "unknown_format",
+        "wrong_version",
+        "wrong_version_hash",
+        "wrong_digest",
+        "wrong_actor",
+        "expired",
+        "payload_unavailable",
+        "unknown_region",
+    }
+)
 """Drops the submitting actor is told of: it can act on them (fix itself, or stop)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An admitted result and its decoded rollouts."""
+
+    result: Result
+    rollouts: Rollouts
+
+    @property
+    def job(self) -> str:
+        return self.result.job
+
+    @property
+    def actor(self) -> str:
+        return self.result.actor
 
 
 class Dispatcher:
@@ -57,6 +96,7 @@ class Dispatcher:
         vocab_size: int,
         tag: str,
         admissions: IO[str] | None = None,
+        stores: Mapping[str, ObjectStore] | None = None,
     ) -> None:
         self.coord, self.board = coord, board
         self.digests: dict[int, str] = {}
@@ -66,13 +106,20 @@ class Dispatcher:
         self.schedule, self.sampling = schedule, sampling
         self.vocab_size = vocab_size
         self.tag = tag
+        self.payloads = Payloads(
+            sampling=sampling, vocab_size=vocab_size, stores=stores or {}, digests=self.digests.get
+        )
+        """Fetches, decodes and checks result payloads (and counts the CPU it spends)."""
+        self.roster = Roster(coord)
         self.published: dict[int, str] = {}
         """Version -> hash of the versions results may be admitted at."""
         self.pending: dict[str, tuple[int, Prompt]] = {}
         """Jobs waiting for a lease: job id -> (step, prompt)."""
         self.step_jobs: dict[int, dict[str, Prompt]] = defaultdict(dict)
         """Each step's jobs and their prompts (this trainer posted them: no need to ask Redis)."""
-        self.admitted: dict[int, dict[str, Result]] = defaultdict(dict)
+        self.holder: dict[str, str] = {}
+        """Leased, unadmitted job -> the actor it is leased to (this trainer made every lease)."""
+        self.admitted: dict[int, dict[str, Admitted]] = defaultdict(dict)
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
         self.dropped: Counter[str] = Counter()
@@ -83,6 +130,9 @@ class Dispatcher:
         self.reward_failures: Counter[str] = Counter()
         """Reward calls that failed on the actors (scored 0), by kind, over the admitted results."""
         self.stolen = 0
+        self.sweeps = 0
+        self._taus: tuple[dict[str, float], set[str]] | None = None
+        self._old_protocol: set[str] = set()
         self._after = "0-0"
         self._last_sweep = 0.0
         self._warned = time.monotonic()  # warn after 30 s without an eligible actor, not at once
@@ -91,6 +141,49 @@ class Dispatcher:
         """Times Redis lost its state and this trainer re-posted its jobs."""
         self.on_lost: Callable[[], None] | None = None
         """Called when Redis lost its state, after the jobs are re-posted (the trainer re-announces its version)."""
+        self._lock = threading.RLock()
+        self._progress = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # ------------------------------------------------------------ the collector thread
+
+    def start(self) -> None:
+        """Sweep, read, fetch, decode and admit on a thread of this dispatcher's own from now on."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._collector, name="aurora-admission", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the collector thread (:meth:`collect` then does the work in its caller's thread)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._stopping.clear()
+
+    def close(self) -> None:
+        self.stop()
+        self.payloads.close()
+
+    def _collector(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                self._collect_once()
+            except CoordinationError as exc:
+                self._down(exc)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except Exception:  # a bug here must not silently stop admission: said, then retried
+                log.exception("the admission thread failed; retrying in 1 s")
+                self._stopping.wait(1.0)
+                continue
+            backoff = 0.5
+            self._up()
+
+    # ------------------------------------------------------------ Redis availability
 
     def forget_predecessor(self) -> None:
         """A restarted trainer drops its predecessor's unadmitted jobs: their results are not its own."""
@@ -129,12 +222,13 @@ class Dispatcher:
 
     def published_version(self, version: int, version_hash: str, weights_digest: str) -> None:
         """Results may now be admitted at ``version``."""
-        self.published[version] = version_hash
-        self.digests[version] = weights_digest
+        with self._lock:
+            self.published[version] = version_hash
+            self.digests[version] = weights_digest
 
     def _rebuild(self) -> None:
         """Redis lost its state: lease again every unadmitted job of the current steps, read results
-        from the start of the (new) stream."""
+        from the start of the (new) stream, read the whole roster again."""
         self.rebuilds += 1
         n = 0
         for step, jobs in self.step_jobs.items():
@@ -144,31 +238,54 @@ class Dispatcher:
                 if job not in self.admitted.get(step, {}) and job not in self.pending:
                     self.pending[job] = (step, prompt)
                     n += 1
+        self.holder.clear()
+        self.roster.reset()
+        self._taus = None
         self._after = "0-0"
         log.warning("Redis lost its state: leasing %d unadmitted jobs again", n)
         if self.on_lost is not None:
             self.on_lost()
 
+    # ------------------------------------------------------------ leasing
+
     def _eligible(self) -> dict[str, float]:
-        """Actors that may get work now, with their split weights."""
+        """Actors that may get work now, with their split weights (no round trip: the roster's view
+        and the throughputs read at the last post)."""
         latest = max(self.published)
-        taus, probation = self.board.throughputs()
+        if self._taus is None:
+            self._taus = self.board.throughputs()
+        taus, probation = self._taus
         ok = {}
-        for wid, doc in self.coord.workers().items():
-            if doc.get("role") == "actor" and doc.get("version") in (latest, latest - 1):
-                ok[wid] = taus.get(wid)
+        for wid, doc in self.roster.docs.items():
+            if doc.get("role") != "actor" or doc.get("version") not in (latest, latest - 1):
+                continue
+            if doc.get("protocol") != PROTOCOL:
+                if wid not in self._old_protocol:
+                    self._old_protocol.add(wid)
+                    log.warning(
+                        "actor %s speaks coordination protocol %r, this trainer %d: it gets no work until it "
+                        "is upgraded",
+                        wid,
+                        doc.get("protocol", 1),
+                        PROTOCOL,
+                    )
+                continue
+            ok[wid] = taus.get(wid)
         return effective(ok, probation, self.schedule.alpha)
 
     def post(self, step: int, prompts: list[Prompt]) -> None:
         """Lease ``step``'s prompts to the eligible actors (those that are waiting get them on a sweep)."""
-        for i, p in enumerate(prompts):
-            job = f"{self.tag}:{step}:{i}"
-            self.step_jobs[step][job] = p
-            self.pending[job] = (step, p)
-        try:
-            self._assign(turn=step)
-        except CoordinationError as exc:  # the prompts stay pending: the next sweep places them
-            self._down(exc)
+        with self._lock:
+            for i, p in enumerate(prompts):
+                job = f"{self.tag}:{step}:{i}"
+                self.step_jobs[step][job] = p
+                self.pending[job] = (step, p)
+            try:
+                self._refresh_roster()  # who is alive and where, as of now (what changed only)
+                self._taus = self.board.throughputs()  # once a step: the split follows the EMAs
+                self._assign(turn=step)
+            except CoordinationError as exc:  # the prompts stay pending: the next sweep places them
+                self._down(exc)
 
     def _assign(self, *, turn: int) -> None:
         if not self.pending:
@@ -187,91 +304,158 @@ class Dispatcher:
         version = max(self.published)
         shares = split(len(self.pending), weights, turn=turn)
         it = iter(list(self.pending.items()))
+        items = []
         for actor, n in shares.items():
             for _ in range(n):
                 job, (step, prompt) = next(it)
-                self.board.lease(
-                    job, actor, version=version, lease_s=self.schedule.lease_s, step=step, prompt=prompt.to_dict()
-                )
-                del self.pending[job]  # only once leased: a Redis failure midway leaves the rest pending
+                items.append((job, actor, prompt.to_dict(), step))
+        self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
+        for job, actor, _, _ in items:  # only once leased: a Redis failure leaves them all pending
+            del self.pending[job]
+            self.holder[job] = actor
 
     def _sweep(self) -> None:
-        """Re-lease jobs whose lease expired or whose actor is gone; place pending prompts; let idle
-        actors take over half of the not-yet-started jobs of the actor with the most of them."""
-        alive = set(self.coord.workers())
-        now = now_ms()
-        jobs = self.board.open_jobs()
-        for j in jobs:
-            if j.job in self.pending or j.job not in self.step_jobs.get(j.step, ()):
-                continue
-            if j.deadline_ms < now or j.actor not in alive:
-                self.pending[j.job] = (j.step, self.step_jobs[j.step][j.job])
-                self.dropped["lease_lost"] += 1
-        self._assign(turn=int(now // 1000))
+        """Re-lease jobs whose lease expired (or was given back) or whose actor is gone; place pending
+        prompts; let idle actors take over half (rounded down) of the not-yet-started jobs of the actor
+        with the most of them. A few round trips, whatever the number of actors and jobs."""
+        self.sweeps += 1
+        self._refresh_roster()
+        foreign = []
+        for job in self.board.expired(now_ms()):
+            step = _step_of(job, self.tag)
+            if step is None or job not in self.step_jobs.get(step, ()) or step in self.closed:
+                foreign.append(job)
+            elif job not in self.pending:
+                self._lost_lease(job, step)
+        self.board.settle(foreign)
+        alive = self.roster.docs
+        for job, actor in list(self.holder.items()):
+            if actor not in alive:
+                step = _step_of(job, self.tag)
+                if step is not None and job in self.step_jobs.get(step, ()) and job not in self.pending:
+                    self._lost_lease(job, step)
+        self._assign(turn=int(now_ms() // 1000))
         if self.schedule.steal:
-            self._rebalance([j for j in jobs if j.job not in self.pending and j.actor in alive])
+            self._rebalance()
 
-    def _rebalance(self, jobs: list[OpenJob]) -> None:
-        busy = {j.actor for j in jobs}
-        untaken: dict[str, list[OpenJob]] = defaultdict(list)
-        for j in jobs:
-            if not j.taken and j.deadline_ms > 0:
-                untaken[j.actor].append(j)
-        version = max(self.published)
-        for thief in sorted(set(self._eligible()) - busy):
+    def _refresh_roster(self) -> None:
+        changes = self.roster.refresh()
+        if changes.pruned:
+            self.board.forget_actors(changes.pruned)
+        if changes.reloaded:
+            self._taus = None
+
+    def _lost_lease(self, job: str, step: int) -> None:
+        self.holder.pop(job, None)
+        self.pending[job] = (step, self.step_jobs[step][job])
+        self.dropped["lease_lost"] += 1
+
+    def _rebalance(self) -> None:
+        eligible = self._eligible()
+        busy = set(self.holder.values())
+        idle = sorted(set(eligible) - busy)
+        if not idle or not self.holder:
+            return
+        untaken: dict[str, list[str]] = defaultdict(list)
+        for job in sorted(self.board.untaken()):  # one round trip, only when an actor is idle
+            actor = self.holder.get(job)
+            if actor is not None:
+                untaken[actor].append(job)
+        moves: list[tuple[str, str]] = []
+        for thief in idle:
             if not untaken:
-                return
+                break
             donor = max(sorted(untaken), key=lambda a: len(untaken[a]))
-            n = (len(untaken[donor]) + 1) // 2
+            n = len(untaken[donor]) // 2  # a lone unstarted job stays: its holder starts it next
+            if n == 0:
+                break
             moved, untaken[donor] = untaken[donor][-n:], untaken[donor][:-n]
             if not untaken[donor]:
                 del untaken[donor]
-            for j in moved:
-                if self.board.lease(j.job, thief, version=version, lease_s=self.schedule.lease_s):
-                    self.stolen += 1
+            moves += [(job, thief) for job in moved]
+        if not moves:
+            return
+        version = max(self.published)
+        items = [(job, thief, None, -1) for job, thief in moves]
+        tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
+        for (job, thief), token in zip(moves, tokens, strict=True):
+            if token:
+                self.holder[job] = thief
+                self.stolen += 1
 
-    def collect(self, step: int) -> list[Result]:
-        """Block until every prompt of ``step`` has one admitted result (retrying Redis with backoff)."""
-        while len(self.admitted[step]) < len(self.step_jobs[step]):
-            self.retrying(self._collect_once)
-        for old in [s for s in self.step_jobs if s < step - 2]:  # long trained: late results are unknown jobs
-            del self.step_jobs[old]
-            self.closed.discard(old)
-        self.closed.add(step)
-        return list(self.admitted.pop(step).values())
+    # ------------------------------------------------------------ collecting
+
+    def collect(self, step: int) -> list[Admitted]:
+        """Block until every prompt of ``step`` has one admitted result (retrying Redis with backoff);
+        then the jobs of steps trained on long ago leave Redis."""
+        with self._lock:
+            while len(self.admitted[step]) < len(self.step_jobs[step]):
+                if self._thread is not None:
+                    self._progress.wait(1.0)
+                else:
+                    self.retrying(self._collect_once)
+            old = [s for s in self.step_jobs if s < step - 2]  # long trained: late results are unknown jobs
+            for s in old:
+                jobs = list(self.step_jobs.pop(s))
+                for job in jobs:
+                    self.holder.pop(job, None)
+                self.closed.discard(s)
+                with contextlib.suppress(CoordinationError):  # the records expire by themselves anyway
+                    self.board.drop_jobs(jobs)
+            self.closed.add(step)
+            return list(self.admitted.pop(step).values())
 
     def _collect_once(self) -> None:
-        if time.monotonic() - self._last_sweep >= self.schedule.sweep_s:
-            self._last_sweep = time.monotonic()
-            if self.coord.check_epoch() | self.coord.state_lost():  # both: each clears what it saw
-                self._rebuild()
-            self._sweep()
-        results = self.board.results(self._after, block_ms=int(self.schedule.sweep_s * 1000))
-        for res in results:
-            self._after = res.id
-            self._consider(res)
+        with self._lock:
+            if time.monotonic() - self._last_sweep >= self.schedule.sweep_s:
+                self._last_sweep = time.monotonic()
+                if self.coord.check_epoch() | self.coord.state_lost():  # both: each clears what it saw
+                    self._rebuild()
+                self._sweep()
+            after = self._after
+        results = self.board.results(after, block_ms=int(self.schedule.sweep_s * 1000))
+        if not results:
+            return
+        decoded = self.payloads.decode_all(results)
+        with self._lock:
+            if self._after == after:  # not rewound by a rebuild meanwhile
+                self._after = results[-1].id
+            self._consider_all(results, decoded)
+            self._progress.notify_all()
         self.board.discard([r.id for r in results])
 
-    def _consider(self, res: Result) -> None:
-        step = next((s for s, jobs in self.step_jobs.items() if res.job in jobs), None)
-        if step is None:
-            self._drop(res, res.malformed or "unknown_job")
-            return
-        why = res.malformed or self._check_payload(res)
-        if why is None and (step in self.closed or res.job in self.admitted.get(step, {})):
-            why = "duplicate"
-        deadline, at = None, now_ms()
-        if why is None:
-            why, deadline, at = self.board.admit_within(res, self.published)
-        if why == "ok":
-            self.admitted[step][res.job] = res
+    def _consider_all(self, results: list[Result], decoded: list[tuple[Rollouts | None, str | None]]) -> None:
+        checked: list[tuple[Result, int, Rollouts]] = []
+        for res, (rollouts, why) in zip(results, decoded, strict=True):
+            step = _step_of(res.job, self.tag)
+            if step is None or res.job not in self.step_jobs.get(step, ()):
+                self._drop(res, res.malformed or "unknown_job")
+                continue
+            if why is None and (step in self.closed or res.job in self.admitted.get(step, {})):
+                why = "duplicate"
+            if why is not None or rollouts is None:
+                self._refused(res, step, why or "bad_payload")
+                continue
+            checked.append((res, step, rollouts))
+        verdicts = self.board.admit_many([r for r, _, _ in checked], self.published)
+        for (res, step, rollouts), (why, deadline, at) in zip(checked, verdicts, strict=True):
+            if why != "ok":
+                self._refused(res, step, why)
+                continue
+            if res.job in self.admitted[step]:  # two results for one job in one read: the script said ok once
+                self._drop(res, "duplicate")
+                continue
+            self.admitted[step][res.job] = Admitted(res, rollouts)
+            self.holder.pop(res.job, None)
             self.admitted_total += 1
-            self.reward_failures.update(res.payload.get("reward_failures", {}))
-            self._record(step, res, deadline, at)
-            return
+            self.reward_failures.update(rollouts.failures)
+            self._record(step, res, rollouts, deadline, at)
+
+    def _refused(self, res: Result, step: int, why: str) -> None:
         self._drop(res, why)
         unusable = why in RELEASE or res.malformed is not None
         if unusable and step not in self.closed and res.job not in self.admitted.get(step, {}):  # lease it again now
+            self.holder.pop(res.job, None)
             self.pending[res.job] = (step, self.step_jobs[step][res.job])
 
     def _drop(self, res: Result, why: str) -> None:
@@ -281,7 +465,7 @@ class Dispatcher:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
                 self.board.tell(res.actor, res.job, why, res.id)
 
-    def _record(self, step: int, res: Result, deadline_ms: int | None, admitted_ms: int) -> None:
+    def _record(self, step: int, res: Result, rollouts: Rollouts, deadline_ms: int | None, admitted_ms: int) -> None:
         if self.admissions is None:
             return
         line = {
@@ -293,37 +477,19 @@ class Dispatcher:
             "token": res.token,
             "version": res.version,
             "version_hash": res.version_hash,
-            "weights_digest": res.payload.get("weights_digest"),
+            "weights_digest": rollouts.weights_digest,
+            "payload": "inline" if res.ref is None else res.ref.key,
             "deadline_ms": deadline_ms,
             "admitted_ms": admitted_ms,
         }
         self.admissions.write(json.dumps(line) + "\n")
         self.admissions.flush()
 
-    def _check_payload(self, res: Result) -> str | None:
-        digest = res.payload.get("weights_digest")
-        if digest is not None and digest != self.digests.get(res.version):
-            return "wrong_digest"
-        comps = res.payload.get("completions")
-        if not isinstance(comps, list) or len(comps) != self.sampling.group:
-            return "bad_payload"
-        vocab = self.vocab_size
-        for c in comps:
-            if not isinstance(c, dict):
-                return "bad_payload"
-            toks, lps, r = c.get("tokens"), c.get("logprobs"), c.get("reward")
-            if not (isinstance(toks, list) and isinstance(lps, list) and len(toks) == len(lps) >= 1):
-                return "bad_payload"
-            too_long = len(toks) > self.sampling.max_new_tokens
-            if too_long or not all(isinstance(t, int) and 0 <= t < vocab for t in toks):
-                return "bad_payload"
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 0 for x in lps):
-                return "bad_payload"
-            if not isinstance(r, (int, float)) or not math.isfinite(r):
-                return "bad_payload"
-        failures = res.payload.get("reward_failures", {})
-        if not isinstance(failures, dict) or not all(
-            k in FAILURES and type(v) is int and 0 <= v <= len(comps) for k, v in failures.items()
-        ):
-            return "bad_payload"
+
+def _step_of(job: str, tag: str) -> int | None:
+    """The step of one of this trainer's job ids (``tag:step:i``), None for anyone else's."""
+    head, sep, rest = job.partition(":")
+    step, sep2, index = rest.partition(":")
+    if head != tag or not sep or not sep2 or not step.isdigit() or not index.isdigit() or len(step) > 12:
         return None
+    return int(step)

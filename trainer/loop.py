@@ -22,16 +22,17 @@ from typing import Any
 
 import torch
 
+from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, Result, now_ms
-from aurora_store.errors import StoreError
+from aurora_store.coord.jobs import JobBoard, now_ms
+from aurora_store.errors import ConfigError, StoreError
 from aurora_store.rl.data import DataError, PromptPool, read_records
 from aurora_store.rl.tasks import PromptSource, TaskPrompts, load_task
 from trainer import policy as policies
 from trainer.config import TrainerConfig
-from trainer.dispatch import Dispatcher
+from trainer.dispatch import Admitted, Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.metrics import TrainerMetrics
@@ -120,6 +121,7 @@ class Trainer:
             vocab_size=self.policy.vocab_size,
             tag=self.tag,
             admissions=self._admissions,
+            stores=self._result_stores(),
         )
         self.dispatch.on_lost = self._announce_again
         self.metrics.watch_dispatch(self.dispatch)
@@ -142,6 +144,15 @@ class Trainer:
         save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
         self._load_reference()
         return 0
+
+    def _result_stores(self) -> dict[str, ObjectStore]:
+        """Where actors put result payloads too large for Redis: each region's bucket (run prefix)."""
+        stores = {self.cfg.region: self.run.store}
+        for region, where in self.cfg.result_regions.items():
+            if not isinstance(where, dict) or not isinstance(where.get("uri"), str):
+                raise ConfigError(f"--result-regions: region {region!r} needs {{'uri': ..., 'storage_options': ...}}")
+            stores[region] = ObjectStore(where["uri"], where.get("storage_options") or {})
+        return stores
 
     def _announce_again(self) -> None:
         """Redis lost its state: the home region's version is set again from the bucket (relays and
@@ -233,15 +244,18 @@ class Trainer:
     def post(self, step: int) -> None:
         self.dispatch.post(step, self.source.for_step(step, self._n()))
 
-    def _batch(self, step: int, results: list[Result]) -> dict[str, Any]:
+    def _batch(self, step: int, results: list[Admitted]) -> dict[str, Any]:
         """A step's training batch as plain JSON (rank 0 broadcasts it under torchrun)."""
         rows: list[list[Any]] = []
         adv: list[float] = []
         for res in results:
             ids = list(self.dispatch.step_jobs[step][res.job].ids)
-            comps = res.payload["completions"]
-            adv += advantages([float(c["reward"]) for c in comps])
-            rows += [[ids, c["tokens"], c["logprobs"], float(c["reward"])] for c in comps]
+            got = res.rollouts
+            rewards = got.rewards.tolist()
+            adv += advantages(rewards)
+            for i, reward in enumerate(rewards):
+                toks, lps = got.completion(i)
+                rows.append([ids, toks.tolist(), lps.tolist(), reward])
         return {"rows": rows, "adv": adv}
 
     def train_step(self, step: int, batch: dict[str, Any]) -> tuple[float, float, StepStats]:
@@ -275,6 +289,7 @@ class Trainer:
             self.metrics.m.serve(self.cfg.metrics_port + policies.local_rank())
         at = self.start()
         if main:
+            self.dispatch.start()  # sweeps, reads and admits on a thread of its own from now on
             self.post(at + 1)
             self.post(at + 2)
         full_bytes = sum(p.numel() * 2 for p in self.model.parameters())
@@ -325,4 +340,6 @@ class Trainer:
                 log.warning("step %d: could not record its report in Redis: %s", step, exc)
             if self.on_step is not None:
                 self.on_step(rep)
+        if main:
+            self.dispatch.close()
         return self.cfg.steps

@@ -11,8 +11,15 @@ Keys:
 - ``region:{region}`` (hash): committed ``version``, ``version_hash``, ``kind``, ``updated_ms``.
 - ``events:{region}`` (stream): ``type=segment`` (``version, key, size, sha256``) as each
   segment lands, before its manifest; ``type=commit`` (``version, version_hash, kind``).
-  Workers block on it (XREAD) instead of polling buckets.
-- ``workers`` (hash): worker id -> JSON registration; ``hb:{id}`` (string with a TTL): alive.
+  Relays block on it (XREAD) instead of polling buckets.
+- ``commits:{region}`` (stream): the commit events alone, so the region's actors wake once per
+  version (a blocking XREAD, with their job inbox), not once per segment.
+- ``workers`` (hash): worker id -> JSON registration.
+- ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on Redis's clock): who is
+  alive, and who died since a given time, are ranges of it, never a scan of every worker.
+- ``roster`` (sorted set): worker id -> the sequence number (``roster_seq``) of its last change
+  (registered, updated, gone, come back): the trainer reads only what changed since it last looked
+  (:class:`aurora_store.coord.roster.Roster`).
 - ``reports`` (stream): objects a worker found corrupt or missing.
 - ``epoch`` (string): a random id written by the first role to find it missing. A role that
   finds another id (or none) than the one it last saw knows that Redis lost its state without
@@ -45,16 +52,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aurora.coord")
 
-STREAM_MAXLEN = 100_000
+STREAM_MAXLEN = 10_000
 """Events kept per region (approximate trim); older ones are only in the buckets."""
+COMMITS_MAXLEN = 1_000
+"""Commit events kept per region in ``commits:{region}`` (what actors block on)."""
+PROTOCOL = 2
+"""The coordination protocol workers declare when they register: 2 is push (job inboxes and commits
+as streams, liveness in ``alive``); a trainer leases only to actors that speak its protocol."""
 
+# KEYS: region, events, commits.  ARGV: version, version_hash, kind, now_ms, events maxlen, commits maxlen
 _COMMIT = """
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '')
 if cur and cur >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind', ARGV[3], 'updated_ms', ARGV[4])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'commit', 'version', ARGV[1],
-           'version_hash', ARGV[2], 'kind', ARGV[3])
+for i, key in ipairs({KEYS[2], KEYS[3]}) do
+  redis.call('XADD', key, 'MAXLEN', '~', ARGV[4 + i], '*', 'type', 'commit', 'version', ARGV[1],
+             'version_hash', ARGV[2], 'kind', ARGV[3])
+end
 return 1
+"""
+
+# Redis's clock in ms, inside a script (liveness is judged on one clock, whatever the workers' clocks say)
+LUA_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: roster, roster_seq.  Marks ARGV[1] changed (after LUA_NOW).
+_CHANGED = """
+local function changed(wid) redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[2]), wid) end
 """
 
 
@@ -66,14 +92,57 @@ redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 """
 
-# KEYS: hb, epoch.  ARGV: now_ms, ttl_ms, a new random id.  A heartbeat that also reads the epoch.
-_BEAT = """
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local e = redis.call('GET', KEYS[2])
-if e then return e end
-redis.call('SET', KEYS[2], ARGV[3])
-return ARGV[3]
+# KEYS: roster, roster_seq, alive, workers, epoch.  ARGV: worker id, ttl_ms, a new random epoch id.
+# A heartbeat: the worker's expiry moves on; one that had expired (or was never alive) is marked
+# changed, so the trainer sees it back. Returns the epoch and whether the registration exists.
+_BEAT = (
+    LUA_NOW
+    + _CHANGED
+    + """
+local prev = redis.call('ZSCORE', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+if (not prev) or tonumber(prev) < now then changed(ARGV[1]) end
+local e = redis.call('GET', KEYS[5])
+if not e then
+  e = ARGV[3]
+  redis.call('SET', KEYS[5], e)
+end
+return {e, redis.call('HEXISTS', KEYS[4], ARGV[1])}
 """
+)
+
+# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id, registration JSON, ttl_ms (or '' to keep
+# the expiry as it is).  Writes a registration and marks it changed.
+_REGISTER = (
+    LUA_NOW
+    + _CHANGED
+    + """
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[1]) end
+changed(ARGV[1])
+return 1
+"""
+)
+
+# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id.  A worker leaves.
+_UNREGISTER = (
+    LUA_NOW
+    + _CHANGED
+    + """
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+changed(ARGV[1])
+return 1
+"""
+)
+
+# KEYS: alive.  The ids of the workers alive now.
+_ALIVE = (
+    LUA_NOW
+    + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +179,14 @@ class Coordinator:
         self._commit = self.r.register_script(_COMMIT)
         self._epoch = self.r.register_script(_EPOCH)
         self._beat = self.r.register_script(_BEAT)
+        self._register = self.r.register_script(_REGISTER)
+        self._unregister = self.r.register_script(_UNREGISTER)
+        self._alive = self.r.register_script(_ALIVE)
         self.epoch: str | None = None
         """The epoch this coordinator last saw (None before the first check)."""
         self._lost = False
+        self._docs: dict[str, dict[str, Any]] = {}
+        """The registrations this coordinator wrote, by worker id (merged into by :meth:`update_worker`)."""
         self.skipped = wire.Tally(log, f"Redis entries of run {run_id}")
         """Entries read from Redis that failed their checks, by reason."""
 
@@ -160,9 +234,21 @@ class Coordinator:
     def commit(self, region: str, version: int, version_hash: str, kind: str) -> bool:
         """Advance ``region`` to ``version`` and post its commit event, atomically; False if not newer."""
         now = str(int(time.time() * 1000))
-        keys = [self.key("region", region), self.key("events", region)]
-        args = [version, version_hash, kind, now, STREAM_MAXLEN]
+        keys = [self.key("region", region), self.key("events", region), self.commits_key(region)]
+        args = [version, version_hash, kind, now, STREAM_MAXLEN, COMMITS_MAXLEN]
         return bool(self.call(self._commit, keys=keys, args=args))
+
+    def commits_key(self, region: str) -> str:
+        """The stream of ``region``'s commit events alone (actors block on it)."""
+        return self.key("commits", region)
+
+    def read_streams(
+        self, after: dict[str, str], *, block_ms: int, count: int = 1000
+    ) -> dict[str, list[tuple[str, dict[str, str]]]]:
+        """One blocking XREAD over several streams (key -> the id to read after): what arrived in
+        each, raw (the caller parses it as hostile input), waiting up to ``block_ms`` for anything."""
+        reply = self.call(self.r.xread, after, count=count, block=max(block_ms, 1))
+        return {str(key): list(entries) for key, entries in reply or []}
 
     def region_version(self, region: str) -> RegionVersion | None:
         """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
@@ -227,6 +313,9 @@ class Coordinator:
 
     # ------------------------------------------------------------ workers
 
+    def _worker_keys(self) -> list[str]:
+        return [self.key("roster"), self.key("roster_seq"), self.key("alive"), self.key("workers")]
+
     def register(
         self,
         role: str,
@@ -236,33 +325,50 @@ class Coordinator:
         worker_id: str | None = None,
         info: dict[str, Any] | None = None,
     ) -> str:
-        """Register a worker and start its heartbeat; returns its id."""
+        """Register a worker (alive for ``ttl_s`` from now, then as long as it beats); returns its id."""
         wid = worker_id or f"{role}-{region}-{uuid.uuid4().hex[:8]}"
-        doc = {"role": role, "region": region, "started_ms": int(time.time() * 1000), **(info or {})}
-        self.call(self.r.hset, self.key("workers"), wid, json.dumps(doc))
-        self.heartbeat(wid, ttl_s)
+        doc = {"role": role, "region": region, "protocol": PROTOCOL, "started_ms": int(time.time() * 1000)}
+        doc.update(info or {})
+        self.call(self._register, keys=self._worker_keys(), args=[wid, json.dumps(doc), int(ttl_s * 1000)])
+        self._docs[wid] = doc
         return wid
 
     def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> bool:
-        """Beat (one round trip, which also checks the epoch); True if Redis lost its state since the
-        last check (:meth:`state_lost` then says so once too)."""
-        keys = [self.key("hb", worker_id), self.key("epoch")]
-        args = [str(int(time.time() * 1000)), int(ttl_s * 1000), secrets.token_hex(8)]
-        return self._saw(self.call(self._beat, keys=keys, args=args))
+        """Beat (one round trip, which also checks the epoch); True if this worker's state in Redis is
+        gone: Redis lost its state since the last check, or the registration was removed (a worker
+        long taken for dead is pruned). Either way the worker registers again; :meth:`state_lost`
+        then says so once too."""
+        keys = [*self._worker_keys(), self.key("epoch")]
+        args = [worker_id, int(ttl_s * 1000), secrets.token_hex(8)]
+        reply = self.call(self._beat, keys=keys, args=args)
+        if not (isinstance(reply, list) and len(reply) == 2):
+            self.skipped.skip("bad_beat", repr(reply)[:60])
+            return False
+        lost = self._saw(reply[0])
+        if reply[1] != 1 and not lost:
+            log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
+            self._lost = lost = True
+        return lost
+
+    def alive(self) -> set[str]:
+        """The ids of the workers alive now (one round trip; Redis's clock)."""
+        return {str(w) for w in self.call(self._alive, keys=[self.key("alive")])}
 
     def workers(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
-        """Registered workers (those with a live heartbeat unless ``alive_only`` is False); a damaged
-        registration is counted and skipped."""
+        """Registered workers (those alive unless ``alive_only`` is False); a damaged registration is
+        counted and skipped. Reads every worker: for tools and tests; the trainer's loop reads only
+        what changed (:class:`~aurora_store.coord.roster.Roster`)."""
         raw = self.call(self.r.hgetall, self.key("workers"))
+        alive = self.alive() if alive_only else None
         out = {}
         for wid, doc in raw.items():
+            if alive is not None and wid not in alive:
+                continue
             try:
                 wire.name(wid, "worker_id")
                 parsed = wire.json_object(doc, "registration")
             except wire.BadEntry as exc:
                 self.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
-                continue
-            if alive_only and not self.call(self.r.exists, self.key("hb", wid)):
                 continue
             out[wid] = parsed
         return out
@@ -274,8 +380,9 @@ class Coordinator:
         unknown, a damaged region). One pass over every worker and region: for gc, not for a loop."""
         held: dict[str, int] = {}
         unreadable: list[str] = []
+        alive = self.alive()
         for wid, doc in self.call(self.r.hgetall, self.key("workers")).items():
-            if not self.call(self.r.exists, self.key("hb", wid)):
+            if wid not in alive:
                 continue  # gone: it bootstraps from the latest version when it comes back
             try:
                 parsed = wire.json_object(doc, "registration")
@@ -296,20 +403,23 @@ class Coordinator:
         return held, unreadable
 
     def update_worker(self, worker_id: str, **fields: Any) -> None:
-        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration (a damaged one
-        is replaced)."""
-        doc = self.call(self.r.hget, self.key("workers"), worker_id)
-        try:
-            old = wire.json_object(doc, "registration") if doc else {}
-        except wire.BadEntry as exc:
-            self.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
-            old = {}
+        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration, in one round
+        trip when this coordinator registered it (a damaged registration is replaced)."""
+        old = self._docs.get(worker_id)
+        if old is None:
+            doc = self.call(self.r.hget, self.key("workers"), worker_id)
+            try:
+                old = wire.json_object(doc, "registration") if doc else {}
+            except wire.BadEntry as exc:
+                self.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
+                old = {}
         merged = {**old, **fields}
-        self.call(self.r.hset, self.key("workers"), worker_id, json.dumps(merged))
+        self.call(self._register, keys=self._worker_keys(), args=[worker_id, json.dumps(merged), ""])
+        self._docs[worker_id] = merged
 
     def unregister(self, worker_id: str) -> None:
-        self.call(self.r.hdel, self.key("workers"), worker_id)
-        self.call(self.r.delete, self.key("hb", worker_id))
+        self.call(self._unregister, keys=self._worker_keys(), args=[worker_id])
+        self._docs.pop(worker_id, None)
 
     # ------------------------------------------------------------ reports
 

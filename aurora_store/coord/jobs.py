@@ -11,10 +11,15 @@ version and hash match; everything else is dropped and the job is leased again. 
 is one Lua script, so a job is admitted once. Deadlines are on the trainer's clock: it sets
 them and it checks them.
 
-Results are hostile input (:mod:`aurora_store.coord.wire`). Each one is removed from the
-stream once the trainer has admitted or dropped it (:meth:`JobBoard.discard`), and an
-admitted job's prompt is dropped with it, so Redis holds only the steps in flight. A drop the
-actor can act on is told to it (:meth:`JobBoard.tell`, :meth:`JobBoard.notices`).
+Push, not poll, and O(what changed): an actor's inbox is a stream (``jobs:{actor}``) it blocks
+on together with its region's commits; open leases are in the ``deadlines`` sorted set (score:
+deadline), so a sweep reads the expired ones only; leases not yet started are in ``untaken``.
+Leases and admissions go in pipelines: a step's jobs are one round trip.
+
+Results are hostile input (:mod:`aurora_store.coord.results`). Each one is removed from the
+stream once the trainer has admitted or dropped it (:meth:`JobBoard.discard`), and the trainer
+deletes a step's jobs once it has trained on it (:meth:`JobBoard.drop_jobs`), so Redis holds only
+the steps in flight. A drop the actor can act on is told to it (:meth:`JobBoard.tell`).
 """
 
 from __future__ import annotations
@@ -27,23 +32,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
+from aurora_store.coord.results import ENTRIES_PER_READ, INLINE_MAX, RESULTS_MAXLEN, Ref, Result, entry, parse_result
 from aurora_store.coord.schedule import ema
 
-RESULTS_MAXLEN = 100_000
 ADMITTED_TTL_S = 3600.0
-"""An admitted job's record is kept this long (to refuse late duplicates), then Redis drops it."""
-MAX_RESULT_BYTES = 8 << 20
-"""A result payload above this is refused by the actor before it reaches Redis (and by the trainer unread)."""
+"""An admitted job's record is kept at most this long (to refuse late duplicates) if its trainer
+does not delete it first (it does, two steps after training on it)."""
 MAX_FENCE_START = 10**13
 """Fencing tokens start at a random offset below this (tokens stay below 10^14: Lua prints them exactly)."""
 NOTICES_MAXLEN = 64
 """Notices kept per actor."""
+INBOX_MAXLEN = 4096
+"""Leases kept in an actor's inbox stream (approximate trim); the actor deletes those it takes."""
 
-# KEYS: job, fence, inbox, open set.  ARGV: job id, actor, deadline_ms, step, version, prompt JSON or '',
-# a random start for the fencing counter if Redis has none
+# KEYS: job, fence, inbox, open set, deadlines, untaken.  ARGV: job id, actor, deadline_ms, step, version,
+# prompt JSON or '', a random start for the fencing counter if Redis has none, inbox maxlen, now_ms
 _LEASE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'admitted' then return 0 end
@@ -55,11 +63,14 @@ redis.call('HSET', KEYS[1], 'actor', ARGV[2], 'token', token, 'deadline_ms', ARG
            'state', 'leased')
 redis.call('HINCRBY', KEYS[1], 'leases', 1)
 redis.call('SADD', KEYS[4], ARGV[1])
-redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. token)
+redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[6], ARGV[9], ARGV[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*', 'lease', ARGV[1] .. '|' .. token)
 return token
 """
 
-# KEYS: job, open set.  ARGV: job id, token, now_ms, version, how long an admitted job is kept (ms), actor
+# KEYS: job, open set, deadlines, untaken.  ARGV: job id, token, now_ms, version, how long an admitted job
+# is kept (ms), actor
 _ADMIT = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'deadline_ms', 'version', 'actor')
 if not h[1] then return 'unknown_job' end
@@ -72,14 +83,18 @@ redis.call('HSET', KEYS[1], 'state', 'admitted', 'admitted_ms', ARGV[3])
 redis.call('HDEL', KEYS[1], 'prompt')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 return 'ok:' .. h[3]
 """
 
-# KEYS: job.  ARGV: token.  A holder gives its lease back: the trainer re-leases it on its next sweep.
+# KEYS: job, deadlines.  ARGV: token, job id.  A holder gives its lease back: its deadline becomes 0, so
+# the trainer's next sweep finds it expired and leases it again.
 _RELEASE = """
 local h = redis.call('HMGET', KEYS[1], 'state', 'token')
 if h[1] ~= 'leased' or h[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'deadline_ms', 0)
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
 return 1
 """
 
@@ -95,39 +110,6 @@ class Lease:
     deadline_ms: int
     prompt: dict[str, Any]
     """The job's document as its poster gave it (the trainer's prompt, as JSON)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """A submitted result, as read back by the trainer."""
-
-    id: str
-    job: str
-    token: int
-    actor: str
-    version: int
-    version_hash: str
-    payload: dict[str, Any]
-    malformed: str | None = None
-    """Why the entry is unusable (its fields or payload failed their checks), None if it parsed."""
-
-
-def parse_result(eid: str, f: dict[str, Any]) -> Result:
-    """A results-stream entry as the trainer may act on it; a damaged one comes back with
-    ``malformed`` set to the reason (and whatever of job and actor could be read), never raises."""
-    try:
-        job = wire.name(f.get("job"), "job")
-        actor = wire.name(f.get("actor"), "actor")
-        token = wire.uint(f.get("token"), "token")
-        version = wire.version(f.get("version"))
-        version_hash = wire.hex64(f.get("version_hash"), "version_hash")
-        payload = wire.json_object(f.get("payload"), "payload", MAX_RESULT_BYTES)
-    except wire.BadEntry as exc:
-        raw_job, raw_actor = f.get("job"), f.get("actor")
-        bad_job = raw_job[:200] if isinstance(raw_job, str) else ""
-        bad_actor = raw_actor[:200] if isinstance(raw_actor, str) else ""
-        return Result(eid, bad_job, -1, bad_actor, -1, "", {}, exc.reason)
-    return Result(eid, job, token, actor, version, version_hash, payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,15 +144,40 @@ class JobBoard:
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         self.r = coord.r
+        try:  # results carry bytes: a client that does not decode them
+            self.rb = redis.Redis.from_url(coord.url, decode_responses=False, socket_timeout=30)
+        except ValueError as exc:
+            raise JobError(f"bad Redis URL: {exc}") from None
         self._lease = self.r.register_script(_LEASE)
         self._admit = self.r.register_script(_ADMIT)
         self._release = self.r.register_script(_RELEASE)
+        self._inbox_after: dict[str, str] = {}
+        """Per actor, the inbox id this board has read up to (what :meth:`take` reads after)."""
+        self._tau: dict[str, float] = {}
+        """The EMAs this board wrote, by actor (only an actor writes its own)."""
 
     def _k(self, *parts: str) -> str:
         return self.coord.key(*parts)
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         return self.coord.call(fn, *args, **kw)
+
+    def _pipeline(self, fill: Any, *, binary: bool = False) -> list[Any]:
+        """Run ``fill(pipe)``'s commands in one round trip (no transaction); their replies."""
+
+        def go() -> list[Any]:
+            with (self.rb if binary else self.r).pipeline(transaction=False) as pipe:
+                fill(pipe)
+                return list(pipe.execute())
+
+        return list(self._call(go))
+
+    def inbox(self, actor: str) -> str:
+        """The stream of leases sent to ``actor``."""
+        return self._k("jobs", _check_name(actor, "actor"))
+
+    def notices_key(self, actor: str) -> str:
+        return self._k("notices", _check_name(actor, "actor"))
 
     # ------------------------------------------------------------ trainer side
 
@@ -186,14 +193,30 @@ class JobBoard:
     ) -> int:
         """Lease ``job`` to ``actor`` (a new job when ``prompt``, a JSON object, is given); returns the
         fencing token, 0 if the job was already admitted."""
-        _check_name(actor, "actor")
-        keys = [self._k("job", job), self._k("fence"), self._k("inbox", actor), self._k("open")]
-        body = json.dumps(dict(prompt)) if prompt is not None else ""
-        args = [job, actor, now_ms() + int(lease_s * 1000), step, version, body, secrets.randbelow(MAX_FENCE_START)]
-        token = int(self._call(self._lease, keys=keys, args=args))
-        if token < 0:
-            raise JobError(f"job {job!r} does not exist; give its prompt to post it")
-        return token
+        return self.lease_many([(job, actor, prompt, step)], version=version, lease_s=lease_s)[0]
+
+    def lease_many(
+        self,
+        items: Sequence[tuple[str, str, Mapping[str, Any] | None, int]],
+        *,
+        version: int,
+        lease_s: float,
+    ) -> list[int]:
+        """Lease each ``(job, actor, prompt or None, step)`` in one round trip; the fencing tokens
+        (0: already admitted). A job given no prompt must exist."""
+        now = now_ms()
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for job, actor, prompt, step in items:
+            keys = [self._k("job", job), self._k("fence"), self.inbox(actor), self._k("open")]
+            keys += [self._k("deadlines"), self._k("untaken")]
+            body = json.dumps(dict(prompt)) if prompt is not None else ""
+            start = secrets.randbelow(MAX_FENCE_START)
+            calls.append((keys, [job, actor, now + int(lease_s * 1000), step, version, body, start, INBOX_MAXLEN, now]))
+        tokens = [int(t) for t in self._pipeline(lambda p: [self._lease(keys=k, args=a, client=p) for k, a in calls])]
+        for (job, *_), token in zip(items, tokens, strict=True):
+            if token < 0:
+                raise JobError(f"job {job!r} does not exist; give its prompt to post it")
+        return tokens
 
     def post(
         self,
@@ -208,25 +231,41 @@ class JobBoard:
         """Lease ``prompts`` to actors, ``shares[actor]`` each in order; returns job id -> actor."""
         if sum(shares.values()) != len(prompts):
             raise JobError(f"shares sum to {sum(shares.values())} but step {step} has {len(prompts)} prompts")
-        out: dict[str, str] = {}
+        items: list[tuple[str, str, Mapping[str, Any] | None, int]] = []
         it = iter(enumerate(prompts))
         for actor, n in shares.items():
             for _ in range(n):
                 i, p = next(it)
-                job = f"{tag}:{step}:{i}"
-                self.lease(job, actor, version=version, lease_s=lease_s, step=step, prompt=p)
-                out[job] = actor
-        return out
+                items.append((f"{tag}:{step}:{i}", actor, p, step))
+        self.lease_many(items, version=version, lease_s=lease_s)
+        return {job: actor for job, actor, _, _ in items}
+
+    def expired(self, now: int, *, limit: int = 1000) -> list[str]:
+        """Jobs whose lease deadline (ms, the trainer's clock) is at or before ``now``, oldest first;
+        released leases (deadline 0) included. One round trip, whatever the number of open jobs."""
+        raw = self._call(self.r.zrangebyscore, self._k("deadlines"), "-inf", now, start=0, num=limit)
+        return [j for j in raw if _is_name(j)]
+
+    def untaken(self) -> set[str]:
+        """Jobs leased and not yet taken by their holder (what an idle actor may take over)."""
+        return {j for j in self._call(self.r.zrange, self._k("untaken"), 0, -1) if _is_name(j)}
+
+    def settle(self, jobs: Sequence[str]) -> None:
+        """Stop tracking the deadlines of ``jobs`` (not this trainer's, or no longer wanted)."""
+        if jobs:
+            self._pipeline(lambda p: (p.zrem(self._k("deadlines"), *jobs), p.zrem(self._k("untaken"), *jobs)))
 
     def open_jobs(self) -> list[OpenJob]:
-        """Jobs leased and not yet admitted; a damaged job record is counted and dropped from the open set
-        (a job the trainer posted is leased again by its sweep)."""
-        out = []
-        for job in sorted(self._call(self.r.smembers, self._k("open"))):
-            fields = ("step", "version", "actor", "deadline_ms", "state", "token", "taken_token")
-            h = self._call(self.r.hmget, self._k("job", job), *fields)
+        """Jobs leased and not yet admitted (a read of every open job: for a trainer that starts, and
+        for tests; the sweep reads only :meth:`expired`); a damaged job record is counted and dropped
+        from the open set (a job the trainer posted is leased again by its sweep)."""
+        jobs = sorted(j for j in self._call(self.r.smembers, self._k("open")))
+        fields = ("step", "version", "actor", "deadline_ms", "state", "token", "taken_token")
+        rows = self._pipeline(lambda p: [p.hmget(self._k("job", j), *fields) for j in jobs])
+        out, gone = [], []
+        for job, h in zip(jobs, rows, strict=True):
             if h[4] != "leased":
-                self._call(self.r.srem, self._k("open"), job)
+                gone.append(job)
                 continue
             try:
                 step = -1 if h[0] == "-1" else wire.uint(h[0], "step")
@@ -240,15 +279,18 @@ class JobBoard:
                 )
             except wire.BadEntry as exc:
                 self.coord.skipped.skip(exc.reason, f"job {job!r:.80}: {exc}")
-                self._call(self.r.srem, self._k("open"), job)
+                gone.append(job)
                 continue
             out.append(parsed)
+        if gone:
+            self._call(self.r.srem, self._k("open"), *gone)
         return out
 
-    def results(self, after: str, *, block_ms: int = 500, count: int = 1000) -> list[Result]:
-        """Results submitted after stream id ``after``, parsed as hostile input: a damaged entry comes
-        back with :attr:`Result.malformed` set (so the reader moves past it and counts it)."""
-        reply = self._call(self.r.xread, {self._k("results"): after}, count=count, block=block_ms)
+    def results(self, after: str, *, block_ms: int = 500, count: int = ENTRIES_PER_READ) -> list[Result]:
+        """Results submitted after stream id ``after`` (at most ``count``, so a read is bounded in bytes),
+        parsed as hostile input: a damaged entry comes back with :attr:`Result.malformed` set (so the
+        reader moves past it and counts it)."""
+        reply = self._call(self.rb.xread, {self._k("results"): after}, count=count, block=max(block_ms, 1))
         return [parse_result(eid, f) for _stream, entries in reply or [] for eid, f in entries]
 
     def discard(self, ids: Sequence[str]) -> None:
@@ -261,28 +303,26 @@ class JobBoard:
         (a short stream per actor). The actor counts only notices of results it submitted: anyone
         who can write Redis can submit in its name, but not under its results' stream ids."""
         try:
-            _check_name(actor, "actor")
+            key = self.notices_key(actor)
         except JobError:
             return  # no actor of this run has that name: nobody to tell
-        self._call(
-            self.r.xadd,
-            self._k("notices", actor),
-            {"job": job, "reason": reason, "result": result},
-            maxlen=NOTICES_MAXLEN,
-            approximate=True,
-        )
+        fields = {"job": job, "reason": reason, "result": result}
+        self._call(self.r.xadd, key, fields, maxlen=NOTICES_MAXLEN, approximate=True)
 
     def notices(self, actor: str, after: str) -> list[Notice]:
         """What the trainer told ``actor`` after stream id ``after`` (damaged entries skipped)."""
-        reply = self._call(self.r.xread, {self._k("notices", actor): after}, count=NOTICES_MAXLEN)
+        reply = self._call(self.r.xread, {self.notices_key(actor): after}, count=NOTICES_MAXLEN)
+        return self.parse_notices(actor, [e for _s, entries in reply or [] for e in entries])
+
+    def parse_notices(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Notice]:
+        """Notice entries as read from ``actor``'s stream, checked (damaged ones counted and skipped)."""
         out = []
-        for _s, entries in reply or []:
-            for eid, f in entries:
-                reason = f.get("reason")
-                if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
-                    out.append(Notice(eid, str(f.get("job", ""))[:200], reason, str(f.get("result", ""))[:64]))
-                else:
-                    self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
+        for eid, f in entries:
+            reason = f.get("reason")
+            if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
+                out.append(Notice(eid, str(f.get("job", ""))[:200], reason, str(f.get("result", ""))[:64]))
+            else:
+                self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
         return out
 
     def last_result_id(self) -> str:
@@ -298,42 +338,97 @@ class JobBoard:
     def admit_within(self, res: Result, published: Mapping[int, str]) -> tuple[str, int | None, int]:
         """:meth:`admit`, the deadline of the lease it was admitted under (None if refused) and the
         time (ms) the admission was judged at."""
+        return self.admit_many([res], published)[0]
+
+    def admit_many(self, results: Sequence[Result], published: Mapping[int, str]) -> list[tuple[str, int | None, int]]:
+        """:meth:`admit_within` for each result, the scripts in one round trip."""
         at = now_ms()
-        if res.malformed is not None:
-            return res.malformed, None, at
-        if published.get(res.version) != res.version_hash:
-            return "wrong_version_hash", None, at
-        keys = [self._k("job", res.job), self._k("open")]
-        args = [res.job, res.token, at, res.version, int(ADMITTED_TTL_S * 1000), res.actor]
-        why, _, deadline = str(self._call(self._admit, keys=keys, args=args)).partition(":")
-        return why, (int(deadline) if why == "ok" and deadline.isdigit() else None), at
+        out: list[tuple[str, int | None, int] | None] = []
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for res in results:
+            if res.malformed is not None:
+                out.append((res.malformed, None, at))
+            elif published.get(res.version) != res.version_hash:
+                out.append(("wrong_version_hash", None, at))
+            else:
+                out.append(None)
+                keys = [self._k("job", res.job), self._k("open"), self._k("deadlines"), self._k("untaken")]
+                calls.append((keys, [res.job, res.token, at, res.version, int(ADMITTED_TTL_S * 1000), res.actor]))
+        replies = iter(self._pipeline(lambda p: [self._admit(keys=k, args=a, client=p) for k, a in calls]))
+        done = []
+        for o in out:
+            if o is not None:
+                done.append(o)
+                continue
+            why, _, deadline = str(next(replies)).partition(":")
+            done.append((why, int(deadline) if why == "ok" and deadline.isdigit() else None, at))
+        return done
 
     def forget(self, jobs: Sequence[str]) -> None:
         """Drop jobs (a restarted trainer drops its predecessor's unadmitted ones)."""
-        for job in jobs:
-            self._call(self.r.delete, self._k("job", job))
-            self._call(self.r.srem, self._k("open"), job)
+        self.drop_jobs(jobs)
+
+    def drop_jobs(self, jobs: Sequence[str]) -> None:
+        """Delete jobs and everything that tracks them, a few hundred per round trip (a trainer drops
+        each step's jobs once it trained on them: Redis holds only the steps in flight)."""
+        for i in range(0, len(jobs), 500):
+            chunk = list(jobs[i : i + 500])
+
+            def fill(p: Any, chunk: list[str] = chunk) -> None:
+                p.delete(*(self._k("job", j) for j in chunk))
+                p.srem(self._k("open"), *chunk)
+                p.zrem(self._k("deadlines"), *chunk)
+                p.zrem(self._k("untaken"), *chunk)
+
+            self._pipeline(fill)
+
+    def forget_actors(self, actors: Sequence[str]) -> None:
+        """Delete the per-actor keys of actors long gone (pruned from the roster)."""
+        names = [a for a in actors if _is_name(a)]
+        if not names:
+            return
+
+        def fill(p: Any) -> None:
+            p.delete(*(self.inbox(a) for a in names), *(self.notices_key(a) for a in names))
+            p.hdel(self._k("tau"), *names)
+            p.srem(self._k("probation"), *names)
+
+        self._pipeline(fill)
 
     # ------------------------------------------------------------ actor side
 
     def take(self, actor: str, *, max_jobs: int, block_s: float = 1.0) -> list[Lease]:
-        """Up to ``max_jobs`` jobs leased to ``actor``, waiting up to ``block_s`` for the first.
-        Entries whose lease was revoked since (re-leased elsewhere, admitted) are skipped, and so
-        are malformed job records: their leases expire and the trainer leases them again."""
-        _check_name(actor, "actor")
-        inbox = self._k("inbox", actor)
-        first = self._call(self.r.blpop, [inbox], timeout=max(block_s, 0.01))
-        if first is None:
+        """Up to ``max_jobs`` jobs leased to ``actor``, waiting up to ``block_s`` for the first (0: do
+        not wait). Entries whose lease was revoked since (re-leased elsewhere, admitted) are skipped,
+        and so are malformed job records: their leases expire and the trainer leases them again."""
+        inbox = self.inbox(actor)
+        after = self._inbox_after.get(actor, "0-0")
+        block = None if block_s <= 0 else max(int(block_s * 1000), 1)
+        reply = self._call(self.r.xread, {inbox: after}, count=max_jobs, block=block)
+        entries = [e for _s, got in reply or [] for e in got]
+        if not entries:
             return []
-        entries = [first[1]]
-        if max_jobs > 1:
-            entries += self._call(self.r.lpop, inbox, max_jobs - 1) or []
+        self._inbox_after[actor] = entries[-1][0]
+        return self.claim(actor, entries)
+
+    def rewind(self, actor: str) -> None:
+        """Read ``actor``'s inbox from its start again (Redis lost its state: new ids may be lower)."""
+        self._inbox_after.pop(actor, None)
+
+    def claim(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Lease]:
+        """The leases inbox ``entries`` name that are still ``actor``'s, marked taken; the entries are
+        deleted from the inbox. Two round trips, whatever the number."""
+        wanted: list[tuple[str, str]] = []
+        for _eid, f in entries:
+            job, _, token = str(f.get("lease", "")).rpartition("|")
+            if _is_name(job) and token.isdigit():
+                wanted.append((job, token))
+            else:
+                self.coord.skipped.skip("bad_inbox", f"inbox entry of {actor}: {str(f)[:80]}")
+        fields = ("state", "token", "actor", "step", "version", "deadline_ms", "prompt")
+        rows = self._pipeline(lambda p: [p.hmget(self._k("job", job), *fields) for job, _ in wanted]) if wanted else []
         out = []
-        for entry in entries:
-            job, _, token = entry.rpartition("|")
-            h = self._call(
-                self.r.hmget, self._k("job", job), "state", "token", "actor", "step", "version", "deadline_ms", "prompt"
-            )
+        for (job, token), h in zip(wanted, rows, strict=True):
             if h[0] != "leased" or h[1] != token or h[2] != actor:
                 continue
             try:
@@ -350,42 +445,62 @@ class JobBoard:
                 self.coord.skipped.skip(exc.reason, f"job {job!r:.80}: {exc}")
                 continue
             out.append(lease)
-            self._call(self.r.hset, self._k("job", job), mapping={"taken_token": token, "taken_ms": now_ms()})
+        at = now_ms()
+
+        def mark(p: Any) -> None:
+            for lease in out:
+                p.hset(self._k("job", lease.job), mapping={"taken_token": lease.token, "taken_ms": at})
+            if out:
+                p.zrem(self._k("untaken"), *(lease.job for lease in out))
+            p.xdel(self.inbox(actor), *(eid for eid, _ in entries))
+
+        self._pipeline(mark)
         return out
 
-    def submit(self, lease: Lease, *, actor: str, version: int, version_hash: str, payload: Mapping[str, Any]) -> str:
-        """Post a result for ``lease``; the trainer decides whether to admit it."""
-        try:
-            body = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise JobError(f"result for job {lease.job!r} is not plain JSON: {exc}") from None
-        if len(body) > MAX_RESULT_BYTES:
-            raise JobError(f"result for job {lease.job!r} is {len(body)} bytes, over {MAX_RESULT_BYTES}")
-        fields = {
-            "job": lease.job,
-            "token": lease.token,
-            "actor": actor,
-            "version": version,
-            "version_hash": version_hash,
-            "payload": body,
-        }
-        return str(self._call(self.r.xadd, self._k("results"), fields, maxlen=RESULTS_MAXLEN, approximate=True))
+    def submit(
+        self,
+        lease: Lease,
+        *,
+        actor: str,
+        version: int,
+        version_hash: str,
+        payload: bytes | None = None,
+        ref: Ref | None = None,
+    ) -> str:
+        """Post a result for ``lease``, its payload inline (at most INLINE_MAX bytes) or by reference
+        to a bucket object; the trainer decides whether to admit it."""
+        if (payload is None) == (ref is None):
+            raise JobError(f"result for job {lease.job!r}: give its payload or a reference to it, not both")
+        if payload is not None and not isinstance(payload, bytes):
+            raise JobError(f"result for job {lease.job!r}: a payload is bytes (aurora_store.format.results)")
+        if payload is not None and len(payload) > INLINE_MAX:
+            raise JobError(f"result for job {lease.job!r} is {len(payload)} bytes, over {INLINE_MAX} inline")
+        fields = entry(lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref)
+        rid = self._call(self.rb.xadd, self._k("results"), fields, maxlen=RESULTS_MAXLEN, approximate=True)
+        return rid.decode() if isinstance(rid, bytes) else str(rid)
 
     def release(self, lease: Lease) -> bool:
         """Give a lease back early (the actor cannot serve it); the trainer re-leases it."""
-        return bool(self._call(self._release, keys=[self._k("job", lease.job)], args=[lease.token]))
+        keys = [self._k("job", lease.job), self._k("deadlines")]
+        return bool(self._call(self._release, keys=keys, args=[lease.token, lease.job]))
 
     # ------------------------------------------------------------ throughput
 
     def report_throughput(self, actor: str, tokens: float, elapsed_s: float, *, beta: float) -> float:
-        """Fold a finished batch into ``actor``'s EMA (only the actor writes its own) and end its probation."""
+        """Fold a finished batch into ``actor``'s EMA (only the actor writes its own) and end its
+        probation: one round trip (two the first time, to read the EMA it starts from)."""
+        prev = self._tau.get(actor)
         try:
-            prev = self._call(self.r.hget, self._k("tau"), actor)
-            tau = ema(float(prev) if prev is not None else None, tokens, elapsed_s, beta)
+            if prev is None:
+                raw = self._call(self.r.hget, self._k("tau"), actor)
+                prev = float(raw) if raw is not None else None
+                if prev is not None and not (math.isfinite(prev) and prev >= 0):
+                    prev = None  # a damaged entry: start again
+            tau = ema(prev, tokens, elapsed_s, beta)
         except ValueError as exc:
             raise JobError(f"actor {actor}: {exc}") from None
-        self._call(self.r.hset, self._k("tau"), actor, repr(tau))
-        self._call(self.r.srem, self._k("probation"), actor)
+        self._pipeline(lambda p: (p.hset(self._k("tau"), actor, repr(tau)), p.srem(self._k("probation"), actor)))
+        self._tau[actor] = tau
         return tau
 
     def joined(self, actor: str) -> bool:
@@ -396,8 +511,8 @@ class JobBoard:
         return False
 
     def throughputs(self) -> tuple[dict[str, float], set[str]]:
-        """Every actor's EMA (tokens/s) and the set on probation."""
-        raw = self._call(self.r.hgetall, self._k("tau"))
+        """Every actor's EMA (tokens/s) and the set on probation (one round trip)."""
+        raw, probation = self._pipeline(lambda p: (p.hgetall(self._k("tau")), p.smembers(self._k("probation"))))
         taus = {}
         for a, v in raw.items():
             try:
@@ -406,7 +521,14 @@ class JobBoard:
                 continue
             if math.isfinite(tau) and tau > 0:  # a damaged entry counts as unmeasured
                 taus[a] = tau
-        return taus, set(self._call(self.r.smembers, self._k("probation")))
+        return taus, set(probation)
+
+    def close(self) -> None:
+        self.rb.close()
+
+
+def _is_name(raw: Any) -> bool:
+    return isinstance(raw, str) and 0 < len(raw) <= 200 and raw.isprintable() and not any(c in raw for c in " |{}")
 
 
 def _check_name(name: str, what: str) -> str:

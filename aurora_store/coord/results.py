@@ -1,0 +1,125 @@
+"""Result entries of the ``results`` stream, as an actor writes them and the trainer reads them.
+
+An entry names the job, the lease's fencing token, the actor, the version it generated with and
+that version's hash, and carries its payload (:mod:`aurora_store.format.results`, packed binary)
+in one of two ways: inline (field ``bin``, at most :data:`INLINE_MAX` bytes), or by reference to
+an immutable, content-addressed object in the actor's region bucket (``ref``, ``sha256``,
+``size``, ``region``), which the trainer fetches and checks against the hash. Entries are read
+with a client that does not decode (payloads are bytes), at most :data:`READ_BYTES` per read:
+an entry is never larger than ``INLINE_MAX`` plus its small fields when its writer is honest, and
+a larger one is refused unread.
+
+Everything here is hostile input: :func:`parse_result` never raises, it marks the entry
+``malformed`` with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from aurora_store.coord import wire
+
+INLINE_MAX = 64 << 10
+"""The largest payload an entry carries inline; larger ones go to the actor's region bucket."""
+READ_BYTES = 4 << 20
+"""Bytes one read of the results stream may return (from honest writers): entries per read =
+``READ_BYTES // (INLINE_MAX + 1 KiB)``."""
+ENTRIES_PER_READ = max(1, READ_BYTES // (INLINE_MAX + 1024))
+MAX_FIELD_BYTES = 256
+"""Any field but ``bin`` longer than this makes the entry malformed."""
+RESULTS_MAXLEN = 100_000
+_REF = re.compile(r"results/[0-9a-f]{64}\.bin")
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A payload in a region's bucket: its key, SHA-256 and size."""
+
+    region: str
+    key: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A submitted result, as read back by the trainer."""
+
+    id: str
+    job: str
+    token: int
+    actor: str
+    version: int
+    version_hash: str
+    inline: bytes | None = None
+    """The payload's bytes when the entry carries them."""
+    ref: Ref | None = None
+    """Where the payload is when it does not."""
+    malformed: str | None = None
+    """Why the entry is unusable (its fields failed their checks), None if it parsed."""
+
+
+def _text(f: dict[Any, Any], name: str) -> Any:
+    raw = f.get(name.encode(), f.get(name))
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_FIELD_BYTES:
+            raise wire.BadEntry(f"bad_{name}", f"{name} is {len(raw)} bytes")
+        try:
+            return raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise wire.BadEntry(f"bad_{name}", f"{name} is not ASCII") from None
+    return raw
+
+
+def parse_result(eid: Any, f: dict[Any, Any]) -> Result:
+    """A results-stream entry (as a non-decoding client returns it) as the trainer may act on it; a
+    damaged one comes back with ``malformed`` set to the reason (and whatever of job and actor could
+    be read), never raises."""
+    sid = eid.decode("ascii", "replace") if isinstance(eid, bytes) else str(eid)
+    try:
+        job = wire.name(_text(f, "job"), "job")
+        actor = wire.name(_text(f, "actor"), "actor")
+        token = wire.uint(_text(f, "token"), "token")
+        version = wire.version(_text(f, "version"))
+        version_hash = wire.hex64(_text(f, "version_hash"), "version_hash")
+        inline = f.get(b"bin", f.get("bin"))
+        if inline is not None:
+            if not isinstance(inline, bytes):
+                raise wire.BadEntry("bad_payload", "an inline payload is bytes")
+            if len(inline) > INLINE_MAX:
+                raise wire.BadEntry("payload_too_large", f"inline payload of {len(inline)} bytes, over {INLINE_MAX}")
+            return Result(sid, job, token, actor, version, version_hash, inline=inline)
+        key = _text(f, "ref")
+        if not (isinstance(key, str) and _REF.fullmatch(key)):
+            raise wire.BadEntry("bad_payload", f"neither an inline payload nor a results/ reference: {key!r:.80}")
+        sha = wire.hex64(_text(f, "sha256"), "sha256")
+        if key != f"results/{sha}.bin":
+            raise wire.BadEntry("bad_payload", f"reference {key} is not the object of hash {sha}")
+        ref = Ref(wire.name(_text(f, "region"), "region"), key, sha, wire.uint(_text(f, "size"), "size", 1 << 40))
+        return Result(sid, job, token, actor, version, version_hash, ref=ref)
+    except wire.BadEntry as exc:
+        try:
+            bad_job, bad_actor = (str(_text(f, k) or "")[:200] for k in ("job", "actor"))
+        except wire.BadEntry:
+            bad_job = bad_actor = ""
+        return Result(sid, bad_job, -1, bad_actor, -1, "", malformed=exc.reason)
+
+
+def entry(
+    job: str, token: int, actor: str, version: int, version_hash: str, *, inline: bytes | None, ref: Ref | None
+) -> dict[str, Any]:
+    """The fields of a result entry, as :func:`parse_result` reads them back."""
+    fields: dict[str, Any] = {
+        "job": job,
+        "token": token,
+        "actor": actor,
+        "version": version,
+        "version_hash": version_hash,
+    }
+    if inline is not None:
+        fields["bin"] = inline
+    elif ref is not None:
+        fields.update(ref=ref.key, sha256=ref.sha256, size=ref.size, region=ref.region)
+    return fields

@@ -1,0 +1,42 @@
+"""``aurora bench coord``: the fleet-scale probe runs the real trainer and actor classes on a real
+redis-server; on a small fleet its figures say what the design promises (push, O(changed) sweeps,
+Redis holding only the steps in flight, binary results)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench import coord
+
+
+def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
+    out = coord.measure(coord.Config(rows="6x12x64,24x12x64", steps=3, idle_s=3.0))
+    small, large = out["rows"]
+    for row in (small, large):
+        assert all(s["admitted"] == 12 and s["tokens"] == 12 * 8 * 64 for s in row["steps"])
+        assert row["idle"]["round_trips_per_actor_s"] <= 1.0, "an idle actor costs at most a command a second"
+        assert row["admission"]["admitted"] == row["admission"]["results"]
+        assert row["admission"]["bytes_per_token_in_redis"] < 8.5, "int32 + float32 a token, and a small header"
+    # refresh the roster, read expired leases, and (with idle actors, as at 24) the unstarted ones
+    assert small["sweep"]["round_trips"] <= large["sweep"]["round_trips"] <= 3, "a sweep's cost is not the fleet's"
+    memory = [s["memory_after"] for s in large["steps"]]
+    assert max(memory) - min(memory) < 1 << 20, f"Redis holds only the steps in flight: {memory}"
+
+
+def test_results_above_the_inline_cap_go_by_reference() -> None:
+    out = coord.measure(coord.Config(rows="2x4x8192", steps=1, idle_s=0.5))
+    (row,) = out["rows"]
+    assert row["admission"]["by_reference"] == row["admission"]["results"] and row["steps"][0]["admitted"] == 4
+    assert row["bytes_per_token"] < 0.5, "only references and small fields cross Redis"
+
+
+def test_the_command_prints_one_json_object() -> None:
+    cmd = [sys.executable, "-m", "aurora_store.cli", "bench", "coord", "--rows", "2x2x16", "--steps", "1"]
+    done = subprocess.run([*cmd, "--idle-s", "0.5", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["bench"] == "coord" and doc["rows"][0]["actors"] == 2
+    bad = subprocess.run([*cmd[:-4], "--rows", "2x2", "--json"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "ACTORSxGROUPSxTOKENS" in bad.stderr

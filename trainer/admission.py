@@ -1,0 +1,104 @@
+"""Reading result payloads as the trainer admits them: fetched, decoded and checked off the training thread.
+
+A result's payload is inline in its Redis entry or an immutable object in the submitting actor's
+region bucket (:mod:`aurora_store.coord.results`). :class:`Payloads` fetches the referenced ones
+in parallel (each checked against its size and SHA-256), then decodes and checks every payload
+with :func:`aurora_store.format.results.decode`: vectorised, no per-token Python loop. It also
+checks what only the trainer knows: the weights digest the actor says it generated on against
+the published one. A payload that fails is a drop reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.results import get_payload
+from aurora_store.coord.results import Result
+from aurora_store.errors import PayloadError, StoreError
+from aurora_store.format import results as payloads
+from aurora_store.rl.sampling import SamplingConfig
+
+Decoded = tuple[payloads.Rollouts | None, str | None]
+"""A payload's rollouts, or why it is refused."""
+
+
+class Payloads:
+    """Fetch, decode and check the payloads of results read from Redis."""
+
+    def __init__(
+        self,
+        *,
+        sampling: SamplingConfig,
+        vocab_size: int,
+        stores: Mapping[str, ObjectStore],
+        digests: Callable[[int], str | None],
+        fetchers: int = 16,
+    ) -> None:
+        self.sampling, self.vocab_size = sampling, vocab_size
+        self.stores = dict(stores)
+        """Region -> the bucket its actors write large payloads to."""
+        self.digests = digests
+        """Version -> the weights digest published with it (None if unknown)."""
+        self._pool = ThreadPoolExecutor(max_workers=fetchers, thread_name_prefix="aurora-payload")
+        self._lock = threading.Lock()
+        self.cpu_s = 0.0
+        """Thread CPU seconds spent decoding and checking payloads (fetches excluded)."""
+        self.tokens = 0
+        """Completion tokens decoded and checked."""
+        self.fetched_bytes = 0
+
+    def decode_all(self, results: Sequence[Result]) -> list[Decoded]:
+        """Each result's rollouts or drop reason, in order; referenced payloads fetched in parallel."""
+        blobs: list[bytes | str | None] = [r.inline for r in results]
+        wanted = [i for i, r in enumerate(results) if r.malformed is None and r.ref is not None]
+        for i, got in zip(wanted, self._pool.map(lambda i: self._fetch(results[i]), wanted), strict=True):
+            blobs[i] = got
+        t0 = time.thread_time()
+        out: list[Decoded] = []
+        tokens = 0
+        for res, blob in zip(results, blobs, strict=True):
+            if res.malformed is not None:
+                out.append((None, res.malformed))
+            elif isinstance(blob, str):
+                out.append((None, blob))
+            elif blob is None:
+                out.append((None, "bad_payload"))
+            else:
+                decoded = self._decode(res, blob)
+                tokens += decoded[0].n_tokens if decoded[0] is not None else 0
+                out.append(decoded)
+        with self._lock:
+            self.cpu_s += time.thread_time() - t0
+            self.tokens += tokens
+        return out
+
+    def _fetch(self, res: Result) -> bytes | str:
+        ref = res.ref
+        assert ref is not None
+        store = self.stores.get(ref.region)
+        if store is None:
+            return "unknown_region"
+        try:
+            data = get_payload(store, ref.key, ref.sha256, ref.size)
+        except StoreError:
+            return "payload_unavailable"
+        with self._lock:
+            self.fetched_bytes += len(data)
+        return data
+
+    def _decode(self, res: Result, blob: bytes) -> Decoded:
+        s = self.sampling
+        try:
+            got = payloads.decode(blob, group=s.group, vocab=self.vocab_size, max_tokens=s.max_new_tokens)
+        except PayloadError as exc:
+            return None, "bad_payload" if exc.reason != "unknown_format" else "unknown_format"
+        if got.weights_digest is not None and got.weights_digest != self.digests(res.version):
+            return None, "wrong_digest"
+        return got, None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
