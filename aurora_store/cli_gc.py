@@ -1,7 +1,9 @@
 """``aurora gc``: what retention would delete from a run (a dry run), or deletes it (``--apply``).
 
 The plan is :mod:`aurora_store.bucket.gc`'s; this module asks Redis what live actors hold and
-regions are at, refuses to delete on what it cannot read, and prints the plan.
+regions are at, refuses to delete versions on what it cannot read, and prints the plan. Offloaded
+result payloads older than ``--results-max-age`` go with ``--apply`` whatever Redis says: no one
+holds a payload once its result is admitted, and the age is the guard.
 """
 
 from __future__ import annotations
@@ -13,6 +15,31 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
+
+
+def add_results_arguments(p: argparse.ArgumentParser) -> None:
+    """``aurora gc``'s options for offloaded result payloads (``results/``)."""
+    from aurora_store.bucket.gc import RESULTS_MAX_AGE_S
+
+    p.add_argument(
+        "--results-max-age",
+        type=_seconds,
+        default=RESULTS_MAX_AGE_S,
+        metavar="SECONDS",
+        help=f"delete offloaded result payloads (results/) older than this (default {RESULTS_MAX_AGE_S}: a day; "
+        "0 keeps them all); needs no --redis",
+    )
+
+
+def _seconds(text: str) -> int:
+    """An argparse type: a whole number of seconds, >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def gc(run: Run, args: argparse.Namespace) -> int:
@@ -28,8 +55,12 @@ def gc(run: Run, args: argparse.Namespace) -> int:
             keep_last=args.keep_last, keep_fulls=args.keep_fulls, keep_states=args.keep_states, holds=holds
         ),
     )
-    counts = None
+    # a parser without add_results_arguments (an older aurora_store.cli) gets the default
+    results = retention.plan_results(run.store, getattr(args, "results_max_age", retention.RESULTS_MAX_AGE_S))
+    counts: dict[str, int] | None = None
+    results_deleted: int | None = None
     if args.apply:
+        results_deleted = retention.apply_results(run.store, results)  # no Redis needed: the age is the guard
         problem = None
         if args.redis is None:
             problem = "--apply needs --redis (or $AURORA_REDIS): what live actors hold decides what may go"
@@ -41,7 +72,8 @@ def gc(run: Run, args: argparse.Namespace) -> int:
                 f"{len(unreadable)} Redis entr(ies) could not be read ({unreadable[0]}): what they hold is unknown"
             )
         if problem is not None:
-            raise RetentionError(f"gc {run.uri}: nothing deleted: {problem}")
+            done = f"{results_deleted} old results/ payload(s) deleted, no version" if results_deleted else "nothing"
+            raise RetentionError(f"gc {run.uri}: {done} deleted: {problem}")
         counts = retention.apply(run, p)
     if args.json:
         doc = {
@@ -50,10 +82,11 @@ def gc(run: Run, args: argparse.Namespace) -> int:
             "deleted": counts,
             "holds": holds,
             "unreadable": unreadable,
+            "results": {**results.to_dict(), "deleted": results_deleted},
         }
         print(json.dumps(doc))
         return 0
-    _show(p, holds, unreadable, counts)
+    _show(p, holds, unreadable, counts, results, results_deleted)
     return 0
 
 
@@ -81,7 +114,14 @@ def _spans(versions: list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans) or "none"
 
 
-def _show(p: object, holds: dict[str, int] | None, unreadable: list[str], counts: dict[str, int] | None) -> None:
+def _show(
+    p: object,
+    holds: dict[str, int] | None,
+    unreadable: list[str],
+    counts: dict[str, int] | None,
+    results: object,
+    results_deleted: int | None,
+) -> None:
     from aurora_store.bucket.gc import Plan
 
     assert isinstance(p, Plan)
@@ -101,6 +141,7 @@ def _show(p: object, holds: dict[str, int] | None, unreadable: list[str], counts
         print("  Redis not asked (no --redis): what live actors hold was not considered")
     for bad in [*p.bad_records, *unreadable, *p.unreadable]:
         print(f"aurora: warning: {bad}", file=sys.stderr)
+    _show_results(results, results_deleted)
     if counts is None:
         print("dry run: nothing deleted (--apply deletes)")
     else:
@@ -108,3 +149,29 @@ def _show(p: object, holds: dict[str, int] | None, unreadable: list[str], counts
             f"deleted {counts['versions']} versions ({counts['objects']} objects), {counts['states']} trainer states, "
             f"{counts['records']} superseded retention records, {counts['temporaries']} temporary files"
         )
+
+
+_SHOWN = 20
+"""Names of kept or foreign ``results/`` objects printed at most (a flood of them is counted)."""
+
+
+def _show_results(r: object, deleted: int | None) -> None:
+    from aurora_store.bucket.gc import ResultsPlan
+
+    assert isinstance(r, ResultsPlan)
+    if r.max_age_s == 0:
+        print("  results/: not collected (--results-max-age 0)")
+        return
+    print(
+        f"  results/: {len(r.expired)} payload(s) older than {r.max_age_s:,} s ({r.expired_bytes:,} bytes) to delete, "
+        f"{r.young} younger kept"
+    )
+    for key in r.undated[:_SHOWN]:
+        print(f"  keep {key!r}: the store reports no modification time for it that can be read")
+    for key in r.foreign[:_SHOWN]:
+        print(f"  leave {key!r} alone: not a payload's name (results/<sha256>.bin)")
+    hidden = max(0, len(r.undated) - _SHOWN) + max(0, len(r.foreign) - _SHOWN)
+    if hidden:
+        print(f"  ... and {hidden} more kept or left alone under results/")
+    if deleted is not None:
+        print(f"deleted {deleted} results/ payload(s) ({r.expired_bytes:,} bytes)")

@@ -294,15 +294,41 @@ class Statement:
     def grants(self, concrete: list[str]) -> list[str]:
         return [a for a in concrete for pattern in self.actions if fnmatch.fnmatchcase(a, pattern)]
 
+    def allows(self, action: str, resource: str) -> bool:
+        """Whether this Allow statement grants ``action`` on ``resource`` (IAM's ``*``/``?`` wildcards;
+        conditions are not evaluated: on object ARNs these policies carry none)."""
+        return (
+            self.effect == "Allow"
+            and bool(self.grants([action]))
+            and any(fnmatch.fnmatchcase(resource, pattern) for pattern in self.resources)
+        )
+
+
+def allows(policy: list[Statement], action: str, resource: str) -> bool:
+    """Whether any statement of ``policy`` grants ``action`` on ``resource``."""
+    return any(s.allows(action, resource) for s in policy)
+
 
 def statements(body: dict[str, Any], scope: Scope) -> list[Statement]:
-    """A policy document's statements; a dynamic statement counts as present (the worst case)."""
+    """A policy document's statements. A dynamic statement whose for_each this evaluator can compute
+    (``var.buckets``) is one statement per element; one it cannot (a conditional) counts as present
+    once, its iterator's value the word "dynamic" (the worst case)."""
     raw = [(s, scope) for s in body.get("statement", [])]
     for dynamic in body.get("dynamic", []):
         for name, spec in dynamic.items():
             assert name == "statement"
+            try:
+                each = scope.evaluate(spec["for_each"])
+            except Opaque:
+                each = None
+            if isinstance(each, dict | list):
+                items = list(each.items() if isinstance(each, dict) else ((v, v) for v in each))
+                iterators = [{"key": k, "value": v} for k, v in items]
+            else:
+                iterators = [{"value": "dynamic"}]
             for content in spec["content"]:
-                raw.append((content, Scope(scope.vars, scope.locals, {**scope.names, name: {"value": "dynamic"}})))
+                for it in iterators:
+                    raw.append((content, Scope(scope.vars, scope.locals, {**scope.names, name: it})))
     out = []
     for s, sc in raw:
         conditions = tuple(

@@ -1,7 +1,8 @@
 """Retention (``aurora gc``): what is kept and why, that kept versions still replay bit-exact and
 audit, that a dry run deletes nothing, that an interrupted gc is finished by the next, hostile
-retention records, Redis as the source of what actors hold, and gc while a trainer publishes and
-a relay copies (a real relay process, gc as real processes)."""
+retention records, Redis as the source of what actors hold, old offloaded result payloads (and
+hostile names under ``results/``, left alone), and gc while a trainer publishes and a relay copies
+(a real relay process, gc as real processes)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ from hypothesis import strategies as st
 import aurora_store
 from aurora_store.bucket import gc
 from aurora_store.bucket.audit import audit
+from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.results import put_payload
 from aurora_store.bucket.retention import records
+from aurora_store.cli import main
+from aurora_store.cli_gc import add_results_arguments
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
 from aurora_store.format import retention
@@ -33,6 +38,7 @@ from aurora_store.format.keys import manifest_key
 from aurora_store.format.retention import Retired
 from aurora_store.testing import damage
 from aurora_store.testing.processes import wait_for
+from tests.conftest import Root
 from tests.helpers import bits_equal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,6 +234,7 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["applied"] is False and doc["holds"] is None and doc["retire"] == [1, 2, 3, 4, 5, 6, 7]
+    assert doc["results"] == {**gc.plan_results(run.store, DAY).to_dict(), "deleted": None}, "none offloaded"
     assert run.versions() == list(range(10)), "a dry run deletes nothing"
     out = _gc(uri, "--apply", env={"AURORA_REDIS": ""})
     assert out.returncode == 1 and "--apply needs --redis" in out.stderr
@@ -238,20 +245,164 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     wid = coord.register("actor", "eu", worker_id="a1", ttl_s=60)
     coord.update_worker(wid, version=5, version_hash="0" * 64)
     coord.r.hset(coord.key("workers"), "ghost", "{not json")
-    coord.r.set(coord.key("hb", "ghost"), "1")
+    coord.r.zadd(coord.key("alive"), {"ghost": int((time.time() + 600) * 1000)})  # alive: its expiry, in ms
     refused = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1")
     assert refused.returncode == 1 and "could not be read" in refused.stderr, "a live worker holding who knows what"
-    coord.r.delete(coord.key("hb", "ghost"))
+    coord.r.zrem(coord.key("alive"), "ghost")
     done = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1", "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["applied"] and doc["holds"]["actor a1 in eu"] == 5 and doc["holds"]["region home"] == 9
+    assert doc["results"]["deleted"] == 0 and doc["results"]["max_age_s"] == DAY
     assert run.versions() == [0, 4, 5, 6, 7, 8, 9], "everything from what a1 holds on, and 5's chain from 4"
     for flag, value in (("--keep-states", "0"), ("--keep-last", "0"), ("--keep-fulls", "x")):
         bad = _gc(uri, flag, value)
         assert bad.returncode == 2 and flag in bad.stderr
     text = _gc(uri, "--keep-last", "2")
     assert text.returncode == 0 and "Redis not asked" in text.stdout and "dry run" in text.stdout
+
+
+DAY = 86400
+HOSTILE_RESULT_NAMES = [
+    "results/" + "AB" * 32 + ".bin",  # upper-case hex
+    "results/" + "ab" * 32 + ".bin.part",
+    "results/" + "ab" * 31 + ".bin",  # 62 digits
+    "results/nested/" + "cd" * 32 + ".bin",
+    "results/notes.txt",
+    "results/ünïcode name.bin",
+]
+
+
+def _payloads(store: ObjectStore, n: int) -> dict[str, int]:
+    """``n`` offloaded payloads of different sizes, written as an actor writes them; their sizes by key."""
+    out = {}
+    for i in range(n):
+        data = bytes([i]) * (100 + 37 * i)
+        key, _ = put_payload(store, data)
+        out[key] = len(data)
+    return out
+
+
+def test_gc_deletes_result_payloads_older_than_the_max_age(root: Root) -> None:
+    store = ObjectStore(root.uri, root.storage_options)
+    sizes = _payloads(store, 3)
+    for name in HOSTILE_RESULT_NAMES:
+        damage.overwrite(store, name, b"not a payload")
+    store.put_if_absent("versions/0000000000/manifest.json", b"{}")  # never looked at by results gc
+
+    fresh = gc.plan_results(store, DAY)
+    assert fresh.expired == [] and fresh.young == 3 and fresh.undated == [], "written just now: kept"
+    assert fresh.foreign == sorted(HOSTILE_RESULT_NAMES)
+    later = gc.plan_results(store, DAY, now=time.time() + DAY + 60)  # a day and a minute from now
+    assert dict(later.expired) == sizes and later.expired_bytes == sum(sizes.values()) and later.young == 0
+    assert later.foreign == sorted(HOSTILE_RESULT_NAMES), "a hostile name is never a candidate, however old"
+    assert later.to_dict() == {
+        "max_age_s": DAY,
+        "expired": 3,
+        "expired_bytes": sum(sizes.values()),
+        "young": 0,
+        "undated": [],
+        "foreign": sorted(HOSTILE_RESULT_NAMES),
+    }
+    assert sorted(store.list_keys("results")) == sorted([*sizes, *HOSTILE_RESULT_NAMES]), "planning deletes nothing"
+
+    assert gc.apply_results(store, later) == 3
+    assert store.list_keys("results") == sorted(HOSTILE_RESULT_NAMES), "only the payloads went"
+    assert store.exists("versions/0000000000/manifest.json")
+    gc.apply_results(store, later)  # a second apply finds them gone (S3 does not say whether a key was there)
+    assert store.list_keys("results") == sorted(HOSTILE_RESULT_NAMES)
+    off = gc.plan_results(store, 0, now=time.time() + 100 * DAY)
+    assert off.expired == [] and off.foreign == [] and off.young == 0, "0: results are not even listed"
+    with pytest.raises(ValueError, match=">= 0"):
+        gc.plan_results(store, -1)
+
+
+def test_the_age_is_the_files_mtime_and_a_dry_run_says_what_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = (tmp_path / "r").as_uri()
+    run = aurora_store.open_run(uri, full_every=4)
+    _publish(run, 3)
+    sizes = _payloads(run.store, 4)
+    old, young = sorted(sizes)[:3], sorted(sizes)[3:]
+    for key in old:  # two days old, by the file's own modification time
+        when = time.time() - 2 * DAY
+        os.utime(run.store.path(key), (when, when))
+    hostile = "results/\x1b[2J" + "ab" * 32 + ".bin"  # printed as a repr, never raw
+    damage.overwrite(run.store, hostile, b"x")
+    os.utime(run.store.path(hostile), (0, 0))
+
+    p = gc.plan_results(run.store, DAY)
+    assert sorted(k for k, _ in p.expired) == old and p.young == 1 and p.foreign == [hostile]
+    assert gc.plan_results(run.store, 3 * DAY).expired == [], "younger than three days, all of them"
+
+    assert main(["gc", uri, "--json"]) == 0  # the default max age, a day
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["results"] == {
+        "max_age_s": DAY,
+        "expired": 3,
+        "expired_bytes": sum(sizes[k] for k in old),
+        "young": 1,
+        "undated": [],
+        "foreign": [hostile],
+        "deleted": None,
+    }
+    assert main(["gc", uri]) == 0
+    text = capsys.readouterr().out
+    assert f"results/: 3 payload(s) older than 86,400 s ({sum(sizes[k] for k in old):,} bytes) to delete" in text
+    assert f"leave {hostile!r} alone: not a payload's name" in text and "dry run" in text
+    assert "\x1b" not in text
+    assert sorted(run.store.list_keys("results")) == sorted([*sizes, hostile]), "a dry run deletes nothing"
+
+    # --apply without Redis: versions are refused as before; old payloads need no Redis, and go
+    monkeypatch.delenv("AURORA_REDIS", raising=False)
+    assert main(["gc", uri, "--apply"]) == 1
+    err = capsys.readouterr().err
+    assert "3 old results/ payload(s) deleted, no version deleted: --apply needs --redis" in err
+    assert sorted(run.store.list_keys("results")) == sorted([*young, hostile])
+    assert run.versions() == [0, 1, 2], "no version deleted"
+
+
+def test_a_payload_without_a_readable_time_is_kept_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = (tmp_path / "r").as_uri()
+    run = aurora_store.open_run(uri, full_every=4)
+    _publish(run, 1)
+    first, second, third = sorted(_payloads(run.store, 3))
+    find = run.store.fs.find
+
+    def listing(path: str, **kw: Any) -> Any:
+        found = find(path, **kw)
+        for p, info in found.items() if isinstance(found, dict) else ():
+            if p.endswith(first.split("/")[-1]):  # no time at all
+                info.pop("mtime")
+                info.pop("created", None)
+            elif p.endswith(second.split("/")[-1]):
+                info.update(mtime="yesterday", created=float("nan"), LastModified="2026-13-45T99:00:00Z")
+        return found
+
+    monkeypatch.setattr(run.store.fs, "find", listing)  # fsspec's cached filesystem: main()'s store's too
+    p = gc.plan_results(run.store, 1, now=time.time() + DAY)
+    assert p.undated == [first, second] and [k for k, _ in p.expired] == [third]
+    assert main(["gc", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"]["undated"] == [first, second]
+    assert main(["gc", uri]) == 0
+    text = capsys.readouterr().out
+    for key in (first, second):
+        assert f"keep {key!r}: the store reports no modification time for it that can be read" in text
+
+
+def test_results_max_age_option() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_results_arguments(parser)
+    assert parser.parse_args([]).results_max_age == gc.RESULTS_MAX_AGE_S == DAY
+    assert parser.parse_args(["--results-max-age", "0"]).results_max_age == 0
+    for bad in ("-1", "1.5", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--results-max-age", bad])
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """infra/terraform, checked without terraform (which cannot be installed on the build machine).
 
 Every .tf file parses (python-hcl2); every module has its files, types and documents every
-input and output, and pins its providers. Buckets are private, TLS-only, never replicated and
-never expire objects. cloud-init carries no secret. checkov finds nothing. The example's
+input and output, and pins its providers. Buckets are private, TLS-only, never replicated, and
+expire nothing but each run's offloaded result payloads (RUN_PREFIX/results/). cloud-init carries
+no secret. checkov finds nothing. The example's
 aurora.toml renders to the config schema, and `aurora config check` accepts it. The IAM
 policies are checked in test_terraform_iam.py.
 """
@@ -175,20 +176,79 @@ def test_gcs_bucket_is_private_with_uniform_access() -> None:
     assert bucket["versioning"][0]["enabled"] is False
 
 
-def test_no_bucket_expires_objects_or_replicates() -> None:
+def test_nothing_but_results_ever_expires_and_no_bucket_replicates() -> None:
+    """Versions must never expire (a kept delta needs its full version, whatever its age): the only
+    expiring rule of each bucket module is the one for RUN_PREFIX/results/, the offloaded payloads."""
+    expiring = []
     for directory in module_dirs():
         types = {t for t, _, _ in labelled(directory, "resource")}
         assert not types & {"aws_s3_bucket_replication_configuration", "google_storage_transfer_job"}, directory
         for body in resources(directory, "aws_s3_bucket_lifecycle_configuration"):
-            for rule in body["rule"]:
+            for rule in body["rule"]:  # static rules: abort incomplete uploads only
                 assert set(rule) <= {"id", "status", "filter", "abort_incomplete_multipart_upload"}, rule
+            for dynamic in body.get("dynamic", []):
+                assert list(dynamic) == ["rule"], dynamic
+                spec = dynamic["rule"]
+                assert spec["for_each"] == "${toset(var.run_prefixes)}"
+                (content,) = spec["content"]
+                assert set(content) == {"id", "status", "filter", "expiration"}, content
+                assert content["filter"] == [{"prefix": "${rule.value}/results/"}]
+                assert content["expiration"] == [{"days": "${var.results_expire_days}"}]
+                expiring.append(rel(directory))
         for body in resources(directory, "google_storage_bucket"):
             actions = [a["type"] for r in body.get("lifecycle_rule", []) for a in r["action"]]
             assert actions == ["AbortIncompleteMultipartUpload"], actions
+            for dynamic in body.get("dynamic", []):
+                if "lifecycle_rule" not in dynamic:
+                    continue
+                (content,) = dynamic["lifecycle_rule"]["content"]
+                assert content["action"] == [{"type": "Delete"}]
+                assert content["condition"] == [
+                    {
+                        "age": "${var.results_expire_days}",
+                        "matches_prefix": '${[for p in var.run_prefixes : "${p}/results/"]}',
+                    }
+                ]
+                expiring.append(rel(directory))
         for body in resources(directory, "aws_s3_bucket"):
             assert "replication_configuration" not in body and "lifecycle_rule" not in body
+    assert sorted(expiring) == ["modules/aws-region-bucket", "modules/gcs-region-bucket"]
     text = "\n".join(p.read_text() for p in tf_files())
-    assert "noncurrent_version_expiration" not in text and not re.search(r"^\s*expiration\s*\{", text, re.M)
+    assert "noncurrent_version_expiration" not in text
+    assert len(re.findall(r"^\s*expiration\s*\{", text, re.M)) == 1, "the results rule's, and no other"
+    assert "SetStorageClass" not in text and "transition" not in text
+
+
+@pytest.mark.parametrize("directory", ["aws-region-bucket", "gcs-region-bucket"])
+def test_the_results_rule_matches_a_runs_payloads_and_nothing_else(directory: str) -> None:
+    variables = dict(blocks(MODULES / directory, "variable"))
+    assert variables["run_prefixes"]["default"] == [] and variables["results_expire_days"]["default"] == 1
+    (check,) = variables["run_prefixes"]["validation"]
+    iam_check = dict(blocks(MODULES / "iam-roles" / "aws", "variable"))["run_prefix"]["validation"][0]["condition"]
+    assert (
+        check["condition"]
+        == f"${{alltrue([for p in var.run_prefixes : {iam_check[2:-1].replace('var.run_prefix', 'p')}])}}"
+    )
+    prefixes = [f"{p}/results/" for p in ("runs/exp1", "runs/exp")]  # as the rule renders them
+    payload = "results/" + "ab" * 32 + ".bin"
+    assert all(any(f"{run}/{payload}".startswith(p) for p in prefixes) for run in ("runs/exp1", "runs/exp"))
+    for key in (
+        "runs/exp1/versions/0000000000/manifest.json",
+        "runs/exp1/trainer/state-0000000001/state.json",
+        "runs/exp1/retention/0000000000001-" + "cd" * 16 + ".json",
+        "runs/exp1/results",
+        f"runs/exp10/{payload}",
+        f"runs/exp1x/{payload}",
+        payload,
+    ):
+        assert not any(key.startswith(p) for p in prefixes), key
+
+
+def test_the_example_expires_its_runs_results_in_every_bucket() -> None:
+    buckets = [m for _, m in blocks(EXAMPLE, "module") if "region-bucket" in m["source"]]
+    assert len(buckets) == 4
+    assert all(m["run_prefixes"] == ["${local.run_prefix}"] for m in buckets)
+    assert locals_of(EXAMPLE)["run_prefix"] == "runs/${var.run_id}"
 
 
 def test_the_abort_rule_aborts_multipart_uploads_after_a_few_days() -> None:
@@ -246,7 +306,10 @@ def bootstrap_module() -> Any:
     return module
 
 
-def cloud_init_values(role: str, *, refresh_token: bool) -> dict[str, Any]:
+GCP_CREDENTIALS = {"type": "external_account", "audience": "//iam.googleapis.com/projects/1/locations/global/x"}
+
+
+def cloud_init_values(role: str, *, refresh_token: bool, gcp_credentials: bool = False) -> dict[str, Any]:
     bootstrap = {"cloud": "aws", "role": role, "secrets": {"AURORA_REDIS": secret_arn("redis-url")}, "worker_id": True}
     return {
         "role": role,
@@ -259,13 +322,20 @@ def cloud_init_values(role: str, *, refresh_token: bool) -> dict[str, Any]:
         "exec_start": f"/opt/aurora/venv/bin/aurora {role} --config /etc/aurora/aurora.toml --region eu-west-1",
         "pip_install_json": json.dumps(["/opt/aurora/venv/bin/pip", "install", "aurora-rl[relay,s3]==0.1.0"]),
         "refresh_token": refresh_token,
+        "gcp_credentials": gcp_credentials,
+        "gcp_credentials_b64": base64.b64encode(json.dumps(GCP_CREDENTIALS).encode()).decode()
+        if gcp_credentials
+        else "",
     }
 
 
-@pytest.mark.parametrize("refresh_token", [False, True])
-def test_cloud_init_installs_the_role_as_a_unit_that_fetches_its_secrets_at_start(refresh_token: bool) -> None:
+@pytest.mark.parametrize(("refresh_token", "gcp_credentials"), [(False, False), (True, False), (False, True)])
+def test_cloud_init_installs_the_role_as_a_unit_that_fetches_its_secrets_at_start(
+    refresh_token: bool, gcp_credentials: bool
+) -> None:
     template = (TEMPLATES / "cloud-init.yaml.tftpl").read_text()
-    text = render(template, cloud_init_values("relay", refresh_token=refresh_token))
+    values = cloud_init_values("relay", refresh_token=refresh_token, gcp_credentials=gcp_credentials)
+    text = render(template, values)
     assert text.startswith("#cloud-config\n")
     config = yaml.safe_load(text)
     files = {f["path"]: f for f in config["write_files"]}
@@ -285,6 +355,12 @@ def test_cloud_init_installs_the_role_as_a_unit_that_fetches_its_secrets_at_star
     last = config["runcmd"][-1]
     assert last == ["systemctl", "enable", "--now", "aurora-relay.service"]
     assert ("/etc/systemd/system/aurora-aws-token.timer" in files) is refresh_token
+    credentials = "/etc/aurora/gcp-credentials.json"
+    assert (credentials in files) is gcp_credentials
+    assert (f"Environment=GOOGLE_APPLICATION_CREDENTIALS={credentials}" in unit) is gcp_credentials
+    if gcp_credentials:
+        assert files[credentials]["encoding"] == "b64" and files[credentials]["permissions"] == "0644"
+        assert json.loads(base64.b64decode(files[credentials]["content"])) == GCP_CREDENTIALS
     assert "rediss://" not in text and "PRIVATE KEY" not in text
 
 
@@ -295,6 +371,37 @@ def test_cloud_init_is_given_exactly_what_it_uses() -> None:
         call = locals_of(directory)["cloud_init"]
         given = set(re.findall(r"[{,]\s*(\w+) = ", call))
         assert given == used == set(cloud_init_values("actor", refresh_token=False)), directory
+
+
+def test_the_aws_trainer_reads_gcs_results_with_a_credential_configuration_not_a_key() -> None:
+    aws = MODULES / "gpu-pool" / "aws"
+    call = locals_of(aws)["cloud_init"]
+    assert "gcp_credentials = var.gcp_credential_config != null" in call
+    assert (
+        'gcp_credentials_b64 = var.gcp_credential_config == null ? "" : base64encode(var.gcp_credential_config)' in call
+    )
+    assert '["gcs"]' in locals_of(aws)["extras"] and "var.gcp_credential_config == null" in locals_of(aws)["extras"]
+    (check,) = dict(blocks(aws, "variable"))["gcp_credential_config"]["validation"]
+    assert '"external_account"' in check["condition"], "never a service account key"
+    gcp_call = locals_of(MODULES / "gpu-pool" / "gcp")["cloud_init"]
+    assert "gcp_credentials = false" in gcp_call, "a Google Cloud host uses its own service account"
+    (trainer,) = [m for n, m in blocks(EXAMPLE, "module") if n == "trainer"]
+    assert trainer["gcp_credential_config"] == "${module.iam_gcp.aws_trainer_credential_config}"
+    (iam_gcp,) = [m for n, m in blocks(EXAMPLE, "module") if n == "iam_gcp"]
+    assert iam_gcp["aws_trainer"] == {
+        "account_id": "${data.aws_caller_identity.home.account_id}",
+        "role_name": "${module.iam_aws.trainer_role_name}",
+    }
+    (output,) = [b for n, b in blocks(MODULES / "iam-roles" / "gcp", "output") if n == "aws_trainer_credential_config"]
+    config = output["value"]
+    for piece in (
+        'type = "external_account"',
+        'subject_token_type = "urn:ietf:params:aws:token-type:aws4_request"',
+        "imdsv2_session_token_url",
+        'environment_id = "aws1"',
+    ):
+        assert piece in config, piece
+    assert "private_key" not in config and "service_account_impersonation_url" not in config
 
 
 def test_pool_commands_are_the_roles_commands() -> None:

@@ -13,6 +13,11 @@ retention record naming the versions about to go is written before the first del
 retired version's manifest goes before its objects (no reader starts on a version being
 deleted), and a gc killed half-way is finished by the next one (it deletes what is left of
 every retired version). See docs/FORMAT.md, "Retention".
+
+Offloaded result payloads (``results/<sha256>.bin``, FORMAT.md §13) are garbage once the trainer
+has admitted their result, which it does within a lease: :func:`plan_results` retires those older
+than an age, judged by the time the store reports. That needs no Redis (no one holds a payload),
+and nothing under ``results/`` but a payload's own name is ever deleted.
 """
 
 from __future__ import annotations
@@ -25,13 +30,25 @@ from dataclasses import dataclass, field
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.retention import records
 from aurora_store.bucket.run import Run
-from aurora_store.errors import RetentionError, StoreError
+from aurora_store.errors import CorruptError, RetentionError, StoreError
 from aurora_store.format import retention
-from aurora_store.format.keys import MANIFEST, STATE_COMMIT, STATE_DIR, VERSIONS_DIR, manifest_key
+from aurora_store.format.keys import (
+    MANIFEST,
+    RESULTS_DIR,
+    STATE_COMMIT,
+    STATE_DIR,
+    VERSIONS_DIR,
+    check_result_key,
+    manifest_key,
+)
 from aurora_store.format.manifest import Manifest
 from aurora_store.format.retention import Retired
 
 log = logging.getLogger("aurora.gc")
+
+RESULTS_MAX_AGE_S = 86400
+"""How old (seconds) an offloaded result payload is before gc deletes it, unless told otherwise: a
+day, hours more than any lease (a result is admitted, or dropped, within its lease)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +209,70 @@ def apply(run: Run, p: Plan, *, now_ms: int | None = None) -> dict[str, int]:
         counts["records"] = store.delete([k for k in p.records if k != wrote])
     counts["temporaries"] = store.sweep_temporaries()
     return counts
+
+
+@dataclass(slots=True)
+class ResultsPlan:
+    """What a gc would do under ``results/``: delete the payloads older than ``max_age_s``."""
+
+    max_age_s: int
+    """0: results are not collected (nothing was listed)."""
+    now: float
+    expired: list[tuple[str, int]] = field(default_factory=list)
+    """Payloads to delete, with their sizes."""
+    young: int = 0
+    """Payloads kept for being younger than ``max_age_s``."""
+    undated: list[str] = field(default_factory=list)
+    """Payloads kept because the store reports no modification time for them that can be read."""
+    foreign: list[str] = field(default_factory=list)
+    """Keys under ``results/`` that are not a payload's name: never deleted, only reported."""
+
+    @property
+    def expired_bytes(self) -> int:
+        return sum(size for _, size in self.expired)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "max_age_s": self.max_age_s,
+            "expired": len(self.expired),
+            "expired_bytes": self.expired_bytes,
+            "young": self.young,
+            "undated": self.undated,
+            "foreign": self.foreign,
+        }
+
+
+def plan_results(store: ObjectStore, max_age_s: int, *, now: float | None = None) -> ResultsPlan:
+    """Which offloaded payloads of ``store``'s run are older than ``max_age_s`` seconds at ``now``
+    (default: the present); ``max_age_s`` 0 collects none and lists nothing."""
+    if max_age_s < 0:
+        raise ValueError(f"results max age must be >= 0 seconds, got {max_age_s}")
+    p = ResultsPlan(max_age_s, time.time() if now is None else now)
+    if max_age_s == 0:
+        return p
+    for key, size, modified in store.list_modified(RESULTS_DIR):
+        try:
+            check_result_key(key)
+        except CorruptError:
+            p.foreign.append(key)
+            continue
+        if modified is None:
+            p.undated.append(key)
+        elif p.now - modified > max_age_s:
+            p.expired.append((key, size))
+        else:
+            p.young += 1
+    return p
+
+
+def apply_results(store: ObjectStore, p: ResultsPlan) -> int:
+    """Delete the payloads plan ``p`` found expired; returns how many were still there. A payload is
+    immutable and content-addressed, so one found old stays old: a retried put of the same bytes
+    finds it there and writes nothing."""
+    removed = store.delete([key for key, _ in p.expired])
+    if removed:
+        log.info("%s: deleted %d results/ payloads older than %d s", store.uri, removed, p.max_age_s)
+    return removed
 
 
 def _under(store: ObjectStore, directory: str) -> dict[int, list[str]]:

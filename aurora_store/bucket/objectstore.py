@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import fsspec
@@ -259,6 +261,37 @@ class ObjectStore:
         root = self.root.lstrip("/") + "/"
         keys = (p.lstrip("/")[len(root) :] for p in found if p.lstrip("/").startswith(root))
         return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+
+    def list_modified(self, prefix: str) -> list[tuple[str, int, float | None]]:
+        """Every object under ``prefix`` as ``(key, size, modified)``, like :meth:`list_keys`; ``modified``
+        is the time (seconds since the epoch) the backend reports, from one listing: local ``mtime``,
+        S3 ``LastModified``, GCS ``updated``, memory ``created``; None where it reports none it can parse."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            with _translated(self.url(prefix)):
+                self.fs.invalidate_cache(base)
+                found = self.fs.find(base, detail=True)
+        except MissingError:
+            return []
+        root, out = self.root.lstrip("/") + "/", []
+        for path, info in found.items():
+            key = path.lstrip("/")[len(root) :]
+            if not path.lstrip("/").startswith(root) or key.rsplit("/", 1)[-1].startswith(TMP_PREFIX):
+                continue
+            modified = None
+            for name in ("mtime", "LastModified", "updated", "created"):
+                value = info.get(name)
+                with contextlib.suppress(TypeError, ValueError, OverflowError, OSError):
+                    if isinstance(value, str):
+                        value = datetime.fromisoformat(value)
+                    if isinstance(value, datetime):  # a naive time is UTC, as object stores mean it
+                        value = (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+                    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                        modified = float(value)
+                        break
+            size = info.get("size")
+            out.append((key, size if isinstance(size, int) and size >= 0 else 0, modified))
+        return sorted(out, key=lambda entry: entry[0])
 
     def sweep_temporaries(self, *, idle_s: float = 600.0) -> int:
         """Remove the temporary files (``.tmp-*``) a killed writer left in a local store: those not

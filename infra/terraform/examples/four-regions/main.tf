@@ -21,6 +21,8 @@ module "bucket_home" {
 
   name          = local.bucket_names[var.home_region]
   force_destroy = var.force_destroy_buckets
+  # the run's offloaded result payloads (results/) expire; nothing else does
+  run_prefixes = [local.run_prefix]
 }
 
 module "bucket_a" {
@@ -29,6 +31,8 @@ module "bucket_a" {
 
   name          = local.bucket_names[var.aws_region_a]
   force_destroy = var.force_destroy_buckets
+  # the run's offloaded result payloads (results/) expire; nothing else does
+  run_prefixes = [local.run_prefix]
 }
 
 module "bucket_b" {
@@ -37,6 +41,8 @@ module "bucket_b" {
 
   name          = local.bucket_names[var.aws_region_b]
   force_destroy = var.force_destroy_buckets
+  # the run's offloaded result payloads (results/) expire; nothing else does
+  run_prefixes = [local.run_prefix]
 }
 
 module "bucket_gcp" {
@@ -46,6 +52,8 @@ module "bucket_gcp" {
   project_id    = var.gcp_project
   location      = var.gcp_region
   force_destroy = var.force_destroy_buckets
+  # the run's offloaded result payloads (results/) expire; nothing else does
+  run_prefixes = [local.run_prefix]
 }
 
 locals {
@@ -175,6 +183,11 @@ module "iam_gcp" {
   buckets       = { (var.gcp_region) = module.bucket_gcp.bucket }
   relays        = { (var.gcp_region) = { source = local.sources[var.gcp_region] } }
   actor_regions = [var.gcp_region]
+  # The trainer (on AWS) reads the GCP actors' offloaded results with its own AWS role, federated.
+  aws_trainer = {
+    account_id = data.aws_caller_identity.home.account_id
+    role_name  = module.iam_aws.trainer_role_name
+  }
   secrets = {
     redis      = google_secret_manager_secret.redis_url.id
     verify_key = google_secret_manager_secret.verify_key.id

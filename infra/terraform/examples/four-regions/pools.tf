@@ -45,6 +45,8 @@ module "trainer" {
   metrics_port                             = var.metrics_port
   monitoring_cidrs                         = var.monitoring_cidrs
   redis_cidrs                              = local.redis_cidrs
+  # reads the GCP region's results/ with the instance profile's identity (no Google key)
+  gcp_credential_config = module.iam_gcp.aws_trainer_credential_config
 }
 
 module "relay_a" {

@@ -1,5 +1,6 @@
 # One region's AuroraRL bucket on S3: private, TLS-only, KMS-encrypted, and free of anything
-# that moves or deletes objects behind AuroraRL's back (no replication, no expiration).
+# that moves or deletes objects behind AuroraRL's back (no replication; nothing expires but the
+# offloaded result payloads under RUN_PREFIX/results/, garbage a day after they are written).
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
@@ -94,9 +95,10 @@ resource "aws_s3_bucket_versioning" "this" {
 resource "aws_s3_bucket_lifecycle_configuration" "this" {
   bucket = aws_s3_bucket.this.id
 
-  # The only lifecycle rule: the parts of uploads a killed writer never completed cost storage
-  # and are invisible to AuroraRL. There is deliberately NO expiration rule: retention is
-  # aurora gc's job, and an age-based rule could delete the full version that kept deltas need.
+  # The parts of uploads a killed writer never completed cost storage and are invisible to
+  # AuroraRL. There is deliberately NO expiration rule for versions, trainer states or retention
+  # records: retention is aurora gc's job, and an age-based rule could delete the full version
+  # that kept deltas need.
   rule {
     id     = "abort-incomplete-multipart-uploads"
     status = "Enabled"
@@ -105,6 +107,25 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
 
     abort_incomplete_multipart_upload {
       days_after_initiation = var.abort_incomplete_multipart_days
+    }
+  }
+
+  # The one exception: a run's offloaded result payloads (RUN_PREFIX/results/<sha256>.bin) are
+  # read once, when the trainer admits their result within its lease, and are garbage after. The
+  # prefix ends in "/results/", so nothing else of the run (or of a run named like it) matches.
+  dynamic "rule" {
+    for_each = toset(var.run_prefixes)
+    content {
+      id     = "expire-results-${rule.value}"
+      status = "Enabled"
+
+      filter {
+        prefix = "${rule.value}/results/"
+      }
+
+      expiration {
+        days = var.results_expire_days
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
 # One region's AuroraRL bucket on Cloud Storage: uniform bucket-level access (IAM only, so the
 # iam-roles module's prefix conditions are the whole story), public access prevented, optional
-# CMEK, and nothing that moves or deletes objects behind AuroraRL's back.
+# CMEK, and nothing that moves or deletes objects behind AuroraRL's back but the expiry of the
+# offloaded result payloads under RUN_PREFIX/results/.
 
 data "google_storage_project_service_account" "gcs" {
   count   = var.kms_key_name == null ? 0 : 1
@@ -39,15 +40,31 @@ resource "google_storage_bucket" "this" {
     retention_duration_seconds = var.soft_delete_retention_days * 86400
   }
 
-  # The only lifecycle rule: abort the XML-API multipart uploads a killed writer left. There is
-  # deliberately NO Delete rule: retention is aurora gc's job, and an age-based rule could delete
-  # the full version that kept deltas need.
+  # Abort the XML-API multipart uploads a killed writer left. There is deliberately NO Delete
+  # rule for versions, trainer states or retention records: retention is aurora gc's job, and an
+  # age-based rule could delete the full version that kept deltas need.
   lifecycle_rule {
     condition {
       age = var.abort_incomplete_multipart_days
     }
     action {
       type = "AbortIncompleteMultipartUpload"
+    }
+  }
+
+  # The one Delete rule: a run's offloaded result payloads (RUN_PREFIX/results/<sha256>.bin) are
+  # read once, when the trainer admits their result within its lease, and are garbage after.
+  # Every prefix ends in "/results/", so nothing else of a run matches.
+  dynamic "lifecycle_rule" {
+    for_each = length(var.run_prefixes) > 0 ? ["results"] : []
+    content {
+      condition {
+        age            = var.results_expire_days
+        matches_prefix = [for p in var.run_prefixes : "${p}/results/"]
+      }
+      action {
+        type = "Delete"
+      }
     }
   }
 

@@ -45,6 +45,28 @@ variable "abort_incomplete_multipart_days" {
   }
 }
 
+variable "run_prefixes" {
+  type        = list(string)
+  default     = []
+  description = "Prefixes of the runs in this bucket (runs/RUN_ID, no slash at either end) whose offloaded result payloads (RUN_PREFIX/results/) are deleted results_expire_days after they are written. Nothing else is ever deleted by a rule."
+
+  validation {
+    condition     = alltrue([for p in var.run_prefixes : can(regex("^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", p)) && !can(regex("(^|/)\\.\\.?(/|$)", p))])
+    error_message = "run_prefixes must be plain relative paths such as runs/exp1: no leading or trailing '/', no '.' or '..' segments, no wildcards."
+  }
+}
+
+variable "results_expire_days" {
+  type        = number
+  default     = 1
+  description = "Age in days at which a run's offloaded result payloads (RUN_PREFIX/results/, for each of run_prefixes) are deleted by the lifecycle rule. The trainer reads each once, within a lease of seconds to minutes."
+
+  validation {
+    condition     = var.results_expire_days >= 1 && var.results_expire_days <= 365 && floor(var.results_expire_days) == var.results_expire_days
+    error_message = "results_expire_days must be a whole number of days from 1 to 365."
+  }
+}
+
 variable "soft_delete_retention_days" {
   type        = number
   default     = 7

@@ -7,7 +7,11 @@ locals {
   config_path = "/etc/aurora/aurora.toml"
   venv        = "/opt/aurora/venv"
   role_extras = { trainer = ["trainer", "s3"], relay = ["relay", "s3"], actor = ["actor", "s3"] }
-  extras      = var.extras == null ? local.role_extras[var.role] : distinct(concat(var.extras, ["s3"]))
+  extras = distinct(concat(
+    var.extras == null ? local.role_extras[var.role] : var.extras,
+    ["s3"],
+    var.gcp_credential_config == null ? [] : ["gcs"],
+  ))
   requirement = "${var.aurora_package}[${join(",", local.extras)}]==${var.aurora_version}"
   pip_install = concat(
     ["${local.venv}/bin/pip", "install", "--quiet"],
@@ -50,6 +54,8 @@ locals {
     exec_start          = local.exec_start[var.role]
     pip_install_json    = jsonencode(local.pip_install)
     refresh_token       = false
+    gcp_credentials     = var.gcp_credential_config != null
+    gcp_credentials_b64 = var.gcp_credential_config == null ? "" : base64encode(var.gcp_credential_config)
   })
 
   required_secrets = {

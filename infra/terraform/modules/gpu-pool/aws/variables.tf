@@ -82,11 +82,22 @@ variable "aurora_package" {
 variable "extras" {
   type        = list(string)
   default     = null
-  description = "The package's extras to install. Null: the role's own ([trainer,s3], [relay,s3], [actor,s3]); e.g. [\"vllm\", \"s3\"] for vLLM actors. s3 is always added."
+  description = "The package's extras to install. Null: the role's own ([trainer,s3], [relay,s3], [actor,s3]); e.g. [\"vllm\", \"s3\"] for vLLM actors. s3 is always added, and gcs too with gcp_credential_config."
 
   validation {
     condition     = var.extras == null ? true : alltrue([for e in var.extras : contains(["trainer", "actor", "relay", "vllm", "s3", "gcs", "audit", "embedded"], e)])
     error_message = "extras must be among trainer, actor, relay, vllm, s3, gcs, audit, embedded."
+  }
+}
+
+variable "gcp_credential_config" {
+  type        = string
+  default     = null
+  description = "A trainer whose run has Cloud Storage regions: Google's external-account credential configuration (iam-roles/gcp's aws_trainer_credential_config; JSON, no secret in it), written to /etc/aurora/gcp-credentials.json and named by GOOGLE_APPLICATION_CREDENTIALS, so the host reads those regions' results/ with its own instance profile. Adds the gcs extra. Null: none."
+
+  validation {
+    condition     = var.gcp_credential_config == null || try(jsondecode(var.gcp_credential_config).type, "") == "external_account"
+    error_message = "gcp_credential_config must be the JSON of an external_account credential configuration (never a service account key)."
   }
 }
 

@@ -54,6 +54,8 @@ locals {
     exec_start          = local.exec_start[var.role]
     pip_install_json    = jsonencode(local.pip_install)
     refresh_token       = var.aws_web_identity != null
+    gcp_credentials     = false # a Google Cloud host reads Cloud Storage as its own service account
+    gcp_credentials_b64 = ""
   })
 
   required_secrets = {

@@ -133,7 +133,7 @@ variable "secrets" {
 variable "extras" {
   type        = list(string)
   default     = null
-  description = "The package's extras to install. Null: the role's own ([trainer,gcs], [relay,gcs], [actor,gcs]); e.g. [\"vllm\", \"gcs\"] for vLLM actors. gcs is always added, and s3 too for a relay given aws_web_identity."
+  description = "The package's extras to install. Null: the role's own ([trainer,gcs], [relay,gcs], [actor,gcs]); e.g. [\"vllm\", \"gcs\"] for vLLM actors. gcs is always added, and s3 too for a host given aws_web_identity."
 
   validation {
     condition     = var.extras == null ? true : alltrue([for e in var.extras : contains(["trainer", "actor", "relay", "vllm", "s3", "gcs", "audit", "embedded"], e)])
@@ -242,7 +242,7 @@ variable "aws_web_identity" {
     region   = string
   })
   default     = null
-  description = "A relay whose source bucket is on S3: the AWS role (iam-roles/aws gcp_relay_role_arns) it assumes with its Google identity token, and the source's AWS region. No AWS keys anywhere."
+  description = "A host that reads S3 — a relay whose source bucket is on S3 (iam-roles/aws gcp_relay_role_arns), or a trainer reading the S3 regions' results/ (gcp_trainer_role_arn): the AWS role it assumes with its Google identity token, and an AWS region for STS. No AWS keys anywhere."
 }
 
 variable "create_firewall_rules" {

@@ -6,7 +6,7 @@ resource "aws_iam_role" "trainer" {
   count = var.home_region == null ? 0 : 1
 
   name                 = "${var.name_prefix}-trainer"
-  description          = "AuroraRL trainer: writes the home bucket's run prefix only"
+  description          = "AuroraRL trainer: writes the home bucket's run prefix only; reads every region's results/"
   assume_role_policy   = data.aws_iam_policy_document.ec2_trust.json
   max_session_duration = 3600
   tags                 = var.tags
@@ -58,7 +58,7 @@ resource "aws_iam_role" "actor" {
   for_each = var.actor_regions
 
   name                 = "${var.name_prefix}-actor-${each.key}"
-  description          = "AuroraRL actors in ${each.key}: read ${each.key}'s run prefix only"
+  description          = "AuroraRL actors in ${each.key}: read ${each.key}'s run prefix, put only its results/"
   assume_role_policy   = data.aws_iam_policy_document.ec2_trust.json
   max_session_duration = 3600
   tags                 = var.tags
@@ -96,6 +96,24 @@ resource "aws_iam_role_policy" "gcp_relay" {
   name   = "aurora-gcp-relay"
   role   = aws_iam_role.gcp_relay[each.key].id
   policy = data.aws_iam_policy_document.gcp_relay[each.key].json
+}
+
+resource "aws_iam_role" "gcp_trainer" {
+  count = var.gcp_trainer == null ? 0 : 1
+
+  name                 = "${var.name_prefix}-gcp-trainer"
+  description          = "AuroraRL trainer on Google Cloud: reads the offloaded results (results/) of the run's S3 regions only"
+  assume_role_policy   = data.aws_iam_policy_document.gcp_trainer_trust[0].json
+  max_session_duration = 3600
+  tags                 = var.tags
+}
+
+resource "aws_iam_role_policy" "gcp_trainer" {
+  count = var.gcp_trainer == null ? 0 : 1
+
+  name   = "aurora-gcp-trainer"
+  role   = aws_iam_role.gcp_trainer[0].id
+  policy = data.aws_iam_policy_document.gcp_trainer[0].json
 }
 
 resource "aws_iam_role" "gc" {

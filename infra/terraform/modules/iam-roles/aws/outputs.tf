@@ -23,6 +23,16 @@ output "gcp_relay_role_arns" {
   value       = { for k, r in aws_iam_role.gcp_relay : k => r.arn }
 }
 
+output "gcp_trainer_role_arn" {
+  description = "ARN of the role a trainer on Google Cloud assumes with its identity token to read the S3 regions' results/ (null without gcp_trainer)."
+  value       = one(aws_iam_role.gcp_trainer[*].arn)
+}
+
+output "trainer_role_name" {
+  description = "Name of the trainer's role (null when home_region is null): iam-roles/gcp's aws_trainer lets it read Cloud Storage regions' results/."
+  value       = one(aws_iam_role.trainer[*].name)
+}
+
 output "gc_role_arn" {
   description = "ARN of the retention role (aurora gc), the only one that may delete."
   value       = aws_iam_role.gc.arn
@@ -34,12 +44,13 @@ output "gc_instance_profile" {
 }
 
 output "policies" {
-  description = "Every role's policy document (JSON), keyed trainer, relay-REGION, actor-REGION, gcp-relay-REGION and gc-REGION: what each role may do, for review."
+  description = "Every role's policy document (JSON), keyed trainer, relay-REGION, actor-REGION, gcp-relay-REGION, gcp-trainer and gc-REGION: what each role may do, for review."
   value = merge(
     { for d in data.aws_iam_policy_document.trainer : "trainer" => d.json },
     { for k, d in data.aws_iam_policy_document.relay : "relay-${k}" => d.json },
     { for k, d in data.aws_iam_policy_document.actor : "actor-${k}" => d.json },
     { for k, d in data.aws_iam_policy_document.gcp_relay : "gcp-relay-${k}" => d.json },
+    { for d in data.aws_iam_policy_document.gcp_trainer : "gcp-trainer" => d.json },
     { for k, d in data.aws_iam_policy_document.gc : "gc-${k}" => d.json },
   )
 }

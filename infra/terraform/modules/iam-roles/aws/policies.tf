@@ -43,6 +43,30 @@ data "aws_iam_policy_document" "trainer" {
     resources = ["${var.buckets[var.home_region].bucket_arn}/${var.run_prefix}/*"]
   }
 
+  # Rollout results too large for Redis are offloaded by each actor to its own region's bucket
+  # (RUN_PREFIX/results/<sha256>.bin); the trainer reads each once, when it admits the result.
+  # Read only, and only results/: nothing else of another region's bucket.
+  dynamic "statement" {
+    for_each = var.buckets
+    content {
+      actions   = ["s3:GetObject"]
+      resources = ["${statement.value.bucket_arn}/${var.run_prefix}/results/*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = var.buckets
+    content {
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value.kms_key_arn]
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = ["s3.${statement.value.aws_region}.amazonaws.com"]
+      }
+    }
+  }
+
   dynamic "statement" {
     for_each = var.trainer_can_delete ? ["DeleteHomeRun"] : []
     content {
@@ -206,16 +230,27 @@ data "aws_iam_policy_document" "actor" {
     }
   }
 
-  # Read only, and only its own region: no Put, no Delete, no other region's bucket.
+  # Its own region only: no other region's bucket.
   statement {
     sid       = "ReadRegionRun"
     actions   = ["s3:GetObject"]
     resources = ["${var.buckets[each.key].bucket_arn}/${var.run_prefix}", "${var.buckets[each.key].bucket_arn}/${var.run_prefix}/*"]
   }
 
+  # The one write: a rollout result too large for Redis, as RUN_PREFIX/results/<sha256>.bin,
+  # put-if-absent (the bucket policy refuses any put without If-None-Match: *, so no actor can
+  # replace a payload, let alone a version). A payload is at most 64 MiB, one PutObject: no
+  # multipart actions. No delete: results expire by the bucket's lifecycle rule and aurora gc.
+  statement {
+    sid       = "WriteRegionResults"
+    actions   = ["s3:PutObject"]
+    resources = ["${var.buckets[each.key].bucket_arn}/${var.run_prefix}/results/*"]
+  }
+
+  # GenerateDataKey: a put is encrypted under the bucket's key (SSE-KMS).
   statement {
     sid       = "RegionBucketKey"
-    actions   = ["kms:Decrypt"]
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
     resources = [var.buckets[each.key].kms_key_arn]
     condition {
       test     = "StringEquals"
@@ -282,9 +317,45 @@ data "aws_iam_policy_document" "gcp_relay" {
   }
 }
 
+# A trainer on Google Cloud (its home bucket on Cloud Storage, iam-roles/gcp) reading the
+# offloaded result payloads of the S3 regions, with its Google identity token: results/ only.
+data "aws_iam_policy_document" "gcp_trainer" {
+  count = var.gcp_trainer == null ? 0 : 1
+
+  lifecycle {
+    precondition {
+      condition     = var.home_region == null
+      error_message = "gcp_trainer is for a trainer on Google Cloud; a trainer whose home bucket is on S3 (home_region) reads results with its own role."
+    }
+  }
+
+  dynamic "statement" {
+    for_each = var.buckets
+    content {
+      actions   = ["s3:GetObject"]
+      resources = ["${statement.value.bucket_arn}/${var.run_prefix}/results/*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = var.buckets
+    content {
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value.kms_key_arn]
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = ["s3.${statement.value.aws_region}.amazonaws.com"]
+      }
+    }
+  }
+}
+
 # The operator's retention job (aurora gc), one document per bucket: the only identity that
-# deletes. It writes nothing but its retention records (retention/, written before the first
-# deletion), and reads Redis to learn what live actors and regions still hold.
+# deletes (versions and trainer states no one needs, and result payloads older than
+# --results-max-age, all under the run prefix). It writes nothing but its retention records
+# (retention/, written before the first deletion), and reads Redis to learn what live actors and
+# regions still hold.
 data "aws_iam_policy_document" "gc" {
   for_each = var.buckets
 
@@ -373,6 +444,30 @@ data "aws_iam_policy_document" "gcp_relay_trust" {
       test     = "StringEquals"
       variable = "accounts.google.com:sub"
       values   = [each.value.service_account_unique_id]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "gcp_trainer_trust" {
+  count = var.gcp_trainer == null ? 0 : 1
+
+  # As gcp_relay_trust: the trainer host's Google-signed identity token, for its service account only.
+  statement {
+    sid     = "GoogleServiceAccount"
+    actions = ["sts:AssumeRoleWithWebIdentity"]
+    principals {
+      type        = "Federated"
+      identifiers = ["accounts.google.com"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "accounts.google.com:aud"
+      values   = [var.gcp_trainer.service_account_unique_id]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "accounts.google.com:sub"
+      values   = [var.gcp_trainer.service_account_unique_id]
     }
   }
 }

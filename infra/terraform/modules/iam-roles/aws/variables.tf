@@ -49,7 +49,7 @@ variable "relays" {
 variable "actor_regions" {
   type        = set(string)
   default     = []
-  description = "Regions (keys of buckets) with actor pools on AWS. An actor may only read (Get/List) its own region's run prefix."
+  description = "Regions (keys of buckets) with actor pools on AWS. An actor may read (Get/List) its own region's run prefix, and put (if absent) only under its RUN_PREFIX/results/ (offloaded rollout results)."
 }
 
 variable "gcp_relays" {
@@ -63,6 +63,19 @@ variable "gcp_relays" {
   validation {
     condition     = alltrue([for k, r in var.gcp_relays : can(regex("^[0-9]{10,}$", r.service_account_unique_id))])
     error_message = "service_account_unique_id must be the service account's numeric unique id (google_service_account.unique_id), not its email."
+  }
+}
+
+variable "gcp_trainer" {
+  type = object({
+    service_account_unique_id = string
+  })
+  default     = null
+  description = "A trainer hosted on Google Cloud (home bucket on Cloud Storage, home_region null here): the numeric unique id of its service account (iam-roles/gcp's trainer_unique_id). It gets a role it assumes with its Google identity token, allowed only to read every bucket's RUN_PREFIX/results/ (the offloaded rollout results of the S3 regions)."
+
+  validation {
+    condition     = var.gcp_trainer == null ? true : can(regex("^[0-9]{10,}$", var.gcp_trainer.service_account_unique_id))
+    error_message = "gcp_trainer.service_account_unique_id must be the service account's numeric unique id (google_service_account.unique_id), not its email."
   }
 }
 

@@ -48,7 +48,7 @@ resource "google_service_account" "actor" {
 
   project      = var.project_id
   account_id   = "${var.name_prefix}-actor-${each.key}"
-  display_name = "AuroraRL actors in ${each.key} (read only)"
+  display_name = "AuroraRL actors in ${each.key} (read; create results/ only)"
 
   lifecycle {
     precondition {
@@ -132,6 +132,82 @@ resource "google_storage_bucket_iam_member" "trainer_delete" {
   }
 }
 
+# Rollout results too large for Redis are offloaded by each actor to its own region's bucket
+# (RUN_PREFIX/results/<sha256>.bin); the trainer reads each once, when it admits the result.
+# Viewer on results/ only, in every bucket (the home one is already covered by trainer_read).
+resource "google_storage_bucket_iam_member" "trainer_results_read" {
+  for_each = local.trainer ? var.buckets : {}
+
+  bucket = each.value
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.trainer[0].email}"
+  condition {
+    title       = "aurora-run-results"
+    description = "Read the run's offloaded result payloads only"
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/${var.run_prefix}/results/\")"
+  }
+}
+
+# --- a trainer on AWS: read results/ with its AWS identity (Workload Identity Federation) -------
+#
+# The mirror of iam-roles/aws's gcp_relays: no key crosses clouds. The trainer host signs a
+# GetCallerIdentity request with its instance profile's credentials; Google's STS checks it with
+# AWS and accepts only the trainer's role (attribute_condition); the resulting federated
+# identity is granted viewer on every bucket's RUN_PREFIX/results/ directly (no service account
+# to impersonate). The host reads with aws_trainer_credential_config (gpu-pool/aws's
+# gcp_credential_config), which holds no secret.
+
+resource "google_iam_workload_identity_pool" "aws_trainer" {
+  count = var.aws_trainer == null ? 0 : 1
+
+  project                   = var.project_id
+  workload_identity_pool_id = "${var.name_prefix}-aws-trainer"
+  display_name              = "AuroraRL trainer on AWS"
+  description               = "The AuroraRL trainer's AWS role, reading the run's results/ in Cloud Storage"
+
+  lifecycle {
+    precondition {
+      condition     = var.home_region == null
+      error_message = "aws_trainer is for a trainer on AWS; a trainer whose home bucket is on Cloud Storage (home_region) reads results with its own service account."
+    }
+  }
+}
+
+resource "google_iam_workload_identity_pool_provider" "aws_trainer" {
+  #checkov:skip=CKV_GCP_125:A GitHub Actions OIDC check; this provider is AWS (no oidc block, which checkov 3.3.30's check reads unconditionally and so fails), and attribute_condition admits only the trainer's role.
+  count = var.aws_trainer == null ? 0 : 1
+
+  project                            = var.project_id
+  workload_identity_pool_id          = google_iam_workload_identity_pool.aws_trainer[0].workload_identity_pool_id
+  workload_identity_pool_provider_id = "aws-trainer"
+  display_name                       = "AuroraRL trainer's AWS role"
+  # Google's documented mapping for AWS: an assumed role's session ARN becomes its role's
+  # arn:aws:sts::ACCOUNT:assumed-role/NAME, whatever the session name (the instance id).
+  attribute_mapping = {
+    "google.subject"     = "assertion.arn"
+    "attribute.aws_role" = "assertion.arn.contains('assumed-role') ? assertion.arn.extract('{account_arn}assumed-role/') + 'assumed-role/' + assertion.arn.extract('assumed-role/{role_name}/') : assertion.arn"
+  }
+  # Only the trainer's role: any other identity of the account is refused a token.
+  attribute_condition = "attribute.aws_role == \"arn:${var.aws_trainer.partition}:sts::${var.aws_trainer.account_id}:assumed-role/${var.aws_trainer.role_name}\""
+
+  aws {
+    account_id = var.aws_trainer.account_id
+  }
+}
+
+resource "google_storage_bucket_iam_member" "aws_trainer_results_read" {
+  for_each = var.aws_trainer == null ? {} : var.buckets
+
+  bucket = each.value
+  role   = "roles/storage.objectViewer"
+  member = "principalSet://iam.googleapis.com/${google_iam_workload_identity_pool.aws_trainer[0].name}/attribute.aws_role/arn:${var.aws_trainer.partition}:sts::${var.aws_trainer.account_id}:assumed-role/${var.aws_trainer.role_name}"
+  condition {
+    title       = "aurora-run-results"
+    description = "Read the run's offloaded result payloads only"
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value}/objects/${var.run_prefix}/results/\")"
+  }
+}
+
 # --- relays: read the source's run prefix, create under their own region's --------------------
 
 resource "google_storage_bucket_iam_member" "relay_source_read" {
@@ -175,7 +251,7 @@ resource "google_storage_bucket_iam_member" "relay_write" {
   }
 }
 
-# --- actors: read their own region's run prefix; nothing else ----------------------------------
+# --- actors: read their own region's run prefix, create only under its results/ ---------------
 
 resource "google_storage_bucket_iam_member" "actor_read" {
   for_each = var.actor_regions
@@ -187,6 +263,21 @@ resource "google_storage_bucket_iam_member" "actor_read" {
     title       = "aurora-run-prefix"
     description = "The run prefix's objects, and listing that prefix"
     expression  = "resource.name == \"projects/_/buckets/${var.buckets[each.key]}/objects/${var.run_prefix}\" || resource.name.startsWith(\"projects/_/buckets/${var.buckets[each.key]}/objects/${var.run_prefix}/\") || (resource.name == \"projects/_/buckets/${var.buckets[each.key]}\" && (api.getAttribute(\"storage.googleapis.com/objectListPrefix\", \"\") == \"${var.run_prefix}\" || api.getAttribute(\"storage.googleapis.com/objectListPrefix\", \"\").startsWith(\"${var.run_prefix}/\")))"
+  }
+}
+
+# The one write: a rollout result too large for Redis, as RUN_PREFIX/results/<sha256>.bin, created
+# with ifGenerationMatch=0. Create only (no delete, so nothing can be overwritten), results/ only.
+resource "google_storage_bucket_iam_member" "actor_write_results" {
+  for_each = var.actor_regions
+
+  bucket = var.buckets[each.key]
+  role   = "roles/storage.objectCreator"
+  member = "serviceAccount:${google_service_account.actor[each.key].email}"
+  condition {
+    title       = "aurora-run-results"
+    description = "Create offloaded result payloads under the run prefix's results/ only"
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${var.buckets[each.key]}/objects/${var.run_prefix}/results/\")"
   }
 }
 

@@ -42,10 +42,25 @@ variable "relays" {
   description = "Relays hosted on Google Cloud, keyed by the region they write (a key of buckets); source is the region they copy from. A source on Cloud Storage is granted here; a source on S3 is granted by iam-roles/aws (gcp_relays), with this module's relay_unique_ids."
 }
 
+variable "aws_trainer" {
+  type = object({
+    account_id = string
+    role_name  = string
+    partition  = optional(string, "aws")
+  })
+  default     = null
+  description = "A trainer hosted on AWS (home_region null here): its account id and role name (iam-roles/aws's trainer_role_name). A workload identity pool trusting that role only is made, and granted viewer on every bucket's RUN_PREFIX/results/ (the offloaded rollout results of the Cloud Storage regions); the host reads with aws_trainer_credential_config."
+
+  validation {
+    condition     = var.aws_trainer == null ? true : can(regex("^[0-9]{12}$", var.aws_trainer.account_id)) && can(regex("^[A-Za-z0-9+=,.@_-]{1,64}$", var.aws_trainer.role_name)) && can(regex("^aws[a-z-]*$", var.aws_trainer.partition))
+    error_message = "aws_trainer needs a 12-digit AWS account id, an IAM role name (no path) and an AWS partition (aws, aws-cn, aws-us-gov)."
+  }
+}
+
 variable "actor_regions" {
   type        = set(string)
   default     = []
-  description = "Regions (keys of buckets) with actor pools on Google Cloud. An actor may only read its own region's run prefix."
+  description = "Regions (keys of buckets) with actor pools on Google Cloud. An actor may read its own region's run prefix, and create objects only under its RUN_PREFIX/results/ (offloaded rollout results)."
 }
 
 variable "secrets" {
