@@ -17,10 +17,14 @@ if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
 
 
-def add_results_arguments(p: argparse.ArgumentParser) -> None:
-    """``aurora gc``'s options for offloaded result payloads (``results/``)."""
-    from aurora_store.bucket.gc import RESULTS_MAX_AGE_S
+RESULTS_MAX_AGE_S = 86400
+"""How old (seconds) an offloaded result payload is before ``aurora gc`` deletes it, unless told
+otherwise: a day, hours more than any lease (a result is admitted, or dropped, within its lease)."""
 
+
+def add_results_arguments(p: argparse.ArgumentParser) -> None:
+    """``aurora gc``'s options for offloaded result payloads (``results/``); imports nothing heavy,
+    so the parser that calls it still answers ``--help`` at once."""
     p.add_argument(
         "--results-max-age",
         type=_seconds,
@@ -56,7 +60,7 @@ def gc(run: Run, args: argparse.Namespace) -> int:
         ),
     )
     # a parser without add_results_arguments (an older aurora_store.cli) gets the default
-    results = retention.plan_results(run.store, getattr(args, "results_max_age", retention.RESULTS_MAX_AGE_S))
+    results = retention.plan_results(run.store, getattr(args, "results_max_age", RESULTS_MAX_AGE_S))
     counts: dict[str, int] | None = None
     results_deleted: int | None = None
     if args.apply:

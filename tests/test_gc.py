@@ -30,7 +30,7 @@ from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.results import put_payload
 from aurora_store.bucket.retention import records
 from aurora_store.cli import main
-from aurora_store.cli_gc import add_results_arguments
+from aurora_store.cli_gc import RESULTS_MAX_AGE_S, add_results_arguments
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
 from aurora_store.format import retention
@@ -398,7 +398,7 @@ def test_results_max_age_option() -> None:
 
     parser = argparse.ArgumentParser()
     add_results_arguments(parser)
-    assert parser.parse_args([]).results_max_age == gc.RESULTS_MAX_AGE_S == DAY
+    assert parser.parse_args([]).results_max_age == RESULTS_MAX_AGE_S == DAY
     assert parser.parse_args(["--results-max-age", "0"]).results_max_age == 0
     for bad in ("-1", "1.5", "x"):
         with pytest.raises(SystemExit):

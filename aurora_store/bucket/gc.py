@@ -46,10 +46,6 @@ from aurora_store.format.retention import Retired
 
 log = logging.getLogger("aurora.gc")
 
-RESULTS_MAX_AGE_S = 86400
-"""How old (seconds) an offloaded result payload is before gc deletes it, unless told otherwise: a
-day, hours more than any lease (a result is admitted, or dropped, within its lease)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Policy:
