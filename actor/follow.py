@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
                 coord.register("actor", args.region, worker_id=args.worker_id)
                 _report(coord, args.worker_id, held)
                 after, registered = coord.last_event_id(args.region), True
-            coord.heartbeat(args.worker_id)
+            if coord.heartbeat(args.worker_id):  # its state in Redis is gone: register again
+                registered = False
+                continue
             events = coord.events(args.region, after, block_ms=500)
             if events:
                 after = events[-1].id

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, Notice
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.results import Notice
 
 log = logging.getLogger("aurora.actor")
 

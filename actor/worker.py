@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 import zlib
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,14 +35,13 @@ from actor import assemble
 from actor.config import WorkerConfig
 from actor.engine import Completion
 from actor.metrics import ActorMetrics
+from actor.outbox import Outbox
 from actor.rewards import RewardPool
 from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
-from aurora_store.bucket.results import put_payload
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, Lease, Notice
-from aurora_store.coord.results import INLINE_MAX, Ref
+from aurora_store.coord.jobs import JobBoard, Lease
 from aurora_store.errors import AuroraError, StoreError
 from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
@@ -51,10 +50,6 @@ from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
 T = TypeVar("T")
-REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor"})
-"""Drops that say this actor's results are unusable (not merely late)."""
-MAX_REFUSED = 3
-
 CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 
 
@@ -74,23 +69,30 @@ class Worker:
             self.fallback.store.meter = self.metrics.m.meter("fallback")
         self.stop = threading.Event()
         self.busy = threading.Event()
+        self.outbox = Outbox(
+            self.board,
+            self.run.store,
+            self.wid,
+            sync.region,
+            inline_bytes=cfg.rollout.inline_bytes,
+            on_refused=self.halt,
+        )
+        """What this actor submitted, and what the trainer said of it."""
         self.wake = Wakeups(
             self.coord,
             self.board,
             self.wid,
             sync.region,
             block_s=cfg.rollout.check_s,
-            on_notices=self._read_notices,
+            on_notices=self.outbox.told,
         )
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
-        self._told: set[str] = set()
-        self._submitted: OrderedDict[str, None] = OrderedDict()
-        """Stream ids of the results this actor submitted (the last 4096)."""
-        self._submitted_lock = threading.Lock()
-        self._refused = 0
-        self.refused = False
+
+    @property
+    def refused(self) -> bool:
         """Whether the actor stopped because the trainer kept refusing its results."""
+        return self.outbox.refused
 
     def halt(self) -> None:
         """Stop the loops (a signal, or the trainer refusing this actor's results): every waiter wakes."""
@@ -300,57 +302,10 @@ class Worker:
                 rows.append((c.token_ids, c.logprobs, c.finish_reason, reward))
             tokens += sum(len(c.token_ids) for c in comps)
             # weights_digest: verified when these weights were applied
-            self._submit(lease, held, payloads.encode(rows, failures=failures, weights_digest=held.weights_digest))
+            data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
+            self.outbox.submit(lease, held.version, held.version_hash, data)
         tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
         self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
-
-    def _submit(self, lease: Lease, held: Held, data: bytes) -> None:
-        """Submit one result: inline up to ``--inline-bytes``, else put in this region's bucket first."""
-        ref = None
-        if len(data) > min(self.cfg.rollout.inline_bytes, INLINE_MAX):
-            try:
-                key, sha = put_payload(self.run.store, data)
-            except StoreError as exc:  # the bucket refuses: give the job back, never die of it
-                log.warning("actor %s: cannot store the result of job %s: %s", self.wid, lease.job, exc)
-                self.board.release(lease)
-                return
-            ref = Ref(self.cfg.sync.region, key, sha, len(data))
-        rid = self.board.submit(
-            lease,
-            actor=self.wid,
-            version=held.version,
-            version_hash=held.version_hash,
-            payload=None if ref is not None else data,
-            ref=ref,
-        )
-        with self._submitted_lock:
-            self._submitted[rid] = None
-            while len(self._submitted) > 4096:
-                self._submitted.popitem(last=False)
-
-    def _read_notices(self, notices: list[Notice]) -> None:
-        """What the trainer said of this actor's results (the listener's callback). Each reason is
-        logged once; results it cannot use (a payload it refuses, weights it did not publish, a lease
-        not this actor's), MAX_REFUSED times in a row, stop the actor: it would only burn its GPU."""
-        for n in notices:
-            with self._submitted_lock:
-                mine = n.result in self._submitted
-            if not mine:
-                continue  # about a result submitted in this actor's name by someone else: not its own
-            if n.reason not in self._told:
-                self._told.add(n.reason)
-                log.warning("actor %s: the trainer dropped its result for job %s: %s", self.wid, n.job, n.reason)
-            self._refused = self._refused + 1 if n.reason in REFUSED else 0
-            if self._refused >= MAX_REFUSED:
-                log.error(
-                    "actor %s: the trainer refused %d results in a row (%s); stopping: check this actor's "
-                    "version and configuration against the run's",
-                    self.wid,
-                    self._refused,
-                    n.reason,
-                )
-                self.refused = True
-                self.halt()
 
     def _heartbeat(self) -> None:
         """Beat on a thread of its own, so a long batch does not look like a dead actor; when the beat

@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run-id", default=None, help="the run's name in Redis (default: the last part of URI)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from aurora_store.cli_gc import add_results_arguments
+
+    add_results_arguments(p)
     p.set_defaults(handler=cmd_gc)
 
     p = sub.add_parser("keygen", help="make an Ed25519 signing key pair")

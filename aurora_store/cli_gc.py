@@ -60,7 +60,7 @@ def gc(run: Run, args: argparse.Namespace) -> int:
         ),
     )
     # a parser without add_results_arguments (an older aurora_store.cli) gets the default
-    results = retention.plan_results(run.store, getattr(args, "results_max_age", RESULTS_MAX_AGE_S))
+    results = retention.plan_results(run.store, args.results_max_age)
     counts: dict[str, int] | None = None
     results_deleted: int | None = None
     if args.apply:

@@ -104,11 +104,12 @@ class Probe:
             "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
             "bytes": float(info["total_net_input_bytes"]) + float(info["total_net_output_bytes"]),
             "memory": float(info["used_memory"]),
+            "clients": float(info["connected_clients"]),
         }
 
 
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: b[k] - a[k] for k in a if k != "memory"}
+    return {k: b[k] - a[k] for k in a if k not in ("memory", "clients")}
 
 
 def _rows(spec: str) -> list[tuple[int, int, int]]:
@@ -224,7 +225,8 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
         a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
         time.sleep(cfg.idle_s)
         idle_wall = time.perf_counter() - s0
-        idle = _delta(a, probe.read())
+        idle_end = probe.read()
+        idle = _delta(a, idle_end)
         idle_trips = (trips.now() - n0 - 1) / idle_wall / actors
         idle_cpu = idle["cpu_s"] / idle_wall / actors
         fleet.stop()
@@ -253,12 +255,26 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             "round_trips_per_actor_s": round(idle_trips, 3),
             "redis_cpu_per_actor_s": idle_cpu,
             "redis_commands_per_s": round(idle["commands"] / idle_wall, 1),
+            "connections_per_actor": round(idle_end["clients"] / actors, 2),
         },
         "admission": admission,
         "bytes_per_token": round(last["bytes"] / max(last["tokens"], 1), 3),
         "redis_core_fraction_at_period": round((step_cpu + idle_cpu * actors * rest) / cfg.step_period_s, 4),
         "memory_growth_per_step": (steps[-1]["memory_after"] - steps[0]["memory_after"]) / max(len(steps) - 1, 1),
+        "projected_actors": _projection(step_cpu, idle_cpu, idle_end["clients"] / actors, cfg.step_period_s),
     }
+
+
+def _projection(step_cpu: float, idle_cpu: float, conns: float, period: float) -> dict[str, int | None]:
+    """How many actors one Redis core serves at one step per ``period``: the step's own Redis CPU
+    is fixed by the work (groups x tokens), each actor adds its idle cost; and the connections
+    they hold against Redis's default ``maxclients`` of 10,000."""
+    out: dict[str, int | None] = {}
+    for name, share in (("at_10pct_core", 0.10), ("at_50pct_core", 0.50)):
+        left = share * period - step_cpu
+        out[name] = int(left / (idle_cpu * period)) if idle_cpu > 0 and left > 0 else None
+    out["by_default_maxclients"] = int(10_000 / conns) if conns > 0 else None
+    return out
 
 
 def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict[str, Any]:
@@ -279,7 +295,7 @@ def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict
     encode_s = time.process_time() - t0
     after = board.last_result_id()
     for _ in range(n):
-        w._submit(lease, held, data)
+        w.outbox.submit(lease, held.version, held.version_hash, data)
     got: list[Any] = []
     while len(got) < n:
         got += board.results(got[-1].id if got else after, block_ms=100)

@@ -246,7 +246,8 @@ def _mutate_text(rng: random.Random, v: Any) -> Any:
 
 
 def mutate_fields(rng: random.Random, fields: dict[str, Any]) -> dict[str, Any]:
-    """Mutate a Redis entry (str -> str): its values (as text, or as JSON when they hold JSON), or its fields."""
+    """Mutate a Redis entry (str -> str or bytes): its values (as text, as JSON when they hold JSON, as
+    bytes when they are bytes), or its fields."""
     out = dict(fields)
     for _ in range(rng.choice((1, 1, 2, 3))):
         keys, r = list(out), rng.random()
@@ -262,5 +263,6 @@ def mutate_fields(rng: random.Random, fields: dict[str, Any]) -> dict[str, Any]:
             out[a], out[b] = out[b], out[a]
         else:
             k = rng.choice(keys)
-            out[k] = _mutate_text(rng, out[k])
+            v = out[k]
+            out[k] = mutate_bytes(rng, v) if isinstance(v, bytes) else _mutate_text(rng, v)
     return out

@@ -39,14 +39,14 @@ _ARGS: dict[str, Callable[[Fields], Any]] = {
 
 
 def redis_parsers(topic: str) -> tuple[list[tuple[str, Callable[[Fields], object]]], list[str]]:
-    """The module-level ``parse_*`` functions of ``aurora_store.coord`` (wire, jobs, coordinator) about
+    """The module-level ``parse_*`` functions of ``aurora_store.coord`` (wire, jobs, results, coordinator) about
     ``topic`` (event, result, else docs) but parse_segment_event (called as the roles call it), and
     those skipped because a parameter cannot be filled."""
-    from aurora_store.coord import coordinator, jobs, wire
+    from aurora_store.coord import coordinator, jobs, results, wire
 
     calls: list[tuple[str, Callable[[Fields], object]]] = []
     skipped = []
-    for module in (wire, jobs, coordinator):
+    for module in (wire, jobs, results, coordinator):
         for fname, fn in sorted(vars(module).items()):
             if not (fname.startswith("parse_") and inspect.isfunction(fn) and fn.__module__ == module.__name__):
                 continue
@@ -92,7 +92,7 @@ def _redis(
         text = json.dumps({str(k): v if isinstance(v, (str, int, type(None))) else repr(v) for k, v in fields.items()})
         return text[:1024] + ("..." if len(text) > 1024 else "")
 
-    wire_calls = {"event": "version, parse_segment_event, hex64", "result": "name, uint, version, hex64, json_object"}
+    wire_calls = {"event": "version, parse_segment_event, hex64", "result": "format.results.decode"}
     names = (f"coord.wire: {wire_calls.get(topic, 'json_object, name, uint')}", *(n for n, _ in found))
     return Target(name, seeds, mutate_fields, execute, show, (*names, *(f"skipped: {s}" for s in skipped)))
 
@@ -124,26 +124,36 @@ def redis_events(seed: int) -> Target[Fields]:
 
 
 def redis_results(seed: int) -> Target[Fields]:
-    from aurora_store.coord import wire
+    """Result entries as an actor writes them (inline payload or a bucket reference), read as the
+    trainer reads them: the entry's fields, then the payload's bytes."""
+    from aurora_store.coord import results
+    from aurora_store.errors import PayloadError
+    from aurora_store.format import results as payloads
 
-    completion = {"tokens": [5, 9, 2], "logprobs": [-0.5, -1.25, -0.01], "finish": "stop", "reward": 1.0}
-    payload = {"completions": [completion], "reward_failures": {"timeout": 1}, "weights_digest": "0" * 32}
+    rows = [([5, 9, 2], [-0.5, -1.25, -0.01], "stop", 1.0), ([7], [-0.0], "length", 0.0)]
+    data = payloads.encode(rows, failures={"timeout": 1}, weights_digest="0" * 32)
     h = published(seed)[1].manifest.version_hash
+    sha = payloads.payload_digest(data)
     seeds: list[Fields] = [
         {"job": f"t:{s}:{i}", "token": str(7 + i), "actor": f"actor-eu-{i:08x}", "version": "1", "version_hash": h}
-        | {"payload": json.dumps(payload, separators=(",", ":"))}
+        | ({"bin": data} if i == 0 else {"ref": f"results/{sha}.bin", "sha256": sha, "size": str(len(data))})
+        | ({} if i == 0 else {"region": "eu"})
         for s, i in ((3, 0), (4, 12))
     ]
 
-    def fixed(f: Fields) -> list[Callable[[], object]]:
-        return [
-            lambda: wire.name(f.get("job"), "job"),
-            lambda: wire.uint(f.get("token"), "token"),
-            lambda: wire.name(f.get("actor"), "actor"),
-            lambda: wire.version(f.get("version")),
-            lambda: wire.hex64(f.get("version_hash"), "version_hash"),
-            lambda: wire.json_object(f.get("payload"), "payload"),
-        ]
+    def fixed(f: Fields) -> list[Callable[[], object]]:  # as the trainer reads an entry, then its payload
+        def payload() -> object:
+            res = results.parse_result("1767225600000-0", f)
+            if res.inline is None:
+                return res
+            try:
+                return payloads.decode(res.inline, group=2, vocab=16, max_tokens=8)
+            except PayloadError as exc:
+                if exc.reason not in payloads.REASONS:
+                    raise AssertionError(f"a reason no reader counts: {exc.reason}") from None
+                raise
+
+        return [payload]
 
     return _redis("redis_results", "result", seeds, fixed)
 

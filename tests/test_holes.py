@@ -597,7 +597,8 @@ def test_the_manifest_cache_is_bounded() -> None:
 
 def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late_goes_on(redis_server: Any) -> None:
     from actor.config import SyncConfig, WorkerConfig
-    from actor.worker import MAX_REFUSED, Worker
+    from actor.outbox import MAX_REFUSED
+    from actor.worker import Worker
 
     def worker(wid: str) -> Worker:
         sync = SyncConfig(
@@ -612,8 +613,8 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
     late, bad, framed = worker("late"), worker("bad"), worker("framed")
     for w in (late, bad, framed):  # each one's own submissions (their stream ids are what notices name)
         for i in range(MAX_REFUSED + 2):
-            w._submitted[w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"})] = None
-    own = {w.wid: list(w._submitted) for w in (late, bad, framed)}
+            w.outbox.submitted[w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"})] = None
+    own = {w.wid: list(w.outbox.submitted) for w in (late, bad, framed)}
     for i in range(MAX_REFUSED + 2):
         late.board.tell("late", f"j{i}", "expired", own["late"][i])
     for i in range(MAX_REFUSED):
@@ -621,7 +622,7 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
         # a forger submits bad results in framed's name: the notices name the forger's results, not framed's
         framed.board.tell("framed", f"j{i}", "wrong_digest", f"{i + 1}-0")
     for w in (late, bad, framed):
-        w._read_notices(w.board.notices(w.wid, "0-0"))
+        w.outbox.told(w.board.notices(w.wid, "0-0"))
     assert not late.stop.is_set() and not late.refused
     assert bad.stop.is_set() and bad.refused
     assert not framed.stop.is_set(), "results forged in an actor's name never stop it"

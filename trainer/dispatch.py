@@ -34,18 +34,18 @@ from dataclasses import dataclass
 from typing import IO, TypeVar
 
 from aurora_store.bucket.objectstore import ObjectStore
-from aurora_store.coord.coordinator import PROTOCOL, Coordinator
+from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, now_ms
+from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.results import Result
 from aurora_store.coord.roster import Roster
-from aurora_store.coord.schedule import effective, split
 from aurora_store.coord.wire import Tally
 from aurora_store.format.results import Rollouts
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from trainer.admission import Payloads
 from trainer.config import ScheduleConfig
+from trainer.leasing import Leasing, step_of
 
 log = logging.getLogger("aurora.trainer")
 T = TypeVar("T")
@@ -83,7 +83,7 @@ class Admitted:
         return self.result.actor
 
 
-class Dispatcher:
+class Dispatcher(Leasing):
     """Posts, sweeps and admits the jobs of one trainer (run on rank 0 only)."""
 
     def __init__(
@@ -246,143 +246,6 @@ class Dispatcher:
         if self.on_lost is not None:
             self.on_lost()
 
-    # ------------------------------------------------------------ leasing
-
-    def _eligible(self) -> dict[str, float]:
-        """Actors that may get work now, with their split weights (no round trip: the roster's view
-        and the throughputs read at the last post)."""
-        latest = max(self.published)
-        if self._taus is None:
-            self._taus = self.board.throughputs()
-        taus, probation = self._taus
-        ok = {}
-        for wid, doc in self.roster.docs.items():
-            if doc.get("role") != "actor" or doc.get("version") not in (latest, latest - 1):
-                continue
-            if doc.get("protocol") != PROTOCOL:
-                if wid not in self._old_protocol:
-                    self._old_protocol.add(wid)
-                    log.warning(
-                        "actor %s speaks coordination protocol %r, this trainer %d: it gets no work until it "
-                        "is upgraded",
-                        wid,
-                        doc.get("protocol", 1),
-                        PROTOCOL,
-                    )
-                continue
-            ok[wid] = taus.get(wid)
-        return effective(ok, probation, self.schedule.alpha)
-
-    def post(self, step: int, prompts: list[Prompt]) -> None:
-        """Lease ``step``'s prompts to the eligible actors (those that are waiting get them on a sweep)."""
-        with self._lock:
-            for i, p in enumerate(prompts):
-                job = f"{self.tag}:{step}:{i}"
-                self.step_jobs[step][job] = p
-                self.pending[job] = (step, p)
-            try:
-                self._refresh_roster()  # who is alive and where, as of now (what changed only)
-                self._taus = self.board.throughputs()  # once a step: the split follows the EMAs
-                self._assign(turn=step)
-            except CoordinationError as exc:  # the prompts stay pending: the next sweep places them
-                self._down(exc)
-
-    def _assign(self, *, turn: int) -> None:
-        if not self.pending:
-            return
-        weights = self._eligible()
-        if not weights:
-            if time.monotonic() - self._warned > 30:
-                self._warned = time.monotonic()
-                log.warning(
-                    "%d prompts wait for an actor holding version %d or %d",
-                    len(self.pending),
-                    max(self.published),
-                    max(self.published) - 1,
-                )
-            return
-        version = max(self.published)
-        shares = split(len(self.pending), weights, turn=turn)
-        it = iter(list(self.pending.items()))
-        items = []
-        for actor, n in shares.items():
-            for _ in range(n):
-                job, (step, prompt) = next(it)
-                items.append((job, actor, prompt.to_dict(), step))
-        self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
-        for job, actor, _, _ in items:  # only once leased: a Redis failure leaves them all pending
-            del self.pending[job]
-            self.holder[job] = actor
-
-    def _sweep(self) -> None:
-        """Re-lease jobs whose lease expired (or was given back) or whose actor is gone; place pending
-        prompts; let idle actors take over half (rounded down) of the not-yet-started jobs of the actor
-        with the most of them. A few round trips, whatever the number of actors and jobs."""
-        self.sweeps += 1
-        self._refresh_roster()
-        foreign = []
-        for job in self.board.expired(now_ms()):
-            step = _step_of(job, self.tag)
-            if step is None or job not in self.step_jobs.get(step, ()) or step in self.closed:
-                foreign.append(job)
-            elif job not in self.pending:
-                self._lost_lease(job, step)
-        self.board.settle(foreign)
-        alive = self.roster.docs
-        for job, actor in list(self.holder.items()):
-            if actor not in alive:
-                step = _step_of(job, self.tag)
-                if step is not None and job in self.step_jobs.get(step, ()) and job not in self.pending:
-                    self._lost_lease(job, step)
-        self._assign(turn=int(now_ms() // 1000))
-        if self.schedule.steal:
-            self._rebalance()
-
-    def _refresh_roster(self) -> None:
-        changes = self.roster.refresh()
-        if changes.pruned:
-            self.board.forget_actors(changes.pruned)
-        if changes.reloaded:
-            self._taus = None
-
-    def _lost_lease(self, job: str, step: int) -> None:
-        self.holder.pop(job, None)
-        self.pending[job] = (step, self.step_jobs[step][job])
-        self.dropped["lease_lost"] += 1
-
-    def _rebalance(self) -> None:
-        eligible = self._eligible()
-        busy = set(self.holder.values())
-        idle = sorted(set(eligible) - busy)
-        if not idle or not self.holder:
-            return
-        untaken: dict[str, list[str]] = defaultdict(list)
-        for job in sorted(self.board.untaken()):  # one round trip, only when an actor is idle
-            actor = self.holder.get(job)
-            if actor is not None:
-                untaken[actor].append(job)
-        moves: list[tuple[str, str]] = []
-        for thief in idle:
-            if not untaken:
-                break
-            donor = max(sorted(untaken), key=lambda a: len(untaken[a]))
-            n = len(untaken[donor]) // 2  # a lone unstarted job stays: its holder starts it next
-            if n == 0:
-                break
-            moved, untaken[donor] = untaken[donor][-n:], untaken[donor][:-n]
-            if not untaken[donor]:
-                del untaken[donor]
-            moves += [(job, thief) for job in moved]
-        if not moves:
-            return
-        version = max(self.published)
-        items = [(job, thief, None, -1) for job, thief in moves]
-        tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
-        for (job, thief), token in zip(moves, tokens, strict=True):
-            if token:
-                self.holder[job] = thief
-                self.stolen += 1
-
     # ------------------------------------------------------------ collecting
 
     def collect(self, step: int) -> list[Admitted]:
@@ -427,7 +290,7 @@ class Dispatcher:
     def _consider_all(self, results: list[Result], decoded: list[tuple[Rollouts | None, str | None]]) -> None:
         checked: list[tuple[Result, int, Rollouts]] = []
         for res, (rollouts, why) in zip(results, decoded, strict=True):
-            step = _step_of(res.job, self.tag)
+            step = step_of(res.job, self.tag)
             if step is None or res.job not in self.step_jobs.get(step, ()):
                 self._drop(res, res.malformed or "unknown_job")
                 continue
@@ -484,12 +347,3 @@ class Dispatcher:
         }
         self.admissions.write(json.dumps(line) + "\n")
         self.admissions.flush()
-
-
-def _step_of(job: str, tag: str) -> int | None:
-    """The step of one of this trainer's job ids (``tag:step:i``), None for anyone else's."""
-    head, sep, rest = job.partition(":")
-    step, sep2, index = rest.partition(":")
-    if head != tag or not sep or not sep2 or not step.isdigit() or not index.isdigit() or len(step) > 12:
-        return None
-    return int(step)

@@ -35,7 +35,6 @@ import json
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ import redis
 
 from aurora_store.coord import wire
 from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.workers import Workers
 from aurora_store.redact import redact
 
 if TYPE_CHECKING:
@@ -56,9 +56,6 @@ STREAM_MAXLEN = 10_000
 """Events kept per region (approximate trim); older ones are only in the buckets."""
 COMMITS_MAXLEN = 1_000
 """Commit events kept per region in ``commits:{region}`` (what actors block on)."""
-PROTOCOL = 2
-"""The coordination protocol workers declare when they register: 2 is push (job inboxes and commits
-as streams, liveness in ``alive``); a trainer leases only to actors that speak its protocol."""
 
 # KEYS: region, events, commits.  ARGV: version, version_hash, kind, now_ms, events maxlen, commits maxlen
 _COMMIT = """
@@ -72,18 +69,6 @@ end
 return 1
 """
 
-# Redis's clock in ms, inside a script (liveness is judged on one clock, whatever the workers' clocks say)
-LUA_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS: roster, roster_seq.  Marks ARGV[1] changed (after LUA_NOW).
-_CHANGED = """
-local function changed(wid) redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[2]), wid) end
-"""
-
-
 # KEYS: epoch.  ARGV: a new random id.  Returns the epoch, written now if it was missing.
 _EPOCH = """
 local e = redis.call('GET', KEYS[1])
@@ -91,58 +76,6 @@ if e then return e end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 """
-
-# KEYS: roster, roster_seq, alive, workers, epoch.  ARGV: worker id, ttl_ms, a new random epoch id.
-# A heartbeat: the worker's expiry moves on; one that had expired (or was never alive) is marked
-# changed, so the trainer sees it back. Returns the epoch and whether the registration exists.
-_BEAT = (
-    LUA_NOW
-    + _CHANGED
-    + """
-local prev = redis.call('ZSCORE', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-if (not prev) or tonumber(prev) < now then changed(ARGV[1]) end
-local e = redis.call('GET', KEYS[5])
-if not e then
-  e = ARGV[3]
-  redis.call('SET', KEYS[5], e)
-end
-return {e, redis.call('HEXISTS', KEYS[4], ARGV[1])}
-"""
-)
-
-# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id, registration JSON, ttl_ms (or '' to keep
-# the expiry as it is).  Writes a registration and marks it changed.
-_REGISTER = (
-    LUA_NOW
-    + _CHANGED
-    + """
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-if ARGV[3] ~= '' then redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[1]) end
-changed(ARGV[1])
-return 1
-"""
-)
-
-# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id.  A worker leaves.
-_UNREGISTER = (
-    LUA_NOW
-    + _CHANGED
-    + """
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-changed(ARGV[1])
-return 1
-"""
-)
-
-# KEYS: alive.  The ids of the workers alive now.
-_ALIVE = (
-    LUA_NOW
-    + """
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
-"""
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +96,7 @@ class Event:
     fields: dict[str, str]
 
 
-class Coordinator:
+class Coordinator(Workers):
     """All Redis state of one run."""
 
     def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
@@ -178,10 +111,7 @@ class Coordinator:
             raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
         self._commit = self.r.register_script(_COMMIT)
         self._epoch = self.r.register_script(_EPOCH)
-        self._beat = self.r.register_script(_BEAT)
-        self._register = self.r.register_script(_REGISTER)
-        self._unregister = self.r.register_script(_UNREGISTER)
-        self._alive = self.r.register_script(_ALIVE)
+        self._workers_scripts()
         self.epoch: str | None = None
         """The epoch this coordinator last saw (None before the first check)."""
         self._lost = False
@@ -311,68 +241,6 @@ class Coordinator:
         self.commit(region, m.version, m.version_hash, m.kind)
         return self.region_version(region)
 
-    # ------------------------------------------------------------ workers
-
-    def _worker_keys(self) -> list[str]:
-        return [self.key("roster"), self.key("roster_seq"), self.key("alive"), self.key("workers")]
-
-    def register(
-        self,
-        role: str,
-        region: str,
-        *,
-        ttl_s: float = 15.0,
-        worker_id: str | None = None,
-        info: dict[str, Any] | None = None,
-    ) -> str:
-        """Register a worker (alive for ``ttl_s`` from now, then as long as it beats); returns its id."""
-        wid = worker_id or f"{role}-{region}-{uuid.uuid4().hex[:8]}"
-        doc = {"role": role, "region": region, "protocol": PROTOCOL, "started_ms": int(time.time() * 1000)}
-        doc.update(info or {})
-        self.call(self._register, keys=self._worker_keys(), args=[wid, json.dumps(doc), int(ttl_s * 1000)])
-        self._docs[wid] = doc
-        return wid
-
-    def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> bool:
-        """Beat (one round trip, which also checks the epoch); True if this worker's state in Redis is
-        gone: Redis lost its state since the last check, or the registration was removed (a worker
-        long taken for dead is pruned). Either way the worker registers again; :meth:`state_lost`
-        then says so once too."""
-        keys = [*self._worker_keys(), self.key("epoch")]
-        args = [worker_id, int(ttl_s * 1000), secrets.token_hex(8)]
-        reply = self.call(self._beat, keys=keys, args=args)
-        if not (isinstance(reply, list) and len(reply) == 2):
-            self.skipped.skip("bad_beat", repr(reply)[:60])
-            return False
-        lost = self._saw(reply[0])
-        if reply[1] != 1 and not lost:
-            log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
-            self._lost = lost = True
-        return lost
-
-    def alive(self) -> set[str]:
-        """The ids of the workers alive now (one round trip; Redis's clock)."""
-        return {str(w) for w in self.call(self._alive, keys=[self.key("alive")])}
-
-    def workers(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
-        """Registered workers (those alive unless ``alive_only`` is False); a damaged registration is
-        counted and skipped. Reads every worker: for tools and tests; the trainer's loop reads only
-        what changed (:class:`~aurora_store.coord.roster.Roster`)."""
-        raw = self.call(self.r.hgetall, self.key("workers"))
-        alive = self.alive() if alive_only else None
-        out = {}
-        for wid, doc in raw.items():
-            if alive is not None and wid not in alive:
-                continue
-            try:
-                wire.name(wid, "worker_id")
-                parsed = wire.json_object(doc, "registration")
-            except wire.BadEntry as exc:
-                self.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
-                continue
-            out[wid] = parsed
-        return out
-
     def holds(self) -> tuple[dict[str, int], list[str]]:
         """What ``aurora gc`` must not delete from under anyone: the version every live actor holds
         and every region is at (relays copy what comes after it), by who (``actor a1 in eu``,
@@ -401,25 +269,6 @@ class Coordinator:
             else:
                 held[f"region {region}"] = got.version
         return held, unreadable
-
-    def update_worker(self, worker_id: str, **fields: Any) -> None:
-        """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration, in one round
-        trip when this coordinator registered it (a damaged registration is replaced)."""
-        old = self._docs.get(worker_id)
-        if old is None:
-            doc = self.call(self.r.hget, self.key("workers"), worker_id)
-            try:
-                old = wire.json_object(doc, "registration") if doc else {}
-            except wire.BadEntry as exc:
-                self.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
-                old = {}
-        merged = {**old, **fields}
-        self.call(self._register, keys=self._worker_keys(), args=[worker_id, json.dumps(merged), ""])
-        self._docs[worker_id] = merged
-
-    def unregister(self, worker_id: str) -> None:
-        self.call(self._unregister, keys=self._worker_keys(), args=[worker_id])
-        self._docs.pop(worker_id, None)
 
     # ------------------------------------------------------------ reports
 

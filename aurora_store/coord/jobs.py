@@ -25,7 +25,6 @@ the steps in flight. A drop the actor can act on is told to it (:meth:`JobBoard.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -37,16 +36,14 @@ import redis
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
-from aurora_store.coord.results import ENTRIES_PER_READ, INLINE_MAX, RESULTS_MAXLEN, Ref, Result, entry, parse_result
-from aurora_store.coord.schedule import ema
+from aurora_store.coord.results import Result, ResultStream
+from aurora_store.coord.throughput import Throughputs
 
 ADMITTED_TTL_S = 3600.0
 """An admitted job's record is kept at most this long (to refuse late duplicates) if its trainer
 does not delete it first (it does, two steps after training on it)."""
 MAX_FENCE_START = 10**13
 """Fencing tokens start at a random offset below this (tokens stay below 10^14: Lua prints them exactly)."""
-NOTICES_MAXLEN = 64
-"""Notices kept per actor."""
 INBOX_MAXLEN = 4096
 """Leases kept in an actor's inbox stream (approximate trim); the actor deletes those it takes."""
 
@@ -113,17 +110,6 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
-class Notice:
-    """What the trainer told an actor about one of its results."""
-
-    id: str
-    job: str
-    reason: str
-    result: str = ""
-    """The stream id of the result it is about."""
-
-
-@dataclass(frozen=True, slots=True)
 class OpenJob:
     job: str
     step: int
@@ -138,7 +124,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class JobBoard:
+class JobBoard(ResultStream, Throughputs):
     """The job, lease, result and throughput keys of one run (under the coordinator's prefix)."""
 
     def __init__(self, coord: Coordinator) -> None:
@@ -286,50 +272,6 @@ class JobBoard:
             self._call(self.r.srem, self._k("open"), *gone)
         return out
 
-    def results(self, after: str, *, block_ms: int = 500, count: int = ENTRIES_PER_READ) -> list[Result]:
-        """Results submitted after stream id ``after`` (at most ``count``, so a read is bounded in bytes),
-        parsed as hostile input: a damaged entry comes back with :attr:`Result.malformed` set (so the
-        reader moves past it and counts it)."""
-        reply = self._call(self.rb.xread, {self._k("results"): after}, count=count, block=max(block_ms, 1))
-        return [parse_result(eid, f) for _stream, entries in reply or [] for eid, f in entries]
-
-    def discard(self, ids: Sequence[str]) -> None:
-        """Remove results from the stream once admitted or dropped: Redis keeps only those in flight."""
-        if ids:
-            self._call(self.r.xdel, self._k("results"), *ids)
-
-    def tell(self, actor: str, job: str, reason: str, result: str = "") -> None:
-        """Tell ``actor`` that the result ``result`` (its stream id) for ``job`` was dropped, and why
-        (a short stream per actor). The actor counts only notices of results it submitted: anyone
-        who can write Redis can submit in its name, but not under its results' stream ids."""
-        try:
-            key = self.notices_key(actor)
-        except JobError:
-            return  # no actor of this run has that name: nobody to tell
-        fields = {"job": job, "reason": reason, "result": result}
-        self._call(self.r.xadd, key, fields, maxlen=NOTICES_MAXLEN, approximate=True)
-
-    def notices(self, actor: str, after: str) -> list[Notice]:
-        """What the trainer told ``actor`` after stream id ``after`` (damaged entries skipped)."""
-        reply = self._call(self.r.xread, {self.notices_key(actor): after}, count=NOTICES_MAXLEN)
-        return self.parse_notices(actor, [e for _s, entries in reply or [] for e in entries])
-
-    def parse_notices(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Notice]:
-        """Notice entries as read from ``actor``'s stream, checked (damaged ones counted and skipped)."""
-        out = []
-        for eid, f in entries:
-            reason = f.get("reason")
-            if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
-                out.append(Notice(eid, str(f.get("job", ""))[:200], reason, str(f.get("result", ""))[:64]))
-            else:
-                self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
-        return out
-
-    def last_result_id(self) -> str:
-        """The id to read results after to see only those submitted from now on."""
-        last = self._call(self.r.xrevrange, self._k("results"), count=1)
-        return last[0][0] if last else "0-0"
-
     def admit(self, res: Result, published: Mapping[int, str]) -> str:
         """'ok' if ``res`` is admitted now, else why not: unknown_job, duplicate, stale_lease,
         wrong_actor, expired, wrong_version, wrong_version_hash or the reason it is malformed."""
@@ -457,71 +399,10 @@ class JobBoard:
         self._pipeline(mark)
         return out
 
-    def submit(
-        self,
-        lease: Lease,
-        *,
-        actor: str,
-        version: int,
-        version_hash: str,
-        payload: bytes | None = None,
-        ref: Ref | None = None,
-    ) -> str:
-        """Post a result for ``lease``, its payload inline (at most INLINE_MAX bytes) or by reference
-        to a bucket object; the trainer decides whether to admit it."""
-        if (payload is None) == (ref is None):
-            raise JobError(f"result for job {lease.job!r}: give its payload or a reference to it, not both")
-        if payload is not None and not isinstance(payload, bytes):
-            raise JobError(f"result for job {lease.job!r}: a payload is bytes (aurora_store.format.results)")
-        if payload is not None and len(payload) > INLINE_MAX:
-            raise JobError(f"result for job {lease.job!r} is {len(payload)} bytes, over {INLINE_MAX} inline")
-        fields = entry(lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref)
-        rid = self._call(self.rb.xadd, self._k("results"), fields, maxlen=RESULTS_MAXLEN, approximate=True)
-        return rid.decode() if isinstance(rid, bytes) else str(rid)
-
     def release(self, lease: Lease) -> bool:
         """Give a lease back early (the actor cannot serve it); the trainer re-leases it."""
         keys = [self._k("job", lease.job), self._k("deadlines")]
         return bool(self._call(self._release, keys=keys, args=[lease.token, lease.job]))
-
-    # ------------------------------------------------------------ throughput
-
-    def report_throughput(self, actor: str, tokens: float, elapsed_s: float, *, beta: float) -> float:
-        """Fold a finished batch into ``actor``'s EMA (only the actor writes its own) and end its
-        probation: one round trip (two the first time, to read the EMA it starts from)."""
-        prev = self._tau.get(actor)
-        try:
-            if prev is None:
-                raw = self._call(self.r.hget, self._k("tau"), actor)
-                prev = float(raw) if raw is not None else None
-                if prev is not None and not (math.isfinite(prev) and prev >= 0):
-                    prev = None  # a damaged entry: start again
-            tau = ema(prev, tokens, elapsed_s, beta)
-        except ValueError as exc:
-            raise JobError(f"actor {actor}: {exc}") from None
-        self._pipeline(lambda p: (p.hset(self._k("tau"), actor, repr(tau)), p.srem(self._k("probation"), actor)))
-        self._tau[actor] = tau
-        return tau
-
-    def joined(self, actor: str) -> bool:
-        """Note that ``actor`` (re)joined: one already measured goes on probation. True if rejoining."""
-        if self._call(self.r.hexists, self._k("tau"), actor):
-            self._call(self.r.sadd, self._k("probation"), actor)
-            return True
-        return False
-
-    def throughputs(self) -> tuple[dict[str, float], set[str]]:
-        """Every actor's EMA (tokens/s) and the set on probation (one round trip)."""
-        raw, probation = self._pipeline(lambda p: (p.hgetall(self._k("tau")), p.smembers(self._k("probation"))))
-        taus = {}
-        for a, v in raw.items():
-            try:
-                tau = float(v)
-            except ValueError:
-                continue
-            if math.isfinite(tau) and tau > 0:  # a damaged entry counts as unmeasured
-                taus[a] = tau
-        return taus, set(probation)
 
     def close(self) -> None:
         self.rb.close()

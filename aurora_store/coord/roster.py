@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aurora_store.coord import wire
-from aurora_store.coord.coordinator import LUA_NOW, Coordinator
+from aurora_store.coord.coordinator import Coordinator
+from aurora_store.coord.workers import LUA_NOW
 
 PRUNE_AFTER_S = 3600.0
 """A worker dead this long is removed from Redis (it registers again if it comes back)."""
