@@ -229,3 +229,20 @@ def test_a_result_too_large_is_refused_before_redis(board: JobBoard) -> None:
     with pytest.raises(JobError):
         board.submit(lease, actor="a", version=0, version_hash=H0)
     assert board.results("0-0", block_ms=10) == []
+
+
+def test_bytes_that_are_not_utf8_are_hostile_input_not_a_crash(board: JobBoard) -> None:
+    coord, raw = board.coord, board.rb
+    raw.hset(coord.key("workers"), b"w\xff", b'{"role": "actor\xfe"}')
+    coord.heartbeat("w\ufffd", 30)
+    raw.xadd(coord.key("events", "eu"), {b"type": b"commit\xff", b"version": b"1"})
+    raw.xadd(board.inbox("a"), {b"lease": b"t:1:0|\xff"})
+    raw.xadd(board.notices_key("a"), {b"reason": b"\xc3\x28"})
+    board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
+    (lease,) = board.take("a", max_jobs=5, block_s=0.1)
+    board.submit(lease, actor="a", version=0, version_hash=H0, payload=bytes(range(256)))
+    assert board.last_result_id() != "0-0", "the stream of binary results reads as ids"
+    assert [e.type for e in coord.events("eu", "0-0", block_ms=10)] == ["invalid"]
+    assert board.notices("a", "0-0") == []
+    assert coord.workers() == {} or all(isinstance(d, dict) for d in coord.workers().values())
+    assert coord.skipped.counts["bad_type"] == 1 and coord.skipped.counts["bad_inbox"] == 1

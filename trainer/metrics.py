@@ -61,6 +61,21 @@ REWARD_FAILURES = Spec(
     "Reward calls that failed on the actors (scored 0) in admitted results, by kind.",
     ("kind",),
 )
+ADMISSION_CPU = Spec(
+    "aurora_trainer_admission_cpu_seconds_total",
+    "counter",
+    "CPU seconds the admission thread spent decoding and checking result payloads.",
+)
+ADMISSION_TOKENS = Spec(
+    "aurora_trainer_admission_tokens_total",
+    "counter",
+    "Completion tokens decoded and checked (admission tokens/s: its rate over the CPU seconds' rate).",
+)
+PAYLOAD_FETCHED = Spec(
+    "aurora_trainer_payload_fetched_bytes_total",
+    "counter",
+    "Bytes of result payloads fetched from regions' buckets (those too large to go through Redis).",
+)
 SPECS = (
     PUBLISHED_VERSION,
     STEPS,
@@ -73,6 +88,9 @@ SPECS = (
     STOLEN,
     PENDING,
     REWARD_FAILURES,
+    ADMISSION_CPU,
+    ADMISSION_TOKENS,
+    PAYLOAD_FETCHED,
 )
 
 
@@ -98,6 +116,9 @@ class TrainerMetrics:
         self.m.pull(STOLEN, lambda: d.stolen)
         self.m.pull(PENDING, lambda: len(d.pending))
         self.m.pull(REWARD_FAILURES, lambda: dict(d.reward_failures))  # one C-level copy: no torn read
+        self.m.pull(ADMISSION_CPU, lambda: d.payloads.cpu_s)
+        self.m.pull(ADMISSION_TOKENS, lambda: d.payloads.tokens)
+        self.m.pull(PAYLOAD_FETCHED, lambda: d.payloads.fetched_bytes)
 
     def published(self, version: int) -> None:
         self._version.set(version)

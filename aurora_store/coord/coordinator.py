@@ -106,7 +106,13 @@ class Coordinator(Workers):
         self.run_id = run_id
         self.base = f"{prefix}:{run_id}"
         try:
-            self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30, health_check_interval=10)
+            self.r = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                encoding_errors="replace",  # bytes that are not UTF-8 (anyone may write them) reach the parsers
+                socket_timeout=30,
+                health_check_interval=10,
+            )
         except ValueError as exc:
             raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
         self._commit = self.r.register_script(_COMMIT)

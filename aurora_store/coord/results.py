@@ -226,5 +226,5 @@ class ResultStream:
 
     def last_result_id(self) -> str:
         """The id to read results after to see only those submitted from now on."""
-        last = self._call(self.r.xrevrange, self._k("results"), count=1)
-        return last[0][0] if last else "0-0"
+        last = self._call(self.rb.xrevrange, self._k("results"), count=1)
+        return last[0][0].decode("ascii") if last else "0-0"
