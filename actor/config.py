@@ -49,9 +49,10 @@ class RolloutConfig:
     """Prompts per generate() call."""
     beta: float = 0.5
     """Throughput EMA smoothing."""
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = 10.0
     """Heartbeat lifetime in seconds (it beats three times in one): an actor silent this long counts
-    as gone, and its jobs are leased to others."""
+    as gone, and its jobs are leased to others. Each beat is one round trip: at 10 s, an idle actor
+    costs Redis about half a command a second in all."""
     check_s: float = 15.0
     """How often an idle actor looks at Redis for jobs and versions without being woken (the safety net
     under push: jobs and commits wake it at once); each look is one round trip."""

@@ -24,7 +24,6 @@ idle actors' CPU over the rest of the 30 s), and bytes through Redis per complet
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import tempfile
@@ -48,6 +47,8 @@ class Config:
     sweep_s: float = 0.25
     step_period_s: float = 30.0
     """The step period the Redis CPU projection assumes."""
+    procs: int = 0
+    """Processes the actors run in (0: one per 128 actors)."""
     seed: int = 0
 
 
@@ -60,33 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-s", type=float, default=d.idle_s, help="seconds the idle fleet is measured")
     p.add_argument("--sweep-s", type=float, default=d.sweep_s, help="the trainer's sweep interval")
     p.add_argument("--step-period-s", type=float, default=d.step_period_s, help="step period of the CPU projection")
+    p.add_argument("--procs", type=int, default=d.procs, help="processes the actors run in (0: one per 128)")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the completions")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-class RoundTrips:
-    """Round trips every redis-py client of this process makes (a pipeline's batch is one)."""
-
-    def __init__(self) -> None:
-        import redis.connection
-
-        self._n = itertools.count()
-        self._cls = redis.connection.AbstractConnection
-        self._orig = self._cls.send_packed_command
-        counter = self._n
-        orig = self._orig
-
-        def counted(conn: Any, command: Any, check_health: bool = True) -> None:
-            next(counter)
-            return orig(conn, command, check_health)
-
-        self._cls.send_packed_command = counted  # type: ignore[method-assign]
-
-    def now(self) -> int:
-        return next(self._n)  # each read costs one, subtracted by the readers below
-
-    def close(self) -> None:
-        self._cls.send_packed_command = self._orig  # type: ignore[method-assign]
 
 
 class Probe:
@@ -127,16 +104,19 @@ def measure(cfg: Config) -> dict[str, Any]:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection or two per actor
+    from bench.coord_fleet import RoundTrips
+
     trips = RoundTrips()
     try:
         rows = [_row(cfg, *row, trips) for row in _rows(cfg.rows)]
     finally:
         trips.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return {"bench": "coord", "config": asdict(cfg), "clients": "threads of one process", "rows": rows}
+    clients = "actors: threads of one process, or of --procs processes (one per 128 actors by default)"
+    return {"bench": "coord", "config": asdict(cfg), "clients": clients, "rows": rows}
 
 
-def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) -> dict[str, Any]:
+def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict[str, Any]:
     import logging
 
     import torch
@@ -147,7 +127,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
     from aurora_store.rl.sampling import SamplingConfig
     from aurora_store.rl.tasks import Prompt
     from aurora_store.testing.redis_server import RedisServer
-    from bench.coord_fleet import Fleet
+    from bench.coord_fleet import Fleet, Procs
     from trainer.config import ScheduleConfig
     from trainer.dispatch import Dispatcher
 
@@ -177,10 +157,16 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             return [Prompt(f"p{step}-{i}", "q", "a", (1, 2, 3)) for i in range(groups)]
 
         t0 = time.perf_counter()
-        fleet = Fleet(
-            actors, store=store, redis=server.url, run_id=run_id, tokens=tokens, group=cfg.group, vocab=cfg.vocab
-        )
+        spec: dict[str, Any] = {"store": store, "redis": server.url, "run_id": run_id, "tokens": tokens}
+        spec["group"] = cfg.group
+        spec["vocab"] = cfg.vocab
+        nprocs = cfg.procs or -(-actors // 128)
+        fleet: Any = Fleet(actors, **spec) if nprocs <= 1 else Procs(actors, nprocs, workdir=root, **spec)
         built_s = time.perf_counter() - t0
+        procs = isinstance(fleet, Procs)
+
+        def fleet_trips() -> int:
+            return int(fleet.trips()) if procs else 0
 
         # one sweep, with every actor registered and the step's jobs open
         n0 = trips.now()
@@ -193,11 +179,12 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             sweeps.append((time.perf_counter() - s0, trips.now() - n0 - 1, _delta(a, probe.read())["commands"] - 1))
         sweep_s = statistics.median(s for s, _, _ in sweeps)
 
-        fleet.start()
+        if not procs:
+            fleet.start()
         d.start()  # as the trainer does: sweeps, reads and admits on a thread of its own
         steps = []
         for step in range(1, cfg.steps + 1):
-            a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
+            a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
             if step > 1:
                 d.post(step, prompts(step))
             results = d.collect(step)
@@ -208,7 +195,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
             steps.append(
                 {
                     "step": step,
-                    "round_trips": trips.now() - n0 - 2,
+                    "round_trips": trips.now() - n0 - 2 + fleet_trips() - f0,
                     "redis_commands": delta["commands"] - 2,
                     "redis_cpu_s": round(delta["cpu_s"], 4),
                     "bytes": int(delta["bytes"]),
@@ -222,16 +209,17 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
         # idle: every actor waits for work (the trainer's own sweeps and reads are not the actors')
         d.stop()
         time.sleep(1.0)
-        a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
+        a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
         time.sleep(cfg.idle_s)
         idle_wall = time.perf_counter() - s0
         idle_end = probe.read()
         idle = _delta(a, idle_end)
-        idle_trips = (trips.now() - n0 - 1) / idle_wall / actors
+        made = fleet_trips() - f0 if procs else trips.now() - n0 - 1
+        idle_trips = made / idle_wall / actors
         idle_cpu = idle["cpu_s"] / idle_wall / actors
         fleet.stop()
-
-        admission = _admission(d, board, fleet, cfg, tokens)
+        local = Fleet(1, first=actors, **spec) if procs else fleet  # a Worker to encode and submit with
+        admission = _admission(d, board, local, cfg, tokens)
         d.close()
         admission["during_steps_tokens_per_cpu_s"] = round(d.payloads.tokens / max(d.payloads.cpu_s, 1e-9))
         coord.close()
@@ -243,6 +231,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: RoundTrips) 
         "groups": groups,
         "tokens": tokens,
         "fleet_built_s": round(built_s, 2),
+        "processes": nprocs,
         "post_round_trips": post_trips,
         "sweep": {
             "round_trips": sweeps[1][1],

@@ -1,19 +1,29 @@
 """The fleet of ``aurora bench coord``: real ``actor.worker.Worker`` loops with an instant engine.
 
-Each actor is the real :class:`actor.worker.Worker` (its Coordinator, JobBoard, Updater, stager and
-heartbeat threads, its take/serve/submit loop), built on a tiny published run, with what the
-benchmark does not measure replaced: the engine answers at once with fixed completions of
-``tokens`` tokens (ids below the vocabulary, float32 log-probabilities), the reward scores 0
-without a process, and the tokenizer decodes to nothing. Actors run as threads of the bench
-process (one Python process, so the client side is bounded by one interpreter; Redis is a real
-``redis-server``).
+Each actor is the real :class:`actor.worker.Worker` (its Coordinator, JobBoard, Updater, listener,
+stager and heartbeat threads, its take/serve/submit loop), built on a tiny published run, with
+what the benchmark does not measure replaced: the engine answers at once with fixed completions
+of ``tokens`` tokens (ids below the vocabulary, float32 log-probabilities), the reward scores 0
+without a process, and the tokenizer decodes to nothing. A :class:`Fleet` is threads of one
+process; :class:`Procs` spreads the actors over several processes (``python -m bench.coord_fleet``),
+each a Fleet counting its own round trips, so one interpreter's lock does not throttle a fleet of
+a thousand actors (five threads each) on a small machine.
 """
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,11 +82,13 @@ class _Spec:
 class Fleet:
     """``n`` actors of one region, started on a run whose version 0 is published at ``store``."""
 
-    def __init__(self, n: int, *, store: str, redis: str, run_id: str, tokens: int, group: int, vocab: int) -> None:
+    def __init__(
+        self, n: int, *, store: str, redis: str, run_id: str, tokens: int, group: int, vocab: int, first: int = 0
+    ) -> None:
         self.workers: list[Worker] = []
         self.threads: list[threading.Thread] = []
         sampling = SamplingConfig(group=group, max_new_tokens=tokens)
-        for i in range(n):
+        for i in range(first, first + n):
             cfg = WorkerConfig(
                 sync=SyncConfig(store=store, region="home", redis=redis, run_id=run_id, worker_id=f"actor-{i:04d}"),
                 rollout=RolloutConfig(batch=8),  # the actor's defaults: heartbeat, check interval, inline cap
@@ -106,3 +118,117 @@ class Fleet:
         for t in self.threads:
             t.join(timeout=30)
         # connections stay open: a listener blocked in its read ends when the server goes
+
+
+class RoundTrips:
+    """Round trips every redis-py client of this process makes (a pipeline's batch is one)."""
+
+    def __init__(self) -> None:
+        import redis.connection
+
+        self._n = itertools.count()
+        self._cls = redis.connection.AbstractConnection
+        self._orig = self._cls.send_packed_command
+        counter, orig = self._n, self._orig
+
+        def counted(conn: Any, command: Any, check_health: bool = True) -> None:
+            next(counter)
+            return orig(conn, command, check_health)
+
+        self._cls.send_packed_command = counted  # type: ignore[method-assign]
+
+    def now(self) -> int:
+        return next(self._n)  # each read costs one, subtracted by the readers
+
+    def close(self) -> None:
+        self._cls.send_packed_command = self._orig  # type: ignore[method-assign]
+
+
+class Procs:
+    """``n`` actors in ``procs`` processes; :meth:`trips` is the round trips they have made so far."""
+
+    def __init__(self, n: int, procs: int, *, workdir: str, **fleet: Any) -> None:
+        self.dir = Path(workdir)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._seq: list[int] = []
+        chunk = -(-n // procs)
+        for k, first in enumerate(range(0, n, chunk)):
+            argv = [sys.executable, "-m", "bench.coord_fleet", "--n", str(min(chunk, n - first)), "--first", str(first)]
+            argv += ["--out", str(self.dir / f"fleet-{k}.json"), "--spec", json.dumps(fleet)]
+            log = open(self.dir / f"fleet-{k}.log", "wb")  # noqa: SIM115
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            self._seq.append(-1)
+        self._wait(time.monotonic() + 600)
+
+    def _read(self, k: int) -> dict[str, int] | None:
+        try:
+            return dict(json.loads((self.dir / f"fleet-{k}.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _wait(self, deadline: float) -> int:
+        total = 0
+        for k, proc in enumerate(self.procs):
+            while True:
+                got = self._read(k)
+                if got is not None and got["seq"] > self._seq[k]:
+                    self._seq[k] = got["seq"]
+                    total += got["trips"]
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"fleet process {k} exited {proc.returncode}: see {self.dir}/fleet-{k}.log")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fleet process {k} did not answer: see {self.dir}/fleet-{k}.log")
+                time.sleep(0.02)
+        return total
+
+    def trips(self) -> int:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGUSR1)
+        return self._wait(time.monotonic() + 120)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One process of a :class:`Procs` fleet: build, say ready (its round trips so far), start, and
+    answer SIGUSR1 with its round trips until SIGTERM."""
+    import logging
+
+    p = argparse.ArgumentParser(prog="python -m bench.coord_fleet")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--first", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--spec", required=True, help="the Fleet's keyword arguments, as JSON")
+    args = p.parse_args(argv)
+    logging.getLogger("aurora").setLevel(logging.ERROR)
+    trips = RoundTrips()
+    fleet = Fleet(args.n, first=args.first, **json.loads(args.spec))
+    stop = threading.Event()
+    seq = itertools.count()
+
+    def report(*_: Any) -> None:
+        tmp = f"{args.out}.tmp"
+        Path(tmp).write_text(json.dumps({"seq": next(seq), "trips": trips.now()}))
+        os.replace(tmp, args.out)
+
+    signal.signal(signal.SIGUSR1, report)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    fleet.start()
+    report()
+    while not stop.is_set():
+        stop.wait(0.1)
+    fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

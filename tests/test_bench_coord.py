@@ -25,11 +25,13 @@ def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
     assert max(memory) - min(memory) < 1 << 20, f"Redis holds only the steps in flight: {memory}"
 
 
-def test_results_above_the_inline_cap_go_by_reference() -> None:
-    out = coord.measure(coord.Config(rows="2x4x8192", steps=1, idle_s=0.5))
+def test_results_above_the_inline_cap_go_by_reference_from_actors_in_other_processes() -> None:
+    out = coord.measure(coord.Config(rows="2x4x8192", steps=2, idle_s=1.0, procs=2))
     (row,) = out["rows"]
-    assert row["admission"]["by_reference"] == row["admission"]["results"] and row["steps"][0]["admitted"] == 4
+    assert row["processes"] == 2 and all(s["admitted"] == 4 for s in row["steps"])
+    assert row["admission"]["by_reference"] == row["admission"]["results"]
     assert row["bytes_per_token"] < 0.5, "only references and small fields cross Redis"
+    assert 0 < row["idle"]["round_trips_per_actor_s"] <= 1.0, "counted in the actors' own processes"
 
 
 def test_the_command_prints_one_json_object() -> None:

@@ -3,6 +3,7 @@ resumable state, and that the actor's log-probabilities are the trainer's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -79,6 +80,9 @@ def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> Non
     started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
     actor(trainer, "idle", 2)
     trainer._sweep()
+    assert trainer.stolen == 0, "jobs leased moments ago are on their way to their holder: not moved"
+    trainer.schedule = dataclasses.replace(trainer.schedule, steal_after_s=0.0)
+    trainer._sweep()
     holders = {j.job: j.actor for j in trainer.board.open_jobs()}
     assert sorted(holders.values()).count("idle") == 2, "half of the four unstarted ones"
     assert all(holders[lease.job] == "busy" for lease in started), "started work is never taken away"
@@ -102,7 +106,8 @@ def test_a_sweep_costs_the_same_round_trips_whatever_the_fleet(trainer: Dispatch
         before = trips()
         trainer._sweep()
         costs.append(trips() - before - 1)
-    assert costs[0] == costs[1] <= 12, f"a quiet sweep's commands (script calls counted inside): {costs}"
+    # at 204 actors some hold no job: one more read, of the unstarted jobs an idle actor might take over
+    assert costs[1] <= costs[0] + 1 and max(costs) <= 12, f"a quiet sweep's commands (scripts' inside too): {costs}"
 
 
 G = 2

@@ -127,6 +127,9 @@ class ScheduleConfig:
     """How often expired leases are re-leased and idle actors rebalanced, in seconds."""
     steal: bool = True
     """Idle eligible actors take over half of the not-yet-started jobs of the most loaded actor."""
+    steal_after_s: float = 2.0
+    """Only jobs leased at least this long ago and not started are taken over (a job leased moments ago
+    is on its way to its holder: moving it would race the holder and, under load, move it again)."""
 
 
 @dataclass(kw_only=True, slots=True)

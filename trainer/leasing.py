@@ -161,7 +161,10 @@ class Leasing:
         if not idle or not self.holder:
             return
         untaken: dict[str, list[str]] = defaultdict(list)
-        for job in sorted(self.board.untaken()):  # one round trip, only when an actor is idle
+        # one round trip, only when an actor is idle; a job leased moments ago is on its way to its
+        # holder (under load the holder takes a while): moving it would only race the holder
+        settled = now_ms() - int(self.schedule.steal_after_s * 1000)
+        for job in sorted(self.board.untaken(settled)):
             actor = self.holder.get(job)
             if actor is not None:
                 untaken[actor].append(job)
