@@ -158,9 +158,9 @@ def test_reads_of_the_results_stream_are_bounded_in_bytes(board: JobBoard) -> No
 
 def test_the_sweep_indexes_hold_only_open_leases(board: JobBoard) -> None:
     jobs = board.post(1, 0, [prompt(i) for i in range(4)], {"a": 2, "b": 2}, lease_s=0.05, tag="t")
-    assert board.untaken() == set(jobs), "nothing is taken yet"
+    assert set(board.untaken()) == set(jobs), "nothing is taken yet"
     taken = board.take("a", max_jobs=2, block_s=0.1)
-    assert board.untaken() == set(jobs) - {le.job for le in taken}
+    assert set(board.untaken()) == set(jobs) - {le.job for le in taken}
     wait_for(lambda: len(board.expired(now_ms())) == 4, "the 50 ms leases to run out", timeout=5)
     board.lease(taken[0].job, "b", version=0, lease_s=30)
     assert taken[0].job not in board.expired(now_ms()), "a new lease moves its deadline on"
@@ -168,7 +168,7 @@ def test_the_sweep_indexes_hold_only_open_leases(board: JobBoard) -> None:
     assert board.admit(submit(board, fresh, "b"), HASHES) == "ok"
     assert fresh.job not in board.expired(now_ms()) and fresh.job not in board.untaken(), "admitted: untracked"
     board.drop_jobs(list(jobs))
-    assert board.expired(now_ms()) == [] and board.untaken() == set() and board.open_jobs() == []
+    assert board.expired(now_ms()) == [] and board.untaken() == {} and board.open_jobs() == []
     assert not any(board.r.exists(board.coord.key("job", j)) for j in jobs), "dropped jobs leave Redis"
 
 

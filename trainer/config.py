@@ -126,7 +126,8 @@ class ScheduleConfig:
     sweep_s: float = 0.25
     """How often expired leases are re-leased and idle actors rebalanced, in seconds."""
     steal: bool = True
-    """Idle eligible actors take over half of the not-yet-started jobs of the most loaded actor."""
+    """Idle eligible actors take over half of the not-yet-started jobs of the most loaded busy actor (one
+    that has started a job and has others waiting)."""
     steal_after_s: float = 2.0
     """Only jobs leased at least this long ago and not started are taken over (a job leased moments ago
     is on its way to its holder: moving it would race the holder and, under load, move it again)."""

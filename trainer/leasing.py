@@ -161,12 +161,16 @@ class Leasing:
         if not idle or not self.holder:
             return
         untaken: dict[str, list[str]] = defaultdict(list)
-        # one round trip, only when an actor is idle; a job leased moments ago is on its way to its
-        # holder (under load the holder takes a while): moving it would only race the holder
-        settled = now_ms() - int(self.schedule.steal_after_s * 1000)
-        for job in sorted(self.board.untaken(settled)):
+        # One round trip, only when an actor is idle. Only a busy holder's jobs move: one that has
+        # started a job of its own and has others waiting. A job leased moments ago is on its way to
+        # its holder, and one whose holder has started nothing is about to be taken: moving either
+        # would race the holder (under load, again and again).
+        waiting = self.board.untaken()
+        started = {a for j, a in self.holder.items() if j not in waiting}
+        settled = now_ms() - self.schedule.steal_after_s * 1000
+        for job, leased in sorted(waiting.items()):
             actor = self.holder.get(job)
-            if actor is not None:
+            if actor in started and leased <= settled:
                 untaken[actor].append(job)
         moves: list[tuple[str, str]] = []
         for thief in idle:

@@ -232,11 +232,11 @@ class JobBoard(ResultStream, Throughputs):
         raw = self._call(self.r.zrangebyscore, self._k("deadlines"), "-inf", now, start=0, num=limit)
         return [j for j in raw if _is_name(j)]
 
-    def untaken(self, leased_before_ms: int | None = None) -> set[str]:
-        """Jobs leased (at or before ``leased_before_ms``, the trainer's clock; any time if None) and
-        not yet taken by their holder: what an idle actor may take over."""
-        hi = "+inf" if leased_before_ms is None else leased_before_ms
-        return {j for j in self._call(self.r.zrangebyscore, self._k("untaken"), "-inf", hi) if _is_name(j)}
+    def untaken(self) -> dict[str, float]:
+        """Jobs leased and not yet taken by their holder, with when they were leased (ms, the trainer's
+        clock): what an idle actor may take over."""
+        got = self._call(self.r.zrange, self._k("untaken"), 0, -1, withscores=True)
+        return {j: float(t) for j, t in got if _is_name(j)}
 
     def settle(self, jobs: Sequence[str]) -> None:
         """Stop tracking the deadlines of ``jobs`` (not this trainer's, or no longer wanted)."""
