@@ -208,6 +208,11 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
 
         # idle: every actor waits for work (the trainer's own sweeps and reads are not the actors')
         d.stop()
+        quiet = []  # a sweep of the whole fleet at rest: what each one costs, alive and registered
+        for _ in range(5):
+            n0, s0 = trips.now(), time.perf_counter()
+            d._sweep()
+            quiet.append((time.perf_counter() - s0, trips.now() - n0 - 1))
         time.sleep(1.0)
         a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
         time.sleep(cfg.idle_s)
@@ -238,6 +243,9 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             "redis_commands": sweeps[1][2],
             "seconds": round(sweep_s, 5),
             "fraction_of_interval": round(sweep_s / cfg.sweep_s, 4),
+            "at_rest_round_trips": quiet[2][1],
+            "at_rest_seconds": round(statistics.median(q for q, _ in quiet), 5),
+            "at_rest_fraction_of_interval": round(statistics.median(q for q, _ in quiet) / cfg.sweep_s, 4),
         },
         "steps": steps,
         "idle": {

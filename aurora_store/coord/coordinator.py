@@ -111,7 +111,7 @@ class Coordinator(Workers):
                 decode_responses=True,
                 encoding_errors="replace",  # bytes that are not UTF-8 (anyone may write them) reach the parsers
                 socket_timeout=30,
-                health_check_interval=10,
+                health_check_interval=60,  # above --check-s: a connection used on schedule never pays a PING
             )
         except ValueError as exc:
             raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
