@@ -222,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGUSR1, report)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    parent = os.getppid()
     fleet.start()
     report()
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:  # the bench gone (killed): so is its fleet
         stop.wait(0.1)
     fleet.stop()
     return 0
