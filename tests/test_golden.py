@@ -1,6 +1,10 @@
-"""The golden run (tests/data/golden): written once by earlier code, it must list, audit and
-materialize bit-exact with every later version of the code. A format change bumps the format
-version and keeps this run readable; it never rewrites it."""
+"""The golden runs (tests/data/golden*): each written once by earlier code, they must list, audit
+and materialize bit-exact with every later version of the code. A format change bumps the format
+version and keeps these runs readable; it never rewrites them.
+
+- ``golden``: format aurora/1, tiny tensors, every dtype and special bit pattern;
+- ``golden_sparse``: format aurora/2, deltas coded by the ``sparse`` codec with symbol streams
+  split by exponent (written before the ``classed`` codec existed)."""
 
 from __future__ import annotations
 
@@ -17,56 +21,75 @@ from aurora_store.bucket.replay import replay
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest_parser import parse_manifest
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
-EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
-KINDS = ["full", "delta", "delta", "full", "delta", "delta"]
+DATA = Path(__file__).parent / "data"
+RUNS = {
+    "golden": (["full", "delta", "delta", "full", "delta", "delta"], "aurora/1"),
+    "golden_sparse": (["full", "delta", "delta", "delta"], "aurora/2"),
+}
 
 
-@pytest.fixture
-def run():  # type: ignore[no-untyped-def]
-    with open_run((GOLDEN / "run").as_uri(), verify_key=str(GOLDEN / "key.pub")) as r:
-        yield r
+@pytest.fixture(params=sorted(RUNS))
+def golden(request):  # type: ignore[no-untyped-def]
+    root = DATA / request.param
+    with open_run((root / "run").as_uri(), verify_key=str(root / "key.pub")) as r:
+        yield request.param, root, r, json.loads((root / "expected.json").read_text())
 
 
 def _sha(words: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(words).tobytes()).hexdigest()
 
 
-def test_lists_every_version(run) -> None:  # type: ignore[no-untyped-def]
-    assert run.versions() == list(range(6))
-    assert [run.manifest(v).kind for v in run.versions()] == KINDS
+def test_lists_every_version(golden) -> None:  # type: ignore[no-untyped-def]
+    name, _, run, _ = golden
+    kinds, fmt = RUNS[name]
+    assert run.versions() == list(range(len(kinds)))
+    assert [run.manifest(v).kind for v in run.versions()] == kinds
     assert all(run.manifest(v).signature is not None for v in run.versions())
+    assert {run.manifest(v).format for v in run.versions()} == {fmt}
 
 
-def test_manifests_reencode_to_their_exact_bytes(run) -> None:  # type: ignore[no-untyped-def]
+def test_sparse_golden_codes_split_symbol_streams(golden) -> None:  # type: ignore[no-untyped-def]
+    name, _, run, _ = golden
+    blocks = [b for v in run.versions() for s in run.manifest(v).segments for b in s.blocks]
+    assert {b.codec for b in blocks} <= {"sparse", "dense"}
+    if name == "golden_sparse":  # what this run pins: a split the decoder must rebuild from the parent
+        assert any(b.codec == "sparse" and b.header.split > 0 for b in blocks)
+
+
+def test_manifests_reencode_to_their_exact_bytes(golden) -> None:  # type: ignore[no-untyped-def]
+    _, root, run, _ = golden
     for v in run.versions():
-        raw = (GOLDEN / "run" / manifest_key(v)).read_bytes()
+        raw = (root / "run" / manifest_key(v)).read_bytes()
         assert parse_manifest(raw, expect_version=v).to_bytes() == raw
 
 
-def test_audit_passes_with_the_verify_key(run) -> None:  # type: ignore[no-untyped-def]
+def test_audit_passes_with_the_verify_key(golden) -> None:  # type: ignore[no-untyped-def]
+    _, _, run, _ = golden
     result = audit(run)
     assert result.ok, result.first_error
-    assert [r.status for r in result.versions] == ["ok"] * 6
+    assert [r.status for r in result.versions] == ["ok"] * len(run.versions())
 
 
-def test_materializes_bit_exact(run) -> None:  # type: ignore[no-untyped-def]
+def test_materializes_bit_exact(golden) -> None:  # type: ignore[no-untyped-def]
+    _, _, run, expected = golden
     for v in run.versions():
         state = run.materialize_words(v)
-        want = EXPECTED[str(v)]
+        want = expected[str(v)]
         assert (state.version_hash, state.digest.hex()) == (want["version_hash"], want["weights_digest"])
         assert {s.name: _sha(state.words[s.name]) for s in state.specs} == want["tensor_sha256"]
 
 
-def test_replays_as_a_hf_directory(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_replays_as_a_hf_directory(golden, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import torch
     from safetensors.torch import load_file
 
-    out = tmp_path / "v5"
-    result = replay(run, 5, str(out))
-    assert result.version_hash == EXPECTED["5"]["version_hash"]
+    _, root, run, expected = golden
+    last = run.versions()[-1]
+    out = tmp_path / f"v{last}"
+    result = replay(run, last, str(out))
+    assert result.version_hash == expected[str(last)]["version_hash"]
     loaded = load_file(str(out / "model.safetensors"))
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     got = {name: _sha(t.reshape(-1).view(ints[t.element_size()]).numpy()) for name, t in loaded.items()}
-    assert got == EXPECTED["5"]["tensor_sha256"]
-    assert (out / "config.json").read_bytes() == (GOLDEN / "run" / "files" / "config.json").read_bytes()
+    assert got == expected[str(last)]["tensor_sha256"]
+    assert (out / "config.json").read_bytes() == (root / "run" / "files" / "config.json").read_bytes()
