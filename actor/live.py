@@ -31,6 +31,10 @@ class LiveWeights(Protocol):
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         """Little-endian words of tensor ``name`` at sorted flat positions ``index``."""
 
+    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Little-endian words of tensor ``name`` at flat positions ``[lo, hi)`` (the classed codec
+        reads a block's whole range; a host tensor gives a view, a device one a copy of the range)."""
+
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         """Everything a write needs (device copies of positions and words); may fail."""
 
@@ -72,6 +76,10 @@ class TensorWeights:
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         flat = self._flat(name)
         got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
+        return got.view(f"<u{got.dtype.itemsize}")
+
+    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        got = self._flat(name)[lo:hi].cpu().numpy()
         return got.view(f"<u{got.dtype.itemsize}")
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:

@@ -10,8 +10,8 @@ a callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -20,8 +20,13 @@ from aurora_store.format.blocks import DecodedBlock
 from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import Manifest
 
-LiveWords = Callable[[str, np.ndarray], np.ndarray]
-"""``live(name, flat_index) -> words`` of the live weights."""
+
+class LiveWords(Protocol):
+    """What staging reads of the live weights."""
+
+    def read(self, name: str, index: np.ndarray) -> np.ndarray: ...
+
+    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray: ...
 
 
 @dataclass(slots=True)
@@ -49,7 +54,7 @@ class Staging:
 
     def words_at(self, live: LiveWords, name: str, index: np.ndarray) -> np.ndarray:
         """Words at ``index`` as of the staged version (staged where changed, else live or full)."""
-        base = self.full[name][index] if self.full is not None else live(name, index)
+        base = self.full[name][index] if self.full is not None else live.read(name, index)
         staged = self.changes.get(name)
         if staged is not None and staged[0].size:
             idx, vals = staged
@@ -60,6 +65,22 @@ class Staging:
             base = base.copy()
             base[hit] = vals[pos[hit]]
         return base
+
+    def words_range(self, live: LiveWords, name: str, lo: int, hi: int) -> np.ndarray:
+        """Words at flat positions ``[lo, hi)`` as of the staged version."""
+        base = self.full[name][lo:hi] if self.full is not None else live.read_range(name, lo, hi)
+        staged = self.changes.get(name)
+        if staged is not None and staged[0].size:
+            idx, vals = staged
+            a, b = np.searchsorted(idx, [lo, hi])
+            if b > a:
+                base = base.copy()
+                base[idx[a:b] - lo] = vals[a:b]
+        return base
+
+    def view(self, live: LiveWords) -> StagedWords:
+        """The staged version's words, as a delta decoder reads its parent."""
+        return StagedWords(self, live)
 
     def add_version(self, m: Manifest, blocks: list[DecodedBlock], live: LiveWords) -> None:
         """Stage one more delta (``m``, decoded against this staging): all or nothing."""
@@ -81,6 +102,20 @@ class Staging:
         for name, index, new in updates:
             self.changes[name] = _merge(self.changes.get(name), index, new)
         self.version, self.version_hash, self.digest = m.version, m.version_hash, digest
+
+
+@dataclass(frozen=True, slots=True)
+class StagedWords:
+    """:class:`~aurora_store.format.blocks.OldWords` of a staging over live weights."""
+
+    staging: Staging
+    live: LiveWords
+
+    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
+        return self.staging.words_at(self.live, name, index)
+
+    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        return self.staging.words_range(self.live, name, lo, hi)
 
 
 def _merge(

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
 import torch
 
 from actor.config import SyncConfig
@@ -142,9 +141,6 @@ class Updater:
             raise StoreError("this updater's live weights are an engine's own layout, not HF-named tensors")
         return self.live.tensors
 
-    def _live(self, name: str, index: np.ndarray) -> np.ndarray:
-        return self.live.read(name, index)
-
     def plan(self, target: int) -> list[Manifest]:
         """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch)."""
         assert self.held is not None
@@ -213,11 +209,9 @@ class Updater:
             work.version, work.version_hash, work.digest = m.version, m.version_hash, state.digest
             return
 
-        def old_at(name: str, index: np.ndarray) -> np.ndarray:
-            return work.words_at(self._live, name, index)
-
-        blocks = self._with_fallback(m, lambda run: run.reader.decode_delta(m, old_at))
-        work.add_version(m, blocks, self._live)
+        old = work.view(self.live)
+        blocks = self._with_fallback(m, lambda run: run.reader.decode_delta(m, old))
+        work.add_version(m, blocks, self.live)
 
     def _with_fallback(self, m: Manifest, fn: Callable[[Run], T]) -> T:
         """Run ``fn`` on the region's bucket; on a corrupt or missing object, report it, retry once,

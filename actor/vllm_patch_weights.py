@@ -73,6 +73,9 @@ class VllmPatchWeights:
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         return self.words[self._spec(name).name][np.asarray(index)]
 
+    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        return self.words[self._spec(name).name][lo:hi]
+
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         self._check()
         entries = []

@@ -299,6 +299,11 @@ class VllmWeights:
             seen[p.rank] += 1
         return out
 
+    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """A gather of every position of the range through the workers (O(range) over the RPC:
+        the device-side class walk that would avoid it is not built)."""
+        return self.read(name, np.arange(lo, hi, dtype=np.int64))
+
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         layout = self._need()
         plan: list[list[Any]] = [[] for _ in range(self.tp_size)]

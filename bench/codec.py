@@ -1,9 +1,13 @@
-"""``aurora bench codec``: size and speed of the sparse BF16 codec on the reference trace.
+"""``aurora bench codec``: size and speed of the BF16 delta codecs on the reference trace.
 
-Every published step is diffed against the one before and coded by ours
-(``aurora_store.codec.sparse``) and by the published baselines; bytes are real payload
-bytes, times are the best of a few repetitions in the same run, measured against a bare
-``np.flatnonzero(a != b)`` scan of the same arrays. Every decode is checked bit-exact.
+Every published step is diffed against the one before and coded as a publisher codes it
+(``ours``: :func:`aurora_store.format.delta.code_block`, the classed codec with the sparse one
+where smaller), by the previous codec alone (``sparse``, what aurora/2 runs hold) and by the
+published baselines; bytes are real payload bytes. Times are the best of a few repetitions in the
+same run, each against a bare ``np.flatnonzero(a != b)`` scan of the same arrays: *encode* is
+extraction plus coding, *decode* rebuilds positions and deltas from the payload and the parent
+(staging, off the apply path), *apply* scatters them into the weights (the safe point). Every
+decode is checked bit-exact.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aurora_store.codec import sparse
-from aurora_store.codec.base import Encoded
+from aurora_store import codec
+from aurora_store.codec import classes, kernels, sparse
+from aurora_store.codec.base import ArrayParent, Decoded, Encoded
 from aurora_store.format import dtypes
+from aurora_store.format.delta import code_block
 from aurora_store.options import positive
 from bench.baselines import BASELINES
 from bench.output import emit
@@ -34,7 +40,14 @@ QUICK = (2, 4)
 """(layers, steps) of a full and a ``--quick`` run."""
 SUMMARY_FROM = 4
 """The summary averages steps from this one on (Adam's moments have warmed up), or all steps if none."""
-TARGETS = {"bytes_per_changed": 1.3, "encode_vs_scan": 2.0, "decode_vs_scan": 1.0, "smaller_than": 2.3}
+TARGETS = {
+    "bytes_per_changed": 0.95,
+    "encode_vs_scan": 2.0,
+    "decode_vs_scan": 1.5,
+    "apply_vs_sparse": 1.1,
+    "smaller_than": 2.3,
+}
+"""Issue 13's: apply "no slower than today's" allows 10% for the noise of two timings of one scatter."""
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")
@@ -58,23 +71,48 @@ def scan(old: Arrays, new: Arrays) -> dict[str, np.ndarray]:
     return {k: np.flatnonzero(a.reshape(-1) != new[k].reshape(-1)) for k, a in old.items()}
 
 
-def encode(old: Arrays, new: Arrays) -> dict[str, Encoded]:
+Coded = dict[str, tuple[str, Encoded]]
+
+
+def encode(old: Arrays, new: Arrays) -> Coded:
     """Ours, as a publisher runs it: extract the changed elements of every tensor and code them."""
     out = {}
     for name, a in old.items():
         o, n = a.reshape(-1), new[name].reshape(-1)
-        pos = sparse.changed_positions(o, n)
-        out[name] = sparse.encode(pos, o[pos], n[pos], BF16.exponent)
+        ex = classes.extract(o, n, BF16.exponent)
+        if ex.positions.size:
+            enc, codec_name = code_block(ex, BF16.exponent, o.size)
+            out[name] = (codec_name, enc)
     return out
 
 
-def decode_apply(blocks: dict[str, Encoded], target: Arrays) -> None:
-    """Ours, as an actor runs it: decode every block and apply it to flat word arrays in place."""
-    for name, b in blocks.items():
-        t = target[name]
-        got = sparse.decode(b.payload, b.header, BF16.span(t.size), t.take, name)
-        assert got.delta is not None
-        sparse.apply(t, 0, got.positions, got.delta)
+def encode_sparse(old: Arrays, new: Arrays) -> Coded:
+    """The previous codec alone (aurora/2): positions by a scan, then the sparse coding."""
+    out = {}
+    for name, a in old.items():
+        o, n = a.reshape(-1), new[name].reshape(-1)
+        pos = sparse.changed_positions(o, n)
+        if pos.size:
+            out[name] = (sparse.NAME, sparse.encode(pos, o[pos], n[pos], BF16.exponent))
+    return out
+
+
+def decode(blocks: Coded, parent: Arrays) -> dict[str, Decoded]:
+    """As an actor stages a version: every block decoded against the parent's words."""
+    out = {}
+    for name, (codec_name, b) in blocks.items():
+        c = codec.get(codec_name)
+        assert c is not None
+        t = parent[name]
+        out[name] = c.decode(b.payload, b.header, BF16.span(t.size), ArrayParent(t), name)
+    return out
+
+
+def apply(decoded: dict[str, Decoded], target: Arrays) -> None:
+    """The safe point: every decoded block scattered into flat word arrays in place."""
+    for name, d in decoded.items():
+        assert d.delta is not None
+        sparse.apply(target[name], 0, d.positions, d.delta)
 
 
 def baseline_bytes(positions: dict[str, np.ndarray], new: Arrays) -> dict[str, int]:
@@ -100,35 +138,42 @@ def measure_step(
     step: int, old: Arrays, new: Arrays, repeats: int = REPEATS, tick: Callable[[], None] = lambda: None
 ) -> dict[str, Any]:
     """Sizes, times and exactness of one step's delta ``old -> new``."""
+    flat_old = {k: a.reshape(-1) for k, a in old.items()}
     target = {k: np.empty(a.size, a.dtype) for k, a in old.items()}
-    t_scan, t_enc, t_dec = float("inf"), float("inf"), float("inf")
+    best: dict[str, float] = {}
     positions: dict[str, np.ndarray] = {}
-    blocks: dict[str, Encoded] = {}
-    for _ in range(repeats):  # interleaved, so drift in machine speed hits all three alike
-        t, positions = _timed(partial(scan, old, new))
-        t_scan = min(t_scan, t)
-        t, blocks = _timed(partial(encode, old, new))
-        t_enc = min(t_enc, t)
-        for k, a in old.items():  # a fresh copy of the old version, outside the timer
-            np.copyto(target[k], a.reshape(-1))
-        t, _ = _timed(partial(decode_apply, blocks, target))
-        t_dec = min(t_dec, t)
-        for k, n in new.items():
-            if not np.array_equal(target[k], n.reshape(-1)):
-                raise RoundTripError(f"step {step}: ours does not reproduce {k} bit for bit")
+    coded: dict[str, Coded] = {}
+
+    def timed(key: str, fn: Callable[[], T]) -> T:
+        t, out = _timed(fn)
+        best[key] = min(best.get(key, float("inf")), t)
+        return out
+
+    for _ in range(repeats):  # interleaved, so drift in machine speed hits every timing alike
+        positions = timed("scan", partial(scan, old, new))
+        for label, enc_fn in (("ours", encode), ("sparse", encode_sparse)):
+            prefix = "" if label == "ours" else "sparse_"
+            coded[label] = timed(prefix + "encode", partial(enc_fn, old, new))
+            decoded = timed(prefix + "decode", partial(decode, coded[label], flat_old))
+            for k, a in flat_old.items():  # a fresh copy of the old version, outside the timer
+                np.copyto(target[k], a)
+            timed(prefix + "apply", partial(apply, decoded, target))
+            for k, n in new.items():
+                if not np.array_equal(target[k], n.reshape(-1)):
+                    raise RoundTripError(f"step {step}: {label} does not reproduce {k} bit for bit")
         tick()
     target.clear()  # free the copy before the baselines run
     elements = sum(a.size for a in new.values())
-    changed = sum(b.header.count for b in blocks.values())
-    if changed != sum(p.size for p in positions.values()):
-        raise RoundTripError(f"step {step}: ours coded {changed} changes, the scan found another count")
+    changed = sum(p.size for p in positions.values())
+    for label, blocks in coded.items():
+        if sum(b.header.count for _, b in blocks.values()) != changed:
+            raise RoundTripError(f"step {step}: {label} coded another count of changes than the scan found")
     size = {
-        "ours": sum(len(b.payload) for b in blocks.values()),
+        "ours": sum(len(b.payload) for _, b in coded["ours"].values()),
+        "sparse": sum(len(b.payload) for _, b in coded["sparse"].values()),
         **baseline_bytes(positions, new),
         "dense": 2 * elements,
     }
-    streams = [sum(b.header.streams[i] for b in blocks.values()) for i in range(4)]
-    streams = [streams[0], streams[1] + streams[2], streams[3]]
     tick()
 
     def per(x: float) -> float | None:
@@ -141,13 +186,33 @@ def measure_step(
         "density": changed / elements,
         "bytes": size,
         "bytes_per_changed": {k: per(v) for k, v in size.items()},
-        "ours_streams_per_changed": {k: per(v) for k, v in zip(("gaps", "symbols", "escapes"), streams, strict=True)},
-        "escapes": sum(b.header.escapes for b in blocks.values()),
-        "smaller_than": {b.name: size[b.name] / size["ours"] for b in BASELINES},
-        "seconds": {"scan": t_scan, "encode": t_enc, "decode": t_dec},
-        "time_ratio": {"encode_vs_scan": t_enc / t_scan, "decode_vs_scan": t_dec / t_scan},
+        "ours_streams_per_changed": _streams(coded["ours"], per),
+        "blocks_by_codec": {n: sum(c == n for c, _ in coded["ours"].values()) for n in ("classed", "sparse")},
+        "smaller_than": {b.name: size[b.name] / size["ours"] for b in BASELINES}
+        | {"sparse": size["sparse"] / size["ours"]},
+        "seconds": best,
+        "time_ratio": {
+            "encode_vs_scan": best["encode"] / best["scan"],
+            "decode_vs_scan": best["decode"] / best["scan"],
+            "apply_vs_scan": best["apply"] / best["scan"],
+            "apply_vs_sparse": best["apply"] / best["sparse_apply"],
+            "sparse_encode_vs_scan": best["sparse_encode"] / best["scan"],
+            "sparse_decode_vs_scan": best["sparse_decode"] / best["scan"],
+        },
         "peak_rss_mb": peak_rss_mb(),
     }
+
+
+def _streams(blocks: Coded, per: Callable[[float], float | None]) -> dict[str, float | None]:
+    """Bytes per changed element of positions, symbols and escapes, over both codecs' blocks."""
+    pos = sym = esc = 0
+    for name, b in blocks.values():
+        st = b.header.streams
+        if name == "classed":  # table, unary, remainders | low, high | escapes
+            pos, sym, esc = pos + st[0] + st[1] + st[2], sym + st[3] + st[4], esc + st[5]
+        else:  # gaps | low, high | escapes
+            pos, sym, esc = pos + st[0], sym + st[1] + st[2], esc + st[3]
+    return {"positions": per(pos), "symbols": per(sym), "escapes": per(esc)}
 
 
 def _mean(xs: Iterable[float | None]) -> float | None:
@@ -166,11 +231,13 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     def ok(value: float | None, limit: float, below: bool = True) -> bool:
         return value is not None and (value <= limit if below else value >= limit)
 
-    smaller = min(out["smaller_than"].values(), default=None)
+    smaller = min((v for k, v in out["smaller_than"].items() if k != "sparse"), default=None)
+    ratio = out["time_ratio"]
     out["targets"] = {
-        "bytes_per_changed_le_1.3": ok(out["bytes_per_changed"].get("ours"), TARGETS["bytes_per_changed"]),
-        "encode_vs_scan_le_2.0": ok(out["time_ratio"].get("encode_vs_scan"), TARGETS["encode_vs_scan"]),
-        "decode_vs_scan_le_1.0": ok(out["time_ratio"].get("decode_vs_scan"), TARGETS["decode_vs_scan"]),
+        "bytes_per_changed_le_0.95": ok(out["bytes_per_changed"].get("ours"), TARGETS["bytes_per_changed"]),
+        "encode_vs_scan_le_2.0": ok(ratio.get("encode_vs_scan"), TARGETS["encode_vs_scan"]),
+        "decode_vs_scan_le_1.5": ok(ratio.get("decode_vs_scan"), TARGETS["decode_vs_scan"]),
+        "apply_no_slower_than_sparse": ok(ratio.get("apply_vs_sparse"), TARGETS["apply_vs_sparse"]),
         "smaller_than_both_baselines_ge_2.3x": ok(smaller, TARGETS["smaller_than"], below=False),
     }
     return out
@@ -181,6 +248,8 @@ def measure(
 ) -> dict[str, Any]:
     """Run the whole benchmark in-process and return its JSON-ready result."""
     from bench import trace  # torch loads here, not when the CLI parses its arguments
+
+    kernels.get()  # compiled (or loaded from the cache) before anything is timed
 
     shape = trace.Shape(layers=layers, vocab=trace.QWEN3_0_6B.vocab if vocab is None else vocab)
     full = shape == trace.QWEN3_0_6B
@@ -209,6 +278,8 @@ def measure(
             "publish": "BF16 round-to-nearest-even",
         },
         "repeats": repeats,
+        "codec_threads": classes.threads(),
+        "compiled": classes.compiled(),
         "steps": results,
         "summary": summarize(results),
     }
@@ -220,7 +291,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def render(result: dict[str, Any], console: Console) -> None:
     """The human table: one row per step, then the summary and its targets."""
-    short = {"ours": "ours", "aurora_leb128": "leb128", "pulse_zstd1": "pulse", "dense": "dense"}
+    short = {"ours": "ours", "sparse": "sparse", "aurora_leb128": "leb128", "pulse_zstd1": "pulse", "dense": "dense"}
     baselines = [b.name for b in BASELINES]
     summary = result["summary"]
     table = Table(
@@ -230,7 +301,7 @@ def render(result: dict[str, Any], console: Console) -> None:
     )
     for col in ("step", "density", *(f"B/chg {v}" for v in short.values()), *(f"x {short[n]}" for n in baselines)):
         table.add_column(col, justify="right")
-    for col in ("scan s", "enc/scan", "dec/scan", "RSS MB"):
+    for col in ("scan s", "enc/scan", "dec/scan", "apply/sparse", "RSS MB"):
         table.add_column(col, justify="right")
     rows = [(str(s["step"]), s) for s in result["steps"]]
     if rows:
@@ -244,6 +315,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             _fmt(s["seconds"]["scan"], ".3f"),
             _fmt(s["time_ratio"]["encode_vs_scan"], ".2f"),
             _fmt(s["time_ratio"]["decode_vs_scan"], ".2f"),
+            _fmt(s["time_ratio"]["apply_vs_sparse"], ".2f"),
             _fmt(s["peak_rss_mb"], ".0f"),
             end_section=i == len(rows) - 2,
         )

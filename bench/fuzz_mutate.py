@@ -79,7 +79,21 @@ INTERESTING: tuple[Any, ...] = (0, 1, -1, 2, 255, 256, 2**31 - 1, 2**31, 2**32, 
 INTERESTING += (2**63, 2**64, 10**18, 10**19, 10**100, -(2**63), 0.0, -0.0, 0.5, 1e308, 5e-324, float("nan"))
 INTERESTING += (float("inf"), float("-inf"), True, False, None, "", "0", "-1", "a", "\ud800", "\udfff", "\u00e9")
 INTERESTING += ("\x00", "\u2028", "..", "/", "files/../x", "ed25519", "\U0001f600", "__metadata__", "sparse", "dense")
-INTERESTING += ("BF16", "F32", "I64", "BOOL", "delta", "full", "aurora/1", "aurora/2", (), ("x",), _DEEP)
+INTERESTING += (
+    "BF16",
+    "F32",
+    "I64",
+    "BOOL",
+    "delta",
+    "full",
+    "aurora/1",
+    "aurora/2",
+    "aurora/3",
+    "classed",
+    (),
+    ("x",),
+    _DEEP,
+)
 
 
 def _interesting(rng: random.Random) -> Any:

@@ -158,10 +158,10 @@ def segment(seed: int) -> Target[SegCase]:
         if case.block is not None:
             seg = m.segments[case.seg]
             if case.block < len(seg.blocks):
-                decode_block(m, seg, case.block, memoryview(case.data), url, cap, p.parent.old_at)
+                decode_block(m, seg, case.block, memoryview(case.data), url, cap, p.parent)
             return None
         todo = [(s, memoryview(d), b) for s, d in zip(m.segments, datas, strict=True) for b in range(len(s.blocks))]
-        apply_blocks(p.parent.copy(), m, [decode_block(m, s, b, d, url, cap, p.parent.old_at) for s, d, b in todo])
+        apply_blocks(p.parent.copy(), m, [decode_block(m, s, b, d, url, cap, p.parent) for s, d, b in todo])
         return None
 
     def show(case: SegCase) -> str:

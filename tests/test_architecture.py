@@ -37,7 +37,7 @@ LAYERS: dict[str, float] = {
 """A library module may import (at run time) only modules of a lower layer, or of its own package."""
 
 THIRD_PARTY = {
-    "aurora_store.codec": {"numpy", "zstandard"},
+    "aurora_store.codec": {"numpy", "zstandard", "numba"},  # numba: the classed codec's compiled passes
     "aurora_store.format": {"numpy", "zstandard", "cryptography", "numba"},  # numba: the digest's compiled mixer
     "aurora_store.coord": {"redis", "fakeredis"},
     "aurora_store.metrics": {"prometheus_client"},

@@ -105,30 +105,42 @@ def _words(rng: np.random.Generator, spec: TensorSpec) -> np.ndarray:
     return bits.astype(f"<u{spec.width}")
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """FP32 values rounded to BF16 (nearest even), as words."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
 def published_manifests(signed: bool) -> list[bytes]:
-    """Manifest bytes of a full version and of deltas with sparse (escaped and not) and dense blocks."""
+    """Manifest bytes of a full version and of deltas with sparse (escaped and not), classed and dense blocks."""
     from aurora_store import open_run
     from aurora_store.format.signing import generate_keypair
 
     private, public = generate_keypair() if signed else (None, None)
     run = open_run(
-        f"memory://aurora-docs-test/{uuid.uuid4().hex}/run", signing_key=private, verify_key=public, segment_bytes=64
+        f"memory://aurora-docs-test/{uuid.uuid4().hex}/run", signing_key=private, verify_key=public, segment_bytes=512
     )
     specs = (
         TensorSpec("a.bias", "F32", (16,)),
         TensorSpec("a.weight", "BF16", (8, 32)),
+        TensorSpec("b.weight", "BF16", (64, 64)),
         TensorSpec("count", "I64", (3,)),
         TensorSpec("mask", "BOOL", (2, 2)),
         TensorSpec("scalar", "F16", ()),
     )
     rng = np.random.default_rng(7)
     words = {s.name: _words(rng, s) for s in specs}
+    # trained-looking weights (FP32 masters rounded to BF16) and a small step of every master: the
+    # small weights, whose ULP is small, change more often (the classed codec's case)
+    masters = rng.normal(0, 0.02, 4096).astype(np.float32)
+    words["b.weight"] = _bf16(masters)
     try:
         run.publish_words(specs, words, step=0, meta={"note": "é"})
         w = words["a.weight"].copy()
         w[::7] += 1
         w[3] ^= 0x8000
-        words = {**words, "a.weight": w, "count": words["count"] + np.uint64(1)}
+        b = _bf16(masters + np.float32(2e-5) * rng.choice(np.array([-1, 1], np.float32), masters.size))
+        words = {**words, "a.weight": w, "b.weight": b, "count": words["count"] + np.uint64(1)}
         run.publish_words(specs, words, kind="delta", step=1)
         run.publish_words(specs, words, kind="delta", step=2)  # nothing changed: no segments
         return [run.store.get(f"versions/{v:010d}/manifest.json", max_bytes=1 << 20) for v in run.versions()]
@@ -147,7 +159,8 @@ def test_store_manifests_match_schema(validator: Any, manifests: dict[bool, list
     kinds = [json.loads(r)["kind"] for r in raws]
     assert kinds == ["full", "delta", "delta"]
     codecs = {b["codec"] for s in json.loads(raws[1])["segments"] for b in s["blocks"]}
-    assert codecs == {"sparse", "dense"}
+    assert codecs == {"sparse", "classed", "dense"}
+    assert [json.loads(r)["format"] for r in raws] == ["aurora/2", "aurora/3", "aurora/2"]
     for raw in raws:
         errors = [e.message for e in validator.iter_errors(load(raw))]
         assert errors == [], errors
@@ -185,7 +198,10 @@ HOSTILE: dict[str, Mutation] = {
     "unknown-codec": lambda d: _block(d, "dense").update(codec="lz4"),
     "unknown-dtype": lambda d: d["tensors"][0].update(dtype="FP32"),
     "unknown-kind": lambda d: d.update(kind="patch"),
-    "wrong-format": lambda d: d.update(format="aurora/3"),
+    "wrong-format": lambda d: d.update(format="aurora/4"),
+    "classed-no-classes": lambda d: _block(d, "classed").update(classes=0),
+    "classed-four-streams": lambda d: _block(d, "classed").update(streams=_block(d, "classed")["streams"][:4]),
+    "classed-gap-width": lambda d: _block(d, "classed").update(gap_width=4),
     "legacy-format-with-run": lambda d: d.update(format="aurora/1"),
     "no-run": lambda d: d.pop("run"),
     "run-without-origin": lambda d: d["run"].update(origin=None),
@@ -227,6 +243,13 @@ def test_hostile_manifest_refused_by_schema_and_parser(
     raw = _hostile(manifests, HOSTILE[case])
     assert not validator.is_valid(load(raw)), f"schema accepts {case}"
     with pytest.raises(StoreError):
+        parse_manifest(raw)
+
+
+def test_a_classed_block_needs_format_aurora_3(manifests: dict[bool, list[bytes]]) -> None:
+    """A version in an older format is read by readers that predate the classed codec: it may not hold one."""
+    raw = _hostile(manifests, lambda d: d.update(format="aurora/2"))
+    with pytest.raises(StoreError, match="classed codec needs format aurora/3"):
         parse_manifest(raw)
 
 

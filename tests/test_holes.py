@@ -226,7 +226,7 @@ def test_a_legacy_run_stays_readable_and_continues_bound_to_its_origin(tmp_path:
     info = run.publish(sd)
     reader = aurora_store.open_run(uri, verify_key=str(golden / "key.pub"))
     m = reader.manifest(info.version)
-    assert m.format == "aurora/2" and m.run is not None
+    assert m.format in ("aurora/2", "aurora/3") and m.run is not None
     assert m.run.origin == reader.manifest(0).version_hash and m.run.signed_by == reader.manifest(0).signature.key_id  # type: ignore[union-attr]
     assert reader.materialize_words(info.version).digest.hex() == m.weights_digest
     with pytest.raises(UnauthenticatedError, match="give its public key"):

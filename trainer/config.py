@@ -107,6 +107,10 @@ class PublishConfig:
 
     full_every: int = 10
     """A full checkpoint every this many versions (or sooner, when a delta chain outgrows one)."""
+    codec: Literal["classed", "sparse"] = "classed"
+    """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 30%
+    smaller; format aurora/3) or ``sparse`` (format aurora/2, for actors and relays on a release
+    before aurora/3 while they are upgraded)."""
     state_every: int = 5
     """Save the resumable trainer state every this many versions."""
     signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))

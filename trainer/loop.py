@@ -78,6 +78,7 @@ class Trainer:
             cfg.store,
             storage_options=cfg.storage_options,
             full_every=cfg.publish.full_every,
+            codec=cfg.publish.codec,
             signing_key=cfg.publish.signing_key,
         )
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)

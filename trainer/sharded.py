@@ -164,6 +164,7 @@ class ShardedPublisher:
             local.words,
             self.run.uploads(plan.version),
             segment_bytes=self.run.config.segment_bytes,
+            classed=self.run.config.codec == "classed",
             rank=comm.rank,
             world=comm.size,
         )

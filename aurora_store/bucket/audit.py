@@ -222,7 +222,7 @@ def _check_contents(
                 pass
             row.status = UNVERIFIED
             return None
-        blocks = reader.decode_delta(m, state.old_at)
+        blocks = reader.decode_delta(m, state)
         changed = changed_by(state, blocks)
         reader.apply_delta(state, m, blocks)
         if changed != m.stats.changed:

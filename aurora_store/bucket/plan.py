@@ -16,8 +16,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from aurora_store.codec.classed import NAME as CLASSED
 from aurora_store.errors import ConflictError, LayoutError, StoreError, UnauthenticatedError
-from aurora_store.format.manifest import Manifest, Parent, RunIdentity, Segment, Stats, TensorSpec
+from aurora_store.format.manifest import (
+    FORMAT,
+    WITHOUT_CLASSED,
+    Manifest,
+    Parent,
+    RunIdentity,
+    Segment,
+    Stats,
+    TensorSpec,
+)
 from aurora_store.format.manifest_parser import check_meta, check_step, check_tensor_name
 
 Kind = Literal["auto", "full", "delta"]
@@ -170,7 +180,9 @@ class PublishPlan:
             raise StoreError(f"version {self.version}: a full version names an index, a delta none")
         nbytes = sum(e.size for e in segments) + (index.size if index is not None else 0)
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + nbytes
+        classed = any(b.codec == CLASSED for s in segments for b in s.blocks)
         return Manifest(
+            format=FORMAT if classed else WITHOUT_CLASSED,  # the oldest format that holds the version
             version=self.version,
             kind="full" if self.full else "delta",
             parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),

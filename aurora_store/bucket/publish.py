@@ -159,15 +159,19 @@ def delta_part(
     uploads: Uploads,
     *,
     segment_bytes: int,
+    classed: bool = True,
     rank: int = 0,
     world: int = 1,
     may_abandon: bool = False,
 ) -> tuple[Part, DeltaBuilder] | None:
     """Diff the publisher's ranges (``words``, against ``base``) into segments, uploading each as
     it is sealed. Rank ``r`` of ``world`` numbers its segments r, r + world, ... so ranks never
-    collide. With ``may_abandon`` it stops, and returns None, as soon as the plan says the chain
-    would outgrow a full copy (objects already uploaded then belong to no manifest)."""
-    builder = DeltaBuilder(plan.version, plan.specs, segment_bytes, first_ordinal=rank, ordinal_step=world)
+    collide. ``classed``: whether float blocks may use the classed codec. With ``may_abandon`` it
+    stops, and returns None, as soon as the plan says the chain would outgrow a full copy (objects
+    already uploaded then belong to no manifest)."""
+    builder = DeltaBuilder(
+        plan.version, plan.specs, segment_bytes, first_ordinal=rank, ordinal_step=world, use_classed=classed
+    )
     abandoned = False
     try:
         for s in plan.specs:

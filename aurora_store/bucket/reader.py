@@ -271,19 +271,19 @@ class Reader:
     # ------------------------------------------------------------ deltas
 
     def decode_delta(
-        self, m: Manifest, old_at: OldWords, on_segment: Callable[[Segment], None] | None = None
+        self, m: Manifest, old: OldWords, on_segment: Callable[[Segment], None] | None = None
     ) -> list[DecodedBlock]:
         """Fetch, verify and decode every segment of a delta (in parallel); nothing is applied.
 
-        ``old_at(name, flat_index)`` gives the weights' words before this version (symbol
-        streams are split by the old elements' exponents)."""
+        ``old`` gives the weights' words before this version (their exponents context the
+        codecs: see :mod:`aurora_store.format.blocks`)."""
         cap = self.limits.max_block_decoded_bytes
 
         def load(seg: Segment) -> list[DecodedBlock]:
             data = memoryview(self.fetch(seg))
             url = self.store.url(seg.key)
             with about(url):
-                out = [decode_block(m, seg, b_i, data, url, cap, old_at) for b_i in range(len(seg.blocks))]
+                out = [decode_block(m, seg, b_i, data, url, cap, old) for b_i in range(len(seg.blocks))]
             if on_segment is not None:
                 on_segment(seg)
             return out
@@ -305,6 +305,6 @@ class Reader:
         if state.specs != m.tensors:
             raise ChainError(f"version {m.version}: tensor table differs from version {state.version}", url=url)
         if blocks is None:
-            blocks = self.decode_delta(m, state.old_at)
+            blocks = self.decode_delta(m, state)
         with about(url):
             apply_blocks(state, m, blocks)

@@ -57,6 +57,10 @@ class Announcer(Protocol):
     def commit(self, manifest: Manifest) -> None: ...
 
 
+CODECS = ("classed", "sparse")
+"""What a writer may code float deltas with (:attr:`RunConfig.codec`)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunConfig:
     full_every: int = 50
@@ -67,8 +71,16 @@ class RunConfig:
     """Target size of a full version's safetensors shard."""
     concurrency: int = 8
     """Parallel ranged GETs / uploads."""
+    codec: str = "classed"
+    """How float deltas are coded: ``classed`` (positions by the parent's exponent class, the
+    sparse codec where smaller: format aurora/3) or ``sparse`` (the sparse codec only, so every
+    version stays aurora/2 for readers that predate aurora/3: a rolling upgrade)."""
     limits: Limits = field(default_factory=Limits)
     """Caps on what readers accept from the bucket."""
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise StoreError(f"codec must be one of {CODECS}, got {self.codec!r}")
 
 
 class Run:
@@ -239,6 +251,7 @@ class Run:
                 words,
                 self.uploads(plan.version),
                 segment_bytes=self.config.segment_bytes,
+                classed=self.config.codec == "classed",
                 may_abandon=plan.kind == "auto",
             )
             if made is None:

@@ -7,10 +7,10 @@ names are never reused, so runs written with older codecs stay readable.
 
 from __future__ import annotations
 
-from aurora_store.codec import dense, sparse
+from aurora_store.codec import classed, dense, sparse
 from aurora_store.codec.base import Codec
 
-REGISTRY: dict[str, Codec] = {c.name: c for c in (sparse.CODEC, dense.CODEC)}
+REGISTRY: dict[str, Codec] = {c.name: c for c in (sparse.CODEC, dense.CODEC, classed.CODEC)}
 
 
 def get(name: object) -> Codec | None:

@@ -10,7 +10,7 @@ input. Every header has a ``count`` of coded elements.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -66,8 +66,29 @@ class Decoded:
     words: np.ndarray | None
 
 
-OldAt = Callable[[np.ndarray], np.ndarray]
-"""``old_at(block-relative positions) -> words`` the weights held before this version."""
+class Parent(Protocol):
+    """The words a reader holds before this version, over one block's range."""
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """Words at block-relative positions (sorted, unique)."""
+        ...
+
+    def words(self) -> np.ndarray:
+        """Every word of the block's range, in order (the classed codec reads them all)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayParent:
+    """A :class:`Parent` over a flat word array holding exactly the block's range."""
+
+    array: np.ndarray
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return self.array[positions]
+
+    def words(self) -> np.ndarray:
+        return self.array
 
 
 class Codec(ABC):
@@ -92,7 +113,7 @@ class Codec(ABC):
         """Bytes decoding would allocate: checked against a cap before any decompression."""
 
     @abstractmethod
-    def decode(self, payload: bytes | memoryview, header: Any, span: Span, old_at: OldAt, what: str) -> Decoded:
+    def decode(self, payload: bytes | memoryview, header: Any, span: Span, parent: Parent, what: str) -> Decoded:
         """Decode one block; every length is checked before anything is allocated."""
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames
-from aurora_store.codec.base import Codec, Decoded, Encoded, OldAt, Span, int_field
+from aurora_store.codec.base import Codec, Decoded, Encoded, Parent, Span, int_field
 from aurora_store.errors import CorruptError
 
 NAME = "dense"
@@ -52,7 +52,9 @@ class DenseCodec(Codec):
     def decoded_bytes(self, header: DenseHeader, span: Span) -> int:
         return header.count * span.width
 
-    def decode(self, payload: bytes | memoryview, header: DenseHeader, span: Span, old_at: OldAt, what: str) -> Decoded:
+    def decode(
+        self, payload: bytes | memoryview, header: DenseHeader, span: Span, parent: Parent, what: str
+    ) -> Decoded:
         return Decoded(np.arange(span.elements, dtype=np.int64), None, decode(payload, header, span, what))
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames
-from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, OldAt, Span, int_field
+from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, int_field
 from aurora_store.errors import CorruptError
 
 ESCAPE = 15
@@ -74,13 +74,13 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return np.flatnonzero(old.reshape(-1) != new.reshape(-1))
 
 
-def _zigzag(diff: np.ndarray) -> np.ndarray:
+def zigzag(diff: np.ndarray) -> np.ndarray:
     bits = diff.dtype.itemsize * 8
     signed = diff.view(f"<i{diff.dtype.itemsize}")
     return ((signed << 1) ^ (signed >> (bits - 1))).view(diff.dtype)
 
 
-def _unzigzag(zz: np.ndarray) -> np.ndarray:
+def unzigzag(zz: np.ndarray) -> np.ndarray:
     one = zz.dtype.type(1)
     return (zz >> one) ^ (np.zeros_like(zz) - (zz & one))
 
@@ -89,12 +89,17 @@ _FRAME_COST_BITS = 48 * 8
 """Rough cost of one more zstd frame with its entropy table, used to decide whether to split."""
 
 
-def _choose_split(exps: np.ndarray, sym: np.ndarray, bits: int) -> int:
+def choose_split(exps: np.ndarray, sym: np.ndarray, bits: int) -> int:
     """The exponent threshold that minimises the order-0 cost of the two symbol streams."""
     if sym.size < 512:
         return 0
     n_exp = 1 << bits
-    hist = np.bincount(exps * 16 + sym, minlength=n_exp * 16).reshape(n_exp, 16).astype(np.float64)
+    return split_from_hist(np.bincount(exps * 16 + sym, minlength=n_exp * 16).reshape(n_exp, 16))
+
+
+def split_from_hist(counts: np.ndarray) -> int:
+    """:func:`choose_split` from the counts of each (exponent, symbol) pair (one row per exponent)."""
+    hist = counts.astype(np.float64)
     below = np.vstack([np.zeros((1, 16)), np.cumsum(hist, axis=0)])  # row T: counts with exponent < T
     above = below[-1] - below
 
@@ -107,7 +112,7 @@ def _choose_split(exps: np.ndarray, sym: np.ndarray, bits: int) -> int:
     return int(np.argmin(cost(below) + cost(above)))
 
 
-def _pack(sym: np.ndarray, level: int) -> bytes:
+def pack_symbols(sym: np.ndarray, level: int) -> bytes:
     if sym.size % 2:
         sym = np.append(sym, np.uint8(0))
     return frames.compress((sym[0::2] | (sym[1::2] << np.uint8(4))).tobytes(), level)
@@ -126,14 +131,14 @@ def encode(
     gaps = np.diff(positions.astype(np.int64, copy=False), prepend=np.int64(-1))
     gap_width = 4 if count == 0 or int(gaps.max()) < 2**32 else 8
     gap_frame = frames.compress(shuffle(gaps.astype(f"<u{gap_width}")), level)
-    zz = _zigzag(new - old)
+    zz = zigzag(new - old)
     sym = np.minimum(zz, ESCAPE).astype(np.uint8)
     esc_words = zz[sym == ESCAPE] - zz.dtype.type(ESCAPE)
     exps = exponent.of(old)
-    split = _choose_split(exps, sym, exponent.bits)
+    split = choose_split(exps, sym, exponent.bits)
     below = exps < split
-    low_frame = _pack(sym[below], level)
-    high_frame = _pack(sym[~below], level)
+    low_frame = pack_symbols(sym[below], level)
+    high_frame = pack_symbols(sym[~below], level)
     esc_frame = frames.compress(shuffle(esc_words), level)
     header = SparseHeader(
         count=count,
@@ -145,7 +150,7 @@ def encode(
     return Encoded(gap_frame + low_frame + high_frame + esc_frame, header)
 
 
-def _unpack(raw: bytes, n: int, what: str) -> np.ndarray:
+def unpack_symbols(raw: bytes, n: int, what: str) -> np.ndarray:
     packed = np.frombuffer(raw, np.uint8)
     sym = np.empty(packed.size * 2, np.uint8)
     sym[0::2] = packed & np.uint8(15)
@@ -155,10 +160,10 @@ def _unpack(raw: bytes, n: int, what: str) -> np.ndarray:
     return sym[:n]
 
 
-def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, old_at: OldAt, what: str) -> Decoded:
+def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, parent: Parent, what: str) -> Decoded:
     """Decode a block into positions relative to its start and wrapping word deltas.
 
-    ``old_at(positions)`` returns the old words at block-relative positions (the reader's
+    ``parent.at(positions)`` returns the old words at block-relative positions (the reader's
     weights before this version): the symbol streams are split by their exponents. Every
     length is checked before anything is allocated; positions outside the span, repeated
     positions or zero deltas are corrupt."""
@@ -186,11 +191,13 @@ def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, old_at
     positions = np.cumsum(gaps.astype(np.int64)) - 1
     if int(positions[-1]) >= span.elements:
         raise CorruptError(f"{what}: position {int(positions[-1])} outside a block of {span.elements} elements")
-    below = span.exponent.of(old_at(positions)) < split
+    below = span.exponent.of(parent.at(positions)) < split
     n_low = int(np.count_nonzero(below))
-    low = _unpack(frames.decompress(view[ends[0] : ends[1]], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
+    low = unpack_symbols(frames.decompress(view[ends[0] : ends[1]], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
     n_high = count - n_low
-    high = _unpack(frames.decompress(view[ends[1] : ends[2]], (n_high + 1) // 2, f"{what} symbols"), n_high, what)
+    high = unpack_symbols(
+        frames.decompress(view[ends[1] : ends[2]], (n_high + 1) // 2, f"{what} symbols"), n_high, what
+    )
     sym = np.empty(count, np.uint8)
     sym[below] = low
     sym[~below] = high
@@ -207,7 +214,7 @@ def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, old_at
         zz[escaped] = esc + zz.dtype.type(ESCAPE)
     if not zz.all():
         raise CorruptError(f"{what}: a listed change has a zero delta")
-    return Decoded(positions, _unzigzag(zz), None)
+    return Decoded(positions, unzigzag(zz), None)
 
 
 def apply(target: np.ndarray, start: int, positions: np.ndarray, deltas: np.ndarray) -> None:
@@ -253,9 +260,9 @@ class SparseCodec(Codec):
         return header.count * (header.gap_width + 1) + header.escapes * span.width
 
     def decode(
-        self, payload: bytes | memoryview, header: SparseHeader, span: Span, old_at: OldAt, what: str
+        self, payload: bytes | memoryview, header: SparseHeader, span: Span, parent: Parent, what: str
     ) -> Decoded:
-        return decode(payload, header, span, old_at, what)
+        return decode(payload, header, span, parent, what)
 
 
 CODEC = SparseCodec()

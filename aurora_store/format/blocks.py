@@ -1,15 +1,16 @@
 """Decoding a delta's blocks and applying them to word arrays, all or nothing. No I/O.
 
 A block is decoded by the codec its manifest entry names, against the words the reader
-holds before the version (sparse symbol streams are split by those words' exponents). The
+holds before the version (their exponents split the sparse symbol streams and class the
+classed codec's positions). The
 decoded blocks of a version are applied only after the weights digest they would produce
 matches the manifest, so a failed apply changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -19,8 +20,33 @@ from aurora_store.format import dtypes
 from aurora_store.format.manifest import Manifest, Segment
 from aurora_store.format.weights import WeightState
 
-OldWords = Callable[[str, np.ndarray], np.ndarray]
-"""``old_at(tensor_name, flat_index) -> words`` before the version being decoded."""
+
+class OldWords(Protocol):
+    """The words a reader holds before the version being decoded."""
+
+    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Words of tensor ``name`` at sorted flat positions ``index``."""
+        ...
+
+    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Words of tensor ``name`` at flat positions ``[lo, hi)`` (a view where it can be)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockParent:
+    """A codec's view of :class:`OldWords` over one block's range."""
+
+    old: OldWords
+    name: str
+    start: int
+    stop: int
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return self.old.old_at(self.name, positions + self.start)
+
+    def words(self) -> np.ndarray:
+        return self.old.old_range(self.name, self.start, self.stop)
 
 
 @dataclass(slots=True)
@@ -42,7 +68,7 @@ class DecodedBlock:
 
 
 def decode_block(
-    m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, max_decoded_bytes: int, old_at: OldWords
+    m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, max_decoded_bytes: int, old: OldWords
 ) -> DecodedBlock:
     """Block ``b_i`` of segment ``seg`` (whose verified bytes are ``data``) of delta ``m``."""
     b = seg.blocks[b_i]
@@ -56,7 +82,7 @@ def decode_block(
     if expands > max_decoded_bytes:
         raise LimitError(f"{what}: would decode to {expands} bytes, over the cap of {max_decoded_bytes}")
     got = c.decode(
-        data[b.offset : b.offset + b.length], b.header, span, lambda rel: old_at(spec.name, rel + b.start), what
+        data[b.offset : b.offset + b.length], b.header, span, _BlockParent(old, spec.name, b.start, b.stop), what
     )
     return DecodedBlock(spec.name, got.positions + b.start, got.delta, got.words)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from aurora_store.codec import dense, frames, sparse
-from aurora_store.codec.base import Encoded
+from aurora_store.codec import classed, classes, dense, frames, sparse
+from aurora_store.codec.base import Encoded, Exponent
 from aurora_store.errors import StoreError
 from aurora_store.format import dtypes
 from aurora_store.format.digest import Digest, tensor_keys
@@ -42,6 +42,40 @@ class Change:
     new: np.ndarray
 
 
+_SMALL_BLOCK = 256
+"""Changes below which a block is coded both ways (cheap) and the smaller kept."""
+
+
+def _order0_bytes(count: int, elements: int) -> float:
+    """Bytes of ``count`` positions among ``elements`` at the entropy of an iid changed bit."""
+    p = count / elements
+    if p >= 1:
+        return 0.0
+    return float(elements * -(p * np.log2(p) + (1 - p) * np.log2(1 - p)) / 8)
+
+
+def code_block(
+    ex: classes.Extracted,
+    exponent: Exponent,
+    elements: int,
+    level: int = frames.DEFAULT_LEVEL,
+    *,
+    classed_ok: bool = True,
+) -> tuple[Encoded, str]:
+    """One float block's changes (``ex``, relative to a block of ``elements``) and its codec's name:
+    the smaller of the classed and sparse codings. The sparse one is tried only where it may win:
+    a small block (the classed table's fixed cost), or ranks that cost no less than the order-0
+    bound of the positions, which the sparse gaps sit at (measured: within 2% of it)."""
+    if not classed_ok:
+        return sparse.encode(ex.positions, ex.old, ex.new, exponent, level), sparse.NAME
+    enc = classed.encode(ex.positions, ex.old, ex.new, exponent, ex.classes, ex.ranks, level)
+    rank_bytes = enc.header.streams[1] + enc.header.streams[2]
+    if ex.positions.size >= _SMALL_BLOCK and rank_bytes < _order0_bytes(ex.positions.size, elements):
+        return enc, classed.NAME
+    alt = sparse.encode(ex.positions, ex.old, ex.new, exponent, level)
+    return (alt, sparse.NAME) if len(alt.payload) < len(enc.payload) else (enc, classed.NAME)
+
+
 def seal(version: int, ordinal: int, data: bytes, suffix: str, **entry: Any) -> SealedObject:
     """``data`` as object ``ordinal`` of ``version`` under its content-addressed key."""
     sha = hashlib.sha256(data).hexdigest()
@@ -59,6 +93,9 @@ class DeltaBuilder:
     ordinal_step: int = 1
     """Ordinal increment between segments: a sharded publisher's rank r of W numbers its segments
     r, r + W, r + 2W, ... so keys from different ranks of one version never collide."""
+    use_classed: bool = True
+    """Code float blocks with the ``classed`` codec where it is smaller; False: ``sparse`` only
+    (what a run of the format before aurora/3 holds)."""
     changes: list[Change] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)
     _parts: list[bytes] = field(default_factory=list)
@@ -87,29 +124,39 @@ class DeltaBuilder:
         in the whole tensor."""
         if start < 0 or old.size != new.size or start + new.size > spec.numel:
             raise StoreError(f"{spec.name}: elements [{start}, {start + new.size}) are not inside [0, {spec.numel})")
-        positions = sparse.changed_positions(old, new)
-        if positions.size == 0:
-            return
-        self.changes.append(Change(spec.name, positions + start, old[positions], new[positions]))
         t = self._index[spec.name]
-        if dtypes.dtype(spec.dtype).sparse:
-            yield from self._add_sparse(t, spec, positions, old, new, start)
-        else:
-            yield from self._add_dense(t, spec, new, start)
+        dt = dtypes.dtype(spec.dtype)
+        if not dt.sparse:
+            positions = sparse.changed_positions(old, new)
+            if positions.size:
+                self.changes.append(Change(spec.name, positions + start, old[positions], new[positions]))
+                yield from self._add_dense(t, spec, new, start)
+            return
+        ex = classes.extract(old, new, dt.exponent)
+        if ex.positions.size == 0:
+            return
+        self.changes.append(Change(spec.name, ex.positions + start, ex.old, ex.new))
+        yield from self._add_sparse(t, dt.exponent, ex, old, start, new.size)
 
     def _add_sparse(
-        self, t: int, spec: TensorSpec, positions: np.ndarray, old: np.ndarray, new: np.ndarray, base: int
+        self, t: int, exponent: Exponent, ex: classes.Extracted, old: np.ndarray, base: int, size: int
     ) -> Iterator[SealedObject]:
-        """Sparse blocks tiling [base, base + len(new)); ``positions`` are relative to ``base``."""
+        """Blocks tiling [base, base + size), ``ex`` the changes relative to ``base``; each block holds
+        at most ``segment_bytes`` changes."""
         per_block = max(1, self.segment_bytes)
-        exponent = dtypes.dtype(spec.dtype).exponent
+        positions = ex.positions
         start = 0
+        before = np.zeros(1 << exponent.bits, np.int64)  # class sizes in [0, start): ranks count from start
         for lo in range(0, positions.size, per_block):
-            chunk = positions[lo : lo + per_block]
-            stop = new.size if lo + per_block >= positions.size else int(chunk[-1]) + 1
-            rel = chunk - start if start else chunk
-            enc = sparse.encode(rel, old[chunk], new[chunk], exponent, self.level)
-            yield from self._append(enc, t, base + start, base + stop, sparse.NAME)
+            cut = slice(lo, lo + per_block)
+            chunk = positions[cut]
+            stop = size if lo + per_block >= positions.size else int(chunk[-1]) + 1
+            ranks = ex.ranks[cut] - before[ex.classes[cut]] if start else ex.ranks[cut]
+            part = classes.Extracted(chunk - start, ex.classes[cut], ranks, ex.old[cut], ex.new[cut])
+            enc, name = code_block(part, exponent, stop - start, self.level, classed_ok=self.use_classed)
+            yield from self._append(enc, t, base + start, base + stop, name)
+            if stop < size:
+                before += classes.sizes(old[start:stop], exponent)  # only a tensor that spans blocks pays this
             start = stop
 
     def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray, base: int) -> Iterator[SealedObject]:

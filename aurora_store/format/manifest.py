@@ -18,9 +18,12 @@ from aurora_store import codec
 from aurora_store.errors import ChainError
 from aurora_store.format import dtypes
 
-FORMAT = "aurora/2"
-"""What this code writes. aurora/2 adds ``run``: the version's run identity (see :class:`RunIdentity`)."""
-FORMATS = ("aurora/1", "aurora/2")
+FORMAT = "aurora/3"
+"""What this code writes when a version uses the ``classed`` codec, which aurora/3 adds (aurora/2
+added ``run``: the version's run identity, see :class:`RunIdentity`)."""
+WITHOUT_CLASSED = "aurora/2"
+"""What it writes for a version without classed blocks: readable by readers that predate aurora/3."""
+FORMATS = ("aurora/1", "aurora/2", "aurora/3")
 """What it reads: runs written by earlier code stay readable."""
 LEGACY = "aurora/1"
 

@@ -19,6 +19,7 @@ from aurora_store.errors import CorruptError, LimitError, StoreError
 from aurora_store.format import dtypes
 from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_object_key, manifest_key
 from aurora_store.format.manifest import (
+    FORMAT,
     FORMATS,
     LEGACY,
     Block,
@@ -221,7 +222,7 @@ def parse_manifest(
     step = check_step(doc["step"], r.fail)
     tensors = _parse_tensors(r, doc["tensors"])
     segments = tuple(
-        _parse_segment(r, s, i, kind, version, tensors, max_segment_bytes)
+        _parse_segment(r, s, i, kind, version, tensors, max_segment_bytes, fmt)
         for i, s in enumerate(r.list_(doc["segments"], "segments"))
     )
     index = None
@@ -327,7 +328,14 @@ def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:
 
 
 def _parse_segment(
-    r: _Reader, raw: Any, i: int, kind: str, version: int, tensors: tuple[TensorSpec, ...], max_segment_bytes: int
+    r: _Reader,
+    raw: Any,
+    i: int,
+    kind: str,
+    version: int,
+    tensors: tuple[TensorSpec, ...],
+    max_segment_bytes: int,
+    fmt: str,
 ) -> Segment:
     name = f"segments[{i}]"
     s = r.obj(raw, name, {"key", "size", "sha256", "blocks" if kind == "delta" else "tensors"})
@@ -350,6 +358,8 @@ def _parse_segment(
         c = codec.get(name_)
         if c is None:
             raise r.fail(f"{bn}: codec {name_!r}, expected one of {codec.names()}"[:300])
+        if c.name == "classed" and fmt != FORMAT:
+            raise r.fail(f"{bn}: the classed codec needs format {FORMAT}, the manifest is {fmt}")
         b = r.obj(b, bn, _COMMON | c.fields)
         t = r.int_(b["tensor"], f"{bn}.tensor", 0, len(tensors) - 1)
         spec = tensors[t]

@@ -35,6 +35,10 @@ class WeightState:
         """Words of tensor ``name`` at flat ``index`` (what a delta decoder reads)."""
         return self.words[name][index]
 
+    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Words of tensor ``name`` at flat positions ``[lo, hi)``: a view."""
+        return self.words[name][lo:hi]
+
     def copy(self) -> WeightState:
         return WeightState(
             self.specs,
