@@ -15,6 +15,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from actor.staging import Lookup
+from aurora_store import device
 from aurora_store.errors import LayoutError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import from_words, to_words, torch_dtype
@@ -35,6 +37,13 @@ class LiveWeights(Protocol):
         """Little-endian words of tensor ``name`` at flat positions ``[lo, hi)`` (the classed codec
         reads a block's whole range; a host tensor gives a view, a device one a copy of the range)."""
 
+    def locate(
+        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A classed block's positions over ``[lo, hi)`` of tensor ``name``, looked up where the
+        weights live with ``staged`` (range-relative positions, words) laid over them; None when
+        this engine looks up on the host (from :meth:`read_range`)."""
+
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         """Everything a write needs (device copies of positions and words); may fail."""
 
@@ -51,9 +60,18 @@ class LiveWeights(Protocol):
 class TensorWeights:
     """Live weights held as a mapping of HF names to torch tensors, on any device."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, *, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor] | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        lookup_on_device: bool | None = None,
+    ) -> None:
         self.tensors: dict[str, torch.Tensor] = tensors if tensors is not None else {}
         self.device = torch.device(device)
+        self.lookup_on_device = lookup_on_device
+        """Classed lookups with torch ops where the tensors live: None (the default) on an
+        accelerator only; True also on CPU tensors (tests); False never."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
         if not self.tensors:  # no engine tensors given: own them
@@ -81,6 +99,20 @@ class TensorWeights:
     def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
         got = self._flat(name)[lo:hi].cpu().numpy()
         return got.view(f"<u{got.dtype.itemsize}")
+
+    def locate(
+        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """On an accelerator, the lookup runs there: only ranks go and positions come back. Host
+        tensors take the host pass (the compiled one is the faster)."""
+        flat = self._flat(name)
+        if not (flat.device.type != "cpu" if self.lookup_on_device is None else self.lookup_on_device):
+            return None
+        words = flat[lo:hi]
+        if staged is not None:  # the staged version's classes: a device copy of the range, staged words written in
+            words = words.clone()
+            device.write(words, staged[0], staged[1])
+        return device.locate(words, lookup.exponent, lookup.present, lookup.counts, lookup.ranks, lookup.what)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         out = []

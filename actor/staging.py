@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from aurora_store.codec import classes
+from aurora_store.codec.base import Exponent
 from aurora_store.errors import ChainError
 from aurora_store.format.blocks import DecodedBlock
 from aurora_store.format.digest import Digest, tensor_keys
@@ -27,6 +29,26 @@ class LiveWords(Protocol):
     def read(self, name: str, index: np.ndarray) -> np.ndarray: ...
 
     def read_range(self, name: str, lo: int, hi: int) -> np.ndarray: ...
+
+    def locate(
+        self,
+        name: str,
+        lo: int,
+        hi: int,
+        lookup: Lookup,
+        staged: tuple[np.ndarray, np.ndarray] | None,
+    ) -> tuple[np.ndarray, np.ndarray] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A classed block's lookup: its ranks by class, to be turned into positions."""
+
+    exponent: Exponent
+    present: np.ndarray
+    counts: np.ndarray
+    ranks: np.ndarray
+    what: str
 
 
 @dataclass(slots=True)
@@ -78,6 +100,20 @@ class Staging:
                 base[idx[a:b] - lo] = vals[a:b]
         return base
 
+    def locate(self, live: LiveWords, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
+        """A classed block's positions over ``[lo, hi)`` as of the staged version: where the live
+        weights are, when they can look it up there (a device), else on the host."""
+        staged = None
+        if self.full is None and name in self.changes and self.changes[name][0].size:
+            idx, vals = self.changes[name]
+            a, b = np.searchsorted(idx, [lo, hi])
+            staged = (idx[a:b] - lo, vals[a:b]) if b > a else None
+        got = None if self.full is not None else live.locate(name, lo, hi, lookup, staged)
+        if got is not None:
+            return got
+        words = self.words_range(live, name, lo, hi)
+        return classes.locate(words, lookup.exponent, lookup.present, lookup.counts, lookup.ranks, lookup.what)
+
     def view(self, live: LiveWords) -> StagedWords:
         """The staged version's words, as a delta decoder reads its parent."""
         return StagedWords(self, live)
@@ -116,6 +152,19 @@ class StagedWords:
 
     def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
         return self.staging.words_range(self.live, name, lo, hi)
+
+    def old_locate(
+        self,
+        name: str,
+        lo: int,
+        hi: int,
+        exponent: Exponent,
+        present: np.ndarray,
+        counts: np.ndarray,
+        ranks: np.ndarray,
+        what: str,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.staging.locate(self.live, name, lo, hi, Lookup(exponent, present, counts, ranks, what))
 
 
 def _merge(

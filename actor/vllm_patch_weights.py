@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from actor.staging import Lookup
 from actor.vllm_transfer import patch_values
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
@@ -72,6 +73,12 @@ class VllmPatchWeights:
 
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         return self.words[self._spec(name).name][np.asarray(index)]
+
+    def locate(
+        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The lookup runs on the host, over the words this engine holds there."""
+        return None
 
     def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
         return self.words[self._spec(name).name][lo:hi]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from actor.staging import Lookup
 from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
@@ -298,6 +299,13 @@ class VllmWeights:
             out[p.select] = got[p.rank][seen[p.rank]]
             seen[p.rank] += 1
         return out
+
+    def locate(
+        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The lookup runs on the host, from :meth:`read_range` (a device lookup through the
+        workers is not built)."""
+        return None
 
     def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
         """A gather of every position of the range through the workers (O(range) over the RPC:

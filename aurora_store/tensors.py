@@ -32,12 +32,14 @@ _FROM_NAME = {v: k for k, v in _TO_NAME.items()}
 _SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
-    """Specs (sorted by name) and flat word views of a state dict; no copy for contiguous CPU tensors."""
+def word_views(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, torch.Tensor]]:
+    """Specs (sorted by name) and flat views of a state dict's bit patterns, each a signed integer
+    tensor of its element's width on the tensor's own device (``uint8`` for bool); no copy for
+    contiguous tensors."""
     if not isinstance(state_dict, Mapping):
         raise StoreError(f"state_dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
     specs = []
-    words = {}
+    views = {}
     for name, t in state_dict.items():
         check_tensor_name(name, StoreError)
         if not isinstance(t, torch.Tensor):
@@ -47,16 +49,25 @@ def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, 
         dt = _TO_NAME.get(t.dtype)
         if dt is None:
             raise UnsupportedError(f"{name!r}: dtype {t.dtype} is not supported (known: {sorted(_FROM_NAME)})")
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        flat = t.contiguous().reshape(-1)
-        width = flat.element_size()
-        w = flat.view(torch.uint8) if t.dtype == torch.bool else flat.view(_SIGNED[width])
-        words[name] = w.numpy().view(f"<u{width}")
+        flat = t.detach().contiguous().reshape(-1)
+        views[name] = flat.view(torch.uint8) if t.dtype == torch.bool else flat.view(_SIGNED[flat.element_size()])
         specs.append(TensorSpec(name, dt, tuple(int(s) for s in t.shape)))
     specs.sort(key=lambda s: s.name)
-    return tuple(specs), words
+    return tuple(specs), views
+
+
+def host_words(view: torch.Tensor) -> np.ndarray:
+    """A word view (:func:`word_views`) as a flat little-endian word array on the host (a copy
+    only when it lives on another device)."""
+    v = view if view.device.type == "cpu" else view.cpu()
+    return v.numpy().view(f"<u{v.element_size()}")
+
+
+def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
+    """Specs (sorted by name) and flat word arrays of a state dict on the host; no copy for
+    contiguous CPU tensors."""
+    specs, views = word_views(state_dict)
+    return specs, {k: host_words(v) for k, v in views.items()}
 
 
 def torch_dtype(spec: TensorSpec) -> torch.dtype:

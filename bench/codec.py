@@ -324,6 +324,24 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
+def render_device(result: dict[str, Any], console: Console) -> None:
+    """The human table of ``--device``: throughput of each pass as a share of the bare pass's."""
+    names = list(result["steps"][0]["vs_bare"]) if result["steps"] else []
+    table = Table(
+        title=f"codec on {result['device_name']}: share of a bare != + nonzero pass's throughput",
+        caption=f"best of {result['repeats']}; mean over steps {result['summary']['over_steps']}",
+    )
+    for col in ("step", "bare s", *names):
+        table.add_column(col, justify="right")
+    rows = [(str(s["step"]), s["seconds"]["bare"], s["vs_bare"]) for s in result["steps"]]
+    rows.append(("mean", None, result["summary"]["vs_bare"]))
+    for label, bare, ratios in rows:
+        table.add_row(label, _fmt(bare, ".4f"), *(_fmt(ratios.get(n), ".2f") for n in names))
+    console.print(table)
+    for name, met in result["summary"]["targets"].items():
+        console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} layers, {QUICK[1]} steps")
@@ -331,10 +349,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
     parser.add_argument("--vocab", type=positive, help="embedding rows (default 151936, Qwen3's)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="instead: extraction and apply with torch ops on this device, against a bare != + nonzero pass there",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     layers, steps = QUICK if args.quick else FULL
+    if args.device is not None:
+        from bench import codec_device  # torch loads here
+
+        result = codec_device.measure(
+            args.layers if args.layers is not None else layers,
+            args.steps if args.steps is not None else steps,
+            args.seed,
+            args.vocab,
+            args.device,
+            REPEATS,
+        )
+        return emit(result, args, lambda r: render_device(r, Console()))
     result = measure(
         args.layers if args.layers is not None else layers,
         args.steps if args.steps is not None else steps,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import aurora_store
+from actor.live import TensorWeights
 from actor.updater import Updater
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
@@ -47,9 +48,13 @@ def run(tmp_path: Path) -> aurora_store.Run:
     return aurora_store.open_run(f"file://{tmp_path}/region/run", full_every=50, segment_bytes=256)
 
 
-def test_bootstrap_stage_apply(run: aurora_store.Run) -> None:
+@pytest.mark.parametrize("lookup", ["host", "torch"])
+def test_bootstrap_stage_apply(run: aurora_store.Run, lookup: str) -> None:
+    """Staged versions decode against the live weights with the staged ones laid over them: classed
+    lookups on the host, or with torch ops where the tensors live (what a GPU actor does)."""
     hist = publish(run, 6, lr=3e-6)  # a few % of elements change per step, as in RL fine-tuning
-    up = Updater(run, region="eu")
+    assert "classed" in {b.codec for v in (3, 4, 5) for s in run.manifest(v).segments for b in s.blocks}
+    up = Updater(run, region="eu", live=TensorWeights(lookup_on_device=lookup == "torch"))
     held = up.bootstrap(2)
     assert (held.version, held.version_hash, held.weights_digest) == (
         2,

@@ -29,6 +29,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.coord": 3,
     "aurora_store.rl": 3,
     "aurora_store.tensors": 2.5,
+    "aurora_store.device": 2.5,
     "aurora_store.cli": 4,
     "aurora_store.cli_config": 3.9,
     "aurora_store.cli_gc": 3.9,
@@ -156,7 +157,7 @@ def test_format_and_codec_import_no_io_redis_or_torch() -> None:
 
 
 def test_relay_imports_no_torch() -> None:
-    heavy = ("torch", "transformers", "safetensors", "aurora_store.tensors", "aurora_store.rl")
+    heavy = ("torch", "transformers", "safetensors", "aurora_store.tensors", "aurora_store.device", "aurora_store.rl")
     bad = [_where(i) for i in IMPORTS if _top(i.source) == "relay" and i.target.startswith(heavy)]
     assert not bad, "\n".join(bad)
 

@@ -83,7 +83,7 @@ def _bf16(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
 
 
-def worker(uri: str, out: Path) -> None:
+def worker(uri: str, out: Path, extract: str = "auto") -> None:
     """One torchrun rank: FSDP2 on gloo, publish every step; dump what rank 0 gathered."""
     import torch.distributed as dist
     from safetensors.torch import save_file
@@ -101,7 +101,7 @@ def worker(uri: str, out: Path) -> None:
     fully_shard(net)
 
     def open_() -> aurora_store.Run:
-        return aurora_store.open_run(uri, signing_key=_key() if rank == 0 else None, **CONFIG)  # type: ignore[arg-type]
+        return aurora_store.open_run(uri, signing_key=_key() if rank == 0 else None, extract=extract, **CONFIG)  # type: ignore[arg-type]
 
     pub = ShardedPublisher(open_(), net)
     log: dict[str, Any] = {"infos": [], "errors": []}
@@ -228,7 +228,10 @@ def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extract", ["auto", "device"])
+def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extract: str) -> None:
+    """Each rank extracts its shards' deltas on the host (``auto`` on CPU tensors) or with torch ops
+    where the shards live (``device``, as on a GPU)."""
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
@@ -245,20 +248,27 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path) -> N
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.run(
-        [*cmd, str(Path(__file__)), uri, str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [*cmd, str(Path(__file__)), uri, str(out), extract],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
 
-    # the same training in one process, published through Run.publish
+    logs = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    sharded = aurora_store.open_run(uri, verify_key=_key().public_key())
+    kinds = [sharded.manifest(v).kind for v in sharded.versions()]
+
+    # the same training in one process, published through Run.publish with the same kinds (the
+    # ranks' deltas are a little larger, each rank's blocks tiling its own half of a tensor, so the
+    # chain may outgrow a full copy a version sooner)
     ref = aurora_store.open_run(f"file://{tmp_path}/single", signing_key=_key(), **CONFIG)  # type: ignore[arg-type]
     net = Net()
     pub = ShardedPublisher(ref, net)
-    _train(net, lambda s: pub.publish(step=s))
-
-    logs = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    sharded = aurora_store.open_run(uri, verify_key=_key().public_key())
+    _train(net, lambda s: pub.publish(step=s, kind=kinds[s]))  # type: ignore[arg-type]
     assert sharded.versions() == ref.versions() == list(range(STEPS + 1))
-    kinds = [sharded.manifest(v).kind for v in sharded.versions()]
     assert kinds == [ref.manifest(v).kind for v in ref.versions()]
     assert kinds[:4] == ["full", "delta", "delta", "delta"]
     assert "full" in kinds[4:]  # the chain outgrew a full copy: the ranks' deltas were set aside for a full version
@@ -286,4 +296,4 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path) -> N
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], Path(sys.argv[2]))
+    worker(sys.argv[1], Path(sys.argv[2]), sys.argv[3])

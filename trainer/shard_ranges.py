@@ -16,7 +16,7 @@ import torch.distributed as dist
 from aurora_store.errors import UnsupportedError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import tied_names
-from aurora_store.tensors import to_words
+from aurora_store.tensors import host_words, word_views
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,8 @@ class LocalShards:
 
     specs: tuple[TensorSpec, ...]
     ranges: dict[str, tuple[int, int]]
-    words: dict[str, np.ndarray]
+    words: dict[str, Any]
+    """Host word arrays, or word tensors on the shards' device (``keep_device``)."""
 
 
 def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -38,12 +39,14 @@ def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def local_words(
-    module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None
+    module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None, keep_device: bool = False
 ) -> LocalShards:
     """The words this rank publishes of :func:`published_state`: each DTensor's local shard (a
     contiguous range of the flattened tensor) and, on rank 0 of ``group`` only, the tensors every
     rank holds whole (buffers, unsharded parameters). Floating-point tensors are cast to ``dtype``
-    (round to nearest even, as the actors hold them); None publishes them as they are."""
+    (round to nearest even, as the actors hold them); None publishes them as they are. With
+    ``keep_device`` the words stay on the shards' device as word tensors (a delta is then extracted
+    there); else they are copied to the host."""
     from torch.distributed.tensor import DTensor
 
     first = not dist.is_initialized() or dist.get_rank(group) == 0
@@ -59,11 +62,13 @@ def local_words(
             local = local.reshape(-1)[:0]  # only its dtype is needed
         if dtype is not None and local.is_floating_point():
             local = local.to(dtype)
-        (spec,), w = to_words({name: local})
+        (spec,), views = word_views({name: local})
+        w: dict[str, Any] = dict(views) if keep_device else {name: host_words(views[name])}
         specs.append(TensorSpec(name, spec.dtype, tuple(int(s) for s in t.shape)))
         if rng is not None and rng[0] < rng[1]:
-            if w[name].size != rng[1] - rng[0]:
-                raise UnsupportedError(f"{name!r}: local shard has {w[name].size} elements, expected {rng}")
+            count = int(w[name].numel()) if keep_device else int(w[name].size)
+            if count != rng[1] - rng[0]:
+                raise UnsupportedError(f"{name!r}: local shard has {count} elements, expected {rng}")
             ranges[name], words[name] = rng, w[name]
     specs.sort(key=lambda s: s.name)
     return LocalShards(tuple(specs), ranges, words)

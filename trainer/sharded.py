@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from aurora_store import errors
 from aurora_store.bucket.plan import KINDS, Kind, PublishPlan, Tip, VersionInfo, check_publish_args
-from aurora_store.bucket.publish import Baseline, Part, delta_part, elements_part
+from aurora_store.bucket.publish import Baseline, Part, copy_words, delta_part, elements_part, host
 from aurora_store.errors import ConflictError, StoreError, UnsupportedError
 from aurora_store.format.delta import DeltaBuilder
 from aurora_store.format.full import plan_shards
@@ -77,7 +77,8 @@ class ShardedPublisher:
             return self.run.publish(state, kind=kind, step=step, meta=meta)
         t0 = time.perf_counter()
         comm = Collectives(self.group)
-        local, failure = _attempt(lambda: local_words(self.model, dtype=self.dtype, group=self.group))
+        keep = _on_device(self.run.config.extract, self.model)
+        local, failure = _attempt(lambda: local_words(self.model, dtype=self.dtype, group=self.group, keep_device=keep))
         planned = None
         if comm.rank == 0 and local is not None:
             held = self._base.tip if self._base is not None else None
@@ -112,7 +113,7 @@ class ShardedPublisher:
         if builder is not None and self._base is not None:
             self._base.advance(tip, local.words, builder)
         else:
-            self._base = Baseline(tip, dict(local.ranges), {k: np.array(v, copy=True) for k, v in local.words.items()})
+            self._base = Baseline(tip, dict(local.ranges), {k: copy_words(v) for k, v in local.words.items()})
         return info
 
     # ------------------------------------------------------------ phases
@@ -179,12 +180,13 @@ class ShardedPublisher:
         failure: BaseException | None = None
         concurrency = self.run.config.concurrency  # bounds the shards held in memory
         uploads = self.run.uploads(plan.version, max_pending=concurrency)
-        counting = self.run.store.pool.submit(elements_part, plan.specs, local.ranges, local.words, self._base)
+        held = {k: host(v) for k, v in local.words.items()}  # a full version is built on the host
+        counting = self.run.store.pool.submit(elements_part, plan.specs, local.ranges, held, self._base)
         for g, members in enumerate(plan_shards(plan.specs, self.run.config.shard_bytes)):
             owner = g % comm.size
             words: dict[str, np.ndarray] = {}
             for s in members:
-                mine = local.words.get(s.name)
+                mine = held.get(s.name)
                 if comm.rank != owner:
                     comm.exchange([(owner, mine)] if mine is not None else [], [])
                     continue
@@ -229,6 +231,13 @@ class ShardedPublisher:
         if not (isinstance(cls, type) and issubclass(cls, StoreError)):
             cls = StoreError
         raise cls(f"rank {r}: {rep['error']}" if len(reports) > 1 else rep["error"])
+
+
+def _on_device(extract: str, model: torch.nn.Module) -> bool:
+    """Whether this rank extracts its deltas where its shards live (the run's ``extract`` setting)."""
+    if extract != "auto":
+        return extract == "device"
+    return any(p.device.type not in ("cpu", "meta") for p in model.parameters())
 
 
 def _attempt(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:

@@ -11,7 +11,7 @@ the elements it changed and its share of the additive weights digest. The commit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,10 @@ from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import Block, Segment, TensorSpec
 
+Words = Mapping[str, Any]
+"""Tensor name -> its flat words: a little-endian numpy word array on the host, or a flat signed
+integer tensor on the weights' device (``aurora_store.tensors.word_views``), which a delta is
+then extracted on (:mod:`aurora_store.device`)."""
 Ranges = Mapping[str, tuple[int, int]]
 """Tensor name -> the flat element range ``[lo, hi)`` a publisher owns (tensors it does not publish are absent)."""
 _DIGEST_CHUNK = 1 << 20
@@ -88,20 +92,57 @@ class Baseline:
 
     tip: Tip
     ranges: dict[str, tuple[int, int]]
-    words: dict[str, np.ndarray]
+    words: dict[str, Any]
+    """Host word arrays, or device word tensors for a publisher that extracts on its device."""
 
     def fits(self, specs: tuple[TensorSpec, ...], ranges: Ranges) -> bool:
         """Whether it holds exactly these ranges of this tensor table (a delta can be taken against it)."""
         return self.tip.specs == specs and self.ranges == dict(ranges)
 
-    def advance(self, tip: Tip, words: Mapping[str, np.ndarray], builder: DeltaBuilder | None) -> None:
+    def advance(self, tip: Tip, words: Words, builder: DeltaBuilder | None) -> None:
         """Move to the version just committed: a delta's changes in place, else a copy of ``words``."""
         if builder is None:
-            self.words = {k: np.array(v, copy=True) for k, v in words.items()}
+            self.words = {k: copy_words(v) for k, v in words.items()}
         else:
             for c in builder.changes:
-                self.words[c.name][c.positions - self.ranges[c.name][0]] = c.new
+                held = self.words[c.name]
+                at = c.positions - self.ranges[c.name][0]
+                if isinstance(held, np.ndarray):
+                    held[at] = c.new
+                else:
+                    from aurora_store import device
+
+                    device.write(held, at, c.new)
         self.tip = tip
+
+    def beside(self, name: str, new: Any) -> Any:
+        """The held words of ``name`` where ``new`` lives: moved to its device (or the host) once,
+        after a full version left them on the host, and kept there."""
+        held = self.words[name]
+        if isinstance(new, np.ndarray) != isinstance(held, np.ndarray):
+            if isinstance(new, np.ndarray):
+                held = host(held)
+            else:
+                import torch
+
+                held = torch.from_numpy(held.view(f"<i{held.dtype.itemsize}") if held.dtype.itemsize > 1 else held)
+                held = held.to(new.device).view(new.dtype)
+            self.words[name] = held
+        return held
+
+
+def host(words: Any) -> np.ndarray:
+    """Words on the host: a word array as it is, a device word tensor copied."""
+    if isinstance(words, np.ndarray):
+        return words
+    from aurora_store.tensors import host_words  # torch: only for words that are tensors
+
+    return host_words(words)
+
+
+def copy_words(words: Any) -> Any:
+    """A copy the caller may keep while ``words`` changes (on the same device)."""
+    return np.array(words, copy=True) if isinstance(words, np.ndarray) else words.clone()
 
 
 class Uploads:
@@ -155,7 +196,7 @@ class Uploads:
 def delta_part(
     plan: PublishPlan,
     base: Baseline,
-    words: Mapping[str, np.ndarray],
+    words: Words,
     uploads: Uploads,
     *,
     segment_bytes: int,
@@ -177,7 +218,7 @@ def delta_part(
         for s in plan.specs:
             if s.name not in base.ranges:
                 continue
-            for obj in builder.add_tensor(s, base.words[s.name], words[s.name], start=base.ranges[s.name][0]):
+            for obj in _add(builder, s, base.beside(s.name, words[s.name]), words[s.name], base.ranges[s.name][0]):
                 uploads.submit(obj)
             if may_abandon and plan.outgrows(builder.encoded_bytes):
                 abandoned = True
@@ -190,6 +231,19 @@ def delta_part(
     if abandoned:
         return None
     return Part(entries, builder.changed, builder.digest_change()), builder
+
+
+def _add(builder: DeltaBuilder, spec: TensorSpec, old: Any, new: Any, start: int) -> Iterator[SealedObject]:
+    """One tensor's changes into ``builder``, extracted where its words live."""
+    if isinstance(new, np.ndarray):
+        return builder.add_tensor(spec, old, new, start=start)
+    from aurora_store import device  # torch: only for a publisher whose words are on a device
+
+    dt = dtypes.dtype(spec.dtype)
+    if not dt.sparse:  # integers, bools, F64: a changed tensor is written whole, from the host
+        return builder.add_tensor(spec, host(old), host(new), start=start)
+    ex = device.extract(old, new, dt.exponent)
+    return builder.add_extracted(spec, ex, new.numel(), start, lambda lo, hi: device.sizes(old[lo:hi], dt.exponent))
 
 
 def elements_part(
@@ -212,5 +266,5 @@ def elements_part(
             for a in range(0, new.size, _DIGEST_CHUNK):
                 b = min(a + _DIGEST_CHUNK, new.size)
                 digest.add_elements(keys, np.arange(lo + a, lo + b, dtype=np.uint64), new[a:b])
-        changed += int(np.count_nonzero(base.words[s.name] != new)) if comparable and base else hi - lo
+        changed += int(np.count_nonzero(host(base.words[s.name]) != new)) if comparable and base else hi - lo
     return changed, digest

@@ -30,7 +30,17 @@ from aurora_store.bucket.plan import (
     committed_elsewhere,
     plan_next,
 )
-from aurora_store.bucket.publish import Baseline, Part, Uploads, delta_part, elements_part, whole
+from aurora_store.bucket.publish import (
+    Baseline,
+    Part,
+    Uploads,
+    Words,
+    copy_words,
+    delta_part,
+    elements_part,
+    host,
+    whole,
+)
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.state import StateStore
 from aurora_store.errors import AuroraError, ConflictError, MissingError, StoreError, UnauthenticatedError
@@ -71,6 +81,11 @@ class RunConfig:
     """Target size of a full version's safetensors shard."""
     concurrency: int = 8
     """Parallel ranged GETs / uploads."""
+    extract: str = "auto"
+    """Where a delta of tensors is extracted: ``device`` (torch ops where the tensors live; only the
+    changes reach the host), ``host`` (a copy of every tensor on the host, then the compiled host
+    passes) or ``auto`` (device for tensors on an accelerator, host for CPU tensors, where the host
+    passes are the faster)."""
     codec: str = "classed"
     """How float deltas are coded: ``classed`` (positions by the parent's exponent class, the
     sparse codec where smaller: format aurora/3) or ``sparse`` (the sparse codec only, so every
@@ -81,6 +96,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise StoreError(f"codec must be one of {CODECS}, got {self.codec!r}")
+        if self.extract not in ("auto", "host", "device"):
+            raise StoreError(f"extract must be 'auto', 'host' or 'device', got {self.extract!r}")
 
 
 class Run:
@@ -215,15 +232,20 @@ class Run:
         Raises ConflictError if another publisher committed a version since this one last
         published (the next call reloads and continues on top of it), or if ``version`` is
         given and is not the next version."""
-        from aurora_store.tensors import to_words  # torch loads only for callers that hold tensors
+        from aurora_store.tensors import host_words, word_views  # torch loads only for callers with tensors
 
-        specs, words = to_words(state_dict)
+        specs, views = word_views(state_dict)
+        where = self.config.extract
+        if where == "device" or (where == "auto" and any(v.device.type != "cpu" for v in views.values())):
+            words: dict[str, Any] = dict(views)
+        else:
+            words = {k: host_words(v) for k, v in views.items()}
         return self.publish_words(specs, words, kind=kind, step=step, meta=meta, version=version)
 
     def publish_words(
         self,
         specs: tuple[TensorSpec, ...],
-        words: dict[str, np.ndarray],
+        words: Words,
         *,
         kind: Kind = "auto",
         step: int | None = None,
@@ -231,7 +253,8 @@ class Run:
         version: int | None = None,
     ) -> VersionInfo:
         """:meth:`publish` for callers that already hold bit patterns (flat little-endian word
-        arrays, as :func:`aurora_store.tensors.to_words` makes them): benchmarks, sharded ranks."""
+        arrays, as :func:`aurora_store.tensors.to_words` makes them, or flat word tensors on a
+        device, whose deltas are then extracted there): benchmarks, sharded ranks."""
         t0 = time.perf_counter()
         step, meta = check_publish_args(step, meta)
         try:
@@ -260,7 +283,7 @@ class Run:
                 part, builder = made
         held: dict[str, np.ndarray] | None = None
         if part is None:
-            part, held = self._full_part(plan, words, base)
+            part, held = self._full_part(plan, {k: host(v) for k, v in words.items()}, base)
         info = self.commit(plan, [part], step=step, meta=meta, started=t0)
         tip = plan.tip_after(info)
         if held is not None:
@@ -269,7 +292,7 @@ class Run:
             base.advance(tip, words, builder)
             self._base = base
         else:
-            self._base = Baseline(tip, dict(ranges), {k: np.array(words[k], copy=True) for k in ranges})
+            self._base = Baseline(tip, dict(ranges), {k: copy_words(words[k]) for k in ranges})
         return info
 
     def _full_part(

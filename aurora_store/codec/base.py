@@ -74,7 +74,14 @@ class Parent(Protocol):
         ...
 
     def words(self) -> np.ndarray:
-        """Every word of the block's range, in order (the classed codec reads them all)."""
+        """Every word of the block's range, in order."""
+        ...
+
+    def locate(
+        self, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The classed codec's lookup over the range (see ``aurora_store.codec.classes.locate``),
+        wherever the parent's words live."""
         ...
 
 
@@ -89,6 +96,13 @@ class ArrayParent:
 
     def words(self) -> np.ndarray:
         return self.array
+
+    def locate(
+        self, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        from aurora_store.codec import classes
+
+        return classes.locate(self.array, exponent, present, counts, ranks, what)
 
 
 class Codec(ABC):

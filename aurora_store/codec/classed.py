@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from aurora_store.codec import classes, frames, kernels, rice
+from aurora_store.codec import frames, kernels, rice
 from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, int_field
 from aurora_store.codec.sparse import (
     ESCAPE,
@@ -141,7 +141,8 @@ def _table(raw: bytes, n: int, n_cls: int, count: int, what: str) -> tuple[np.nd
 def decode(payload: bytes | memoryview, header: ClassedHeader, span: Span, parent: Parent, what: str) -> Decoded:
     """Decode a block into ascending positions relative to its start and wrapping word deltas.
 
-    Reads every parent word of the block's range (``parent.words()``). Every length is checked
+    Classes every parent word of the block's range (``parent.locate``, on the host or where the
+    parent's words live). Every length is checked
     before anything is allocated; a rank past its class, a zero delta or a stray bit is corrupt."""
     count, n, split, width = header.count, header.classes, header.split, span.width
     n_cls = 1 << span.exponent.bits
@@ -160,10 +161,7 @@ def decode(payload: bytes | memoryview, header: ClassedHeader, span: Span, paren
     if header.streams[1] > (count + span.elements + 7) // 8:  # a class's gaps sum to at most its size
         raise CorruptError(f"{what}: a unary stream of {header.streams[1]} bytes cannot code {count} ranks")
     ranks = rice.decode(cut[1], cut[2], counts, ks, what, running_below=span.elements)
-    old = parent.words()
-    if old.size != span.elements:
-        raise CorruptError(f"{what}: the parent holds {old.size} words of a {span.elements}-element block")
-    positions, src = classes.locate(old, span.exponent, present, counts, ranks, what)
+    positions, src = parent.locate(span.exponent, present, counts, ranks, what)
     n_low = int(counts[present < split].sum())
     low = unpack_symbols(frames.decompress(cut[3], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
     n_high = count - n_low

@@ -149,6 +149,8 @@ def locate(
     its class's size in the parent is corrupt."""
     n_cls = 1 << exponent.bits
     count = int(ranks.size)
+    if count and int(ranks.max()) >= old.size:
+        raise CorruptError(f"{what}: a rank of {int(ranks.max())} in a range of {old.size} elements")
     first = np.zeros(n_cls, np.int64)
     last = np.zeros(n_cls, np.int64)
     ends = np.cumsum(counts)

@@ -8,7 +8,7 @@ segment as soon as it is sealed, so a caller can upload it while extraction goes
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,8 @@ class Change:
     new: np.ndarray
 
 
+ClassSizes = Callable[[int, int], np.ndarray]
+"""``sizes(lo, hi)``: elements of each exponent class among the old words ``[lo, hi)`` of a range."""
 _SMALL_BLOCK = 256
 """Changes below which a block is coded both ways (cheap) and the smaller kept."""
 
@@ -133,13 +135,27 @@ class DeltaBuilder:
                 yield from self._add_dense(t, spec, new, start)
             return
         ex = classes.extract(old, new, dt.exponent)
+        yield from self.add_extracted(spec, ex, new.size, start, lambda lo, hi: classes.sizes(old[lo:hi], dt.exponent))
+
+    def add_extracted(
+        self, spec: TensorSpec, ex: classes.Extracted, size: int, start: int, sizes: ClassSizes
+    ) -> Iterator[SealedObject]:
+        """:meth:`add_tensor` of a float tensor whose changes were extracted elsewhere (on the
+        weights' device): ``ex`` relative to ``start``, over ``size`` elements; ``sizes(lo, hi)``
+        counts the elements of each class in ``[lo, hi)`` of the old words (relative to ``start``),
+        which only a tensor that spans several blocks asks for."""
+        dt = dtypes.dtype(spec.dtype)
+        if not dt.sparse or start < 0 or start + size > spec.numel:
+            raise StoreError(
+                f"{spec.name}: {size} extracted elements at {start} of a {spec.dtype} tensor of {spec.numel}"
+            )
         if ex.positions.size == 0:
             return
         self.changes.append(Change(spec.name, ex.positions + start, ex.old, ex.new))
-        yield from self._add_sparse(t, dt.exponent, ex, old, start, new.size)
+        yield from self._add_sparse(self._index[spec.name], dt.exponent, ex, sizes, start, size)
 
     def _add_sparse(
-        self, t: int, exponent: Exponent, ex: classes.Extracted, old: np.ndarray, base: int, size: int
+        self, t: int, exponent: Exponent, ex: classes.Extracted, sizes: ClassSizes, base: int, size: int
     ) -> Iterator[SealedObject]:
         """Blocks tiling [base, base + size), ``ex`` the changes relative to ``base``; each block holds
         at most ``segment_bytes`` changes."""
@@ -156,7 +172,7 @@ class DeltaBuilder:
             enc, name = code_block(part, exponent, stop - start, self.level, classed_ok=self.use_classed)
             yield from self._append(enc, t, base + start, base + stop, name)
             if stop < size:
-                before += classes.sizes(old[start:stop], exponent)  # only a tensor that spans blocks pays this
+                before += sizes(start, stop)  # only a tensor that spans blocks pays this
             start = stop
 
     def _add_dense(self, t: int, spec: TensorSpec, new: np.ndarray, base: int) -> Iterator[SealedObject]:

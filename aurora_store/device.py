@@ -1,0 +1,134 @@
+"""Extraction and class lookup on the weights' own device, with torch ops.
+
+A GPU publisher compares the BF16 bits it publishes with the bits it last published where both
+live; only the changed positions and their words (about 1% of the model) cross to the host for
+coding. A GPU actor turns a classed block's (class, rank) pairs into positions against its live
+weights the same way (its staged words are then scattered in place at the safe point:
+``actor.live.TensorWeights``). Every function here
+gives exactly the arrays the host passes in :mod:`aurora_store.codec.classes` give (the tests
+check it on CPU tensors).
+
+Ranks on the device come from one stable sort of each range's classes (one-byte keys: a single
+radix pass on CUDA). That costs several bare passes (measured on CPU tensors: 40 of them; on
+CUDA not measured here), where the host kernels cost about one: a fused device kernel (per-block
+class histograms and a scan) would bring it to one, and is not built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from aurora_store.codec.base import Exponent
+from aurora_store.codec.classes import Extracted
+from aurora_store.errors import CorruptError, StoreError
+
+CHUNK = 1 << 26
+"""Elements sorted at once: the sort's index tensor is 8 bytes an element (512 MiB a chunk)."""
+
+
+def _classes(w: torch.Tensor, exponent: Exponent) -> torch.Tensor:
+    """Each word's exponent field (an arithmetic shift of a signed word, then masked), as uint8: a
+    one-byte sort key. Index with it only after ``.long()`` (a uint8 index is a mask in torch)."""
+    if exponent.bits > 8:
+        raise StoreError(f"an exponent of {exponent.bits} bits has no one-byte class")
+    return ((w >> exponent.shift) & ((1 << exponent.bits) - 1)).to(torch.uint8)
+
+
+def _host(t: torch.Tensor, dtype: np.dtype | type) -> np.ndarray:
+    return t.cpu().numpy().view(dtype) if t.dtype != torch.int64 else t.cpu().numpy()
+
+
+def sizes(old: torch.Tensor, exponent: Exponent) -> np.ndarray:
+    """Elements of each class among a flat word tensor (on the host: one entry per class)."""
+    return torch.bincount(_classes(old, exponent), minlength=1 << exponent.bits).cpu().numpy().astype(np.int64)
+
+
+def write(target: torch.Tensor, positions: np.ndarray, new: np.ndarray) -> None:
+    """Words ``new`` (host) into a flat word tensor at ``positions``, on its device, in place."""
+    values = torch.from_numpy(new.view(f"<i{new.dtype.itemsize}") if new.dtype.itemsize > 1 else new)
+    target[torch.from_numpy(positions).to(target.device)] = values.to(target.device).view(target.dtype)
+
+
+def changed(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positions (int64, ascending) where two flat word tensors differ, and the words there, on their device."""
+    pos = torch.nonzero(old != new).reshape(-1)
+    return pos, old[pos], new[pos]
+
+
+def extract(old: torch.Tensor, new: torch.Tensor, exponent: Exponent, *, chunk: int = CHUNK) -> Extracted:
+    """:func:`aurora_store.codec.classes.extract` of two flat word tensors
+    (:func:`aurora_store.tensors.word_views`) on any device: the comparison, the class ranks and
+    the gathers run there; only the changes come to the host."""
+    if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+        raise StoreError("old and new must be flat word tensors of one shape, dtype and device")
+    n_cls = 1 << exponent.bits
+    before = torch.zeros(n_cls, dtype=torch.int64, device=old.device)
+    parts: list[tuple[torch.Tensor, ...]] = []
+    for lo in range(0, old.numel(), chunk):
+        o, n = old[lo : lo + chunk], new[lo : lo + chunk]
+        cls = _classes(o, exponent)
+        sizes = torch.bincount(cls, minlength=n_cls)
+        order = torch.argsort(cls, stable=True)  # class-major; a class's elements stay in position order
+        hit = torch.nonzero((o != n)[order]).reshape(-1)  # changed elements, by their index in that order
+        if hit.numel():
+            pos = order[hit]
+            c = cls[pos].long()
+            first = torch.cumsum(sizes, 0) - sizes  # where each class starts in the sorted order
+            rank = hit - first[c] + before[c]
+            back = torch.argsort(pos)  # to position order, as the host pass gives them
+            parts.append((pos[back] + lo, c[back], rank[back], o[pos[back]], n[pos[back]]))
+        before += sizes
+    width = old.element_size()
+    word = np.dtype(f"<u{width}")
+    if not parts:
+        empty = np.empty(0, np.int64)
+        return Extracted(empty, empty, empty, np.empty(0, word), np.empty(0, word))
+    cat = [torch.cat([p[i] for p in parts]) for i in range(5)]
+    return Extracted(
+        _host(cat[0], np.int64),
+        _host(cat[1], np.int64),
+        _host(cat[2], np.int64),
+        _host(cat[3], word),
+        _host(cat[4], word),
+    )
+
+
+def locate(
+    old: torch.Tensor,
+    exponent: Exponent,
+    present: np.ndarray,
+    counts: np.ndarray,
+    ranks: np.ndarray,
+    what: str,
+    *,
+    chunk: int = CHUNK,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`aurora_store.codec.classes.locate` against a flat word tensor on its device: only the
+    ranks go there and only the positions come back."""
+    n_cls = 1 << exponent.bits
+    dev = old.device
+    cls_of = torch.from_numpy(np.repeat(present, counts)).to(dev)
+    want = torch.from_numpy(ranks).to(dev)
+    src_all = torch.arange(want.numel(), device=dev)
+    before = torch.zeros(n_cls, dtype=torch.int64, device=dev)
+    found_pos, found_src = [], []
+    for lo in range(0, old.numel(), chunk):
+        cls = _classes(old[lo : lo + chunk], exponent)
+        sizes = torch.bincount(cls, minlength=n_cls)
+        local = want - before[cls_of]
+        mine = (local >= 0) & (local < sizes[cls_of])
+        if bool(mine.any()):
+            order = torch.argsort(cls, stable=True)
+            first = torch.cumsum(sizes, 0) - sizes
+            found_pos.append(order[first[cls_of[mine]] + local[mine]] + lo)
+            found_src.append(src_all[mine])
+        before += sizes
+    pos = torch.cat(found_pos) if found_pos else torch.empty(0, dtype=torch.int64, device=dev)
+    if pos.numel() != want.numel():
+        raise CorruptError(f"{what}: {want.numel() - pos.numel()} positions rank past the end of their exponent class")
+    if pos.numel() == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    src = torch.cat(found_src)
+    back = torch.argsort(pos)
+    return pos[back].cpu().numpy(), src[back].cpu().numpy()
