@@ -1,5 +1,6 @@
 """The seed inputs of ``aurora bench fuzz``: runs published here (signed with attachments and small
-segments, unsigned) and the golden ``aurora/1`` run, read back with their objects and parents."""
+segments, unsigned; with sparse, classed and dense blocks) and the golden ``aurora/1`` and
+``aurora/2`` runs, read back with their objects and parents."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import numpy as np
 
 from aurora_store.format.manifest import Manifest, TensorSpec, canonical
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+GOLDEN = DATA / "golden"
+GOLDEN_RUNS = (GOLDEN, DATA / "golden_sparse")
 SPECS = (
     TensorSpec("a.weight", "BF16", (16, 32)),
     TensorSpec("b.norm", "F32", (64,)),
@@ -25,6 +28,7 @@ SPECS = (
     TensorSpec("d.steps", "I64", (4,)),
     TensorSpec("e.mask", "BOOL", (6,)),
     TensorSpec("f.empty", "BF16", (0, 3)),
+    TensorSpec("g.trained", "BF16", (64, 64)),
 )
 WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "BOOL": 1}
 
@@ -94,6 +98,8 @@ def published(seed: int) -> tuple[Published, ...]:
                 )
                 for s in SPECS
             }
+            masters = rng.normal(0, 0.02, 64 * 64).astype(np.float32)  # trained-looking: classed blocks
+            words["g.trained"] = _bf16(masters)
             for v, kind in enumerate(kinds):
                 state = {k: w.copy() for k, w in words.items()}
                 run.publish_words(SPECS, state, kind="full" if kind == "f" else "delta", step=v, meta={"v": str(v)})
@@ -105,9 +111,19 @@ def published(seed: int) -> tuple[Published, ...]:
                 words["c.half"] += np.uint16(1)  # every element: a dense block
                 words["d.steps"][0] += np.uint64(1)
                 words["e.mask"][v % 6] ^= np.uint8(1)
+                masters += np.float32(2e-5) * rng.choice(np.array([-1, 1], np.float32), masters.size)
+                words["g.trained"] = _bf16(masters)
             out += _read(run, key, key.public_key() if key is not None else None)
-    golden = aurora_store.open_run(GOLDEN.joinpath("run").as_uri(), verify_key=GOLDEN.joinpath("key.pub").read_bytes())
-    return (*out, *_read(golden, None, golden.reader.verify_key))
+    for root in GOLDEN_RUNS:
+        golden = aurora_store.open_run(root.joinpath("run").as_uri(), verify_key=root.joinpath("key.pub").read_bytes())
+        out += _read(golden, None, golden.reader.verify_key)
+    return tuple(out)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """FP32 values rounded to BF16 (nearest even), as words."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
 
 
 def rehash(rng: random.Random, doc: Any, key: Any, always: bool = False) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -129,6 +129,22 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, payload: bytes | memoryview, header: Any, span: Span, parent: Parent, what: str) -> Decoded:
         """Decode one block; every length is checked before anything is allocated."""
+
+
+def stream_lengths(doc: Mapping[str, Any], n: int, length: int, what: str) -> tuple[int, ...]:
+    """Entry ``streams`` of a hostile header: ``n`` byte lengths that tile a ``length``-byte payload."""
+    streams = doc.get("streams")
+    if not isinstance(streams, list):
+        raise CorruptError(f"{what}.streams must be a list")
+    lengths = tuple(int_field({"streams": x}, "streams", 0, length, what) for x in streams)
+    if len(lengths) != n or sum(lengths) != length:
+        raise CorruptError(f"{what}: streams {list(lengths)} do not tile {length} bytes")
+    return lengths
+
+
+def entries(header: Any) -> dict[str, Any]:
+    """A header dataclass's manifest entries (tuples as lists): the inverse of a codec's ``parse_header``."""
+    return {f.name: list(v) if isinstance(v, tuple) else v for f in fields(header) for v in [getattr(header, f.name)]}
 
 
 def int_field(doc: Mapping[str, Any], name: str, lo: int, hi: int, what: str) -> int:

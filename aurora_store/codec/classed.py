@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames, kernels, rice
-from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, int_field
+from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, entries, int_field, stream_lengths
 from aurora_store.codec.sparse import (
     ESCAPE,
     pack_symbols,
@@ -191,12 +191,7 @@ class ClassedCodec(Codec):
         if span.exponent.bits == 0:
             raise CorruptError(f"{what}: classed coding needs an element type with an exponent")
         count = int_field(doc, "count", 1, span.elements, what)
-        streams = doc.get("streams")
-        if not isinstance(streams, list):
-            raise CorruptError(f"{what}.streams must be a list")
-        lengths = tuple(int_field({"streams": x}, "streams", 0, length, what) for x in streams)
-        if len(lengths) != STREAMS or sum(lengths) != length:
-            raise CorruptError(f"{what}: streams {list(lengths)} do not tile {length} bytes")
+        lengths = stream_lengths(doc, STREAMS, length, what)
         n_cls = 1 << span.exponent.bits
         return ClassedHeader(
             count=count,
@@ -207,13 +202,7 @@ class ClassedCodec(Codec):
         )
 
     def header_dict(self, header: ClassedHeader) -> dict[str, Any]:
-        return {
-            "count": header.count,
-            "classes": header.classes,
-            "escapes": header.escapes,
-            "split": header.split,
-            "streams": list(header.streams),
-        }
+        return entries(header)
 
     def decoded_bytes(self, header: ClassedHeader, span: Span) -> int:
         """The table, ranks and positions (24 bytes a change), symbols and escapes; the unary bits

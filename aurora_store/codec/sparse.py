@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames
-from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, int_field
+from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, entries, int_field, stream_lengths
 from aurora_store.errors import CorruptError
 
 ESCAPE = 15
@@ -233,12 +233,7 @@ class SparseCodec(Codec):
         gap_width = doc.get("gap_width")
         if type(gap_width) is not int or gap_width not in (4, 8):
             raise CorruptError(f"{what}.gap_width must be 4 or 8, got {gap_width!r}"[:200])
-        streams = doc.get("streams")
-        if not isinstance(streams, list):
-            raise CorruptError(f"{what}.streams must be a list")
-        lengths = tuple(int_field({"streams": x}, "streams", 0, length, what) for x in streams)
-        if len(lengths) != 4 or sum(lengths) != length:
-            raise CorruptError(f"{what}: streams {list(lengths)} do not tile {length} bytes")
+        lengths = stream_lengths(doc, 4, length, what)
         return SparseHeader(
             count=count,
             gap_width=gap_width,
@@ -248,13 +243,7 @@ class SparseCodec(Codec):
         )
 
     def header_dict(self, header: SparseHeader) -> dict[str, Any]:
-        return {
-            "count": header.count,
-            "gap_width": header.gap_width,
-            "escapes": header.escapes,
-            "split": header.split,
-            "streams": list(header.streams),
-        }
+        return entries(header)
 
     def decoded_bytes(self, header: SparseHeader, span: Span) -> int:
         return header.count * (header.gap_width + 1) + header.escapes * span.width
