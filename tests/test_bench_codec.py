@@ -212,3 +212,27 @@ def test_both_codings_are_bit_exact_on_the_trace(encode) -> None:  # type: ignor
     for k, a in new.items():
         assert np.array_equal(target[k], a.reshape(-1)), k
     assert sum(b.header.count for _, b in blocks.values()) > 0
+
+
+def test_device_bench_reports_every_pass_against_the_bare_one() -> None:
+    from bench import codec_device
+
+    r = json.loads(json.dumps(codec_device.measure(0, 2, 11, 4096, "cpu", 2)))
+    assert r["bench"] == "codec" and r["device"] == "cpu" and [s["step"] for s in r["steps"]] == [1, 2]
+    for s in r["steps"]:
+        assert 0 < s["changed"] < s["elements"]
+        assert set(s["seconds"]) == {"bare", "extract", "extract_classed", "lookup", "stage", "apply"}
+        assert set(s["vs_bare"]) == set(s["seconds"]) - {"bare"} and all(v > 0 for v in s["vs_bare"].values())
+    assert set(r["summary"]["targets"]) == {
+        "extract_ge_0.5_of_bare",
+        "apply_ge_0.5_of_bare",
+        "extract_classed_ge_0.5_of_bare",
+    }
+
+
+def test_device_flag_is_checked() -> None:
+    from aurora_store.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "codec", "--device", "tpu", "--json"])
+    assert exit_.value.code == 2

@@ -108,7 +108,7 @@ class PublishConfig:
     full_every: int = 10
     """A full checkpoint every this many versions (or sooner, when a delta chain outgrows one)."""
     codec: Literal["classed", "sparse"] = "classed"
-    """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 30%
+    """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 28%
     smaller; format aurora/3) or ``sparse`` (format aurora/2, for actors and relays on a release
     before aurora/3 while they are upgraded)."""
     state_every: int = 5
