@@ -5,7 +5,8 @@ staging costs memory in proportion to the changed elements (the union over the s
 versions), never a second copy of the model. Each staged version's weight digest is
 checked against its manifest before the next one is staged; nothing touches the live
 weights until :meth:`Staging` is applied. No torch here: live weights are read through
-a callback.
+:class:`LiveWords` (words at positions, a range's words, or a classed lookup where they live),
+with the staged words laid over them.
 """
 
 from __future__ import annotations
