@@ -15,8 +15,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from actor.staging import Lookup
 from aurora_store import device
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import from_words, to_words, torch_dtype
@@ -112,7 +112,7 @@ class TensorWeights:
         if staged is not None:  # the staged version's classes: a device copy of the range, staged words written in
             words = words.clone()
             device.write(words, staged[0], staged[1])
-        return device.locate(words, lookup.exponent, lookup.present, lookup.counts, lookup.ranks, lookup.what)
+        return device.locate(words, lookup)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         out = []

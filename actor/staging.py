@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from aurora_store.codec import classes
-from aurora_store.codec.base import Exponent
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import ChainError
 from aurora_store.format.blocks import DecodedBlock
 from aurora_store.format.digest import Digest, tensor_keys
@@ -39,17 +39,6 @@ class LiveWords(Protocol):
         lookup: Lookup,
         staged: tuple[np.ndarray, np.ndarray] | None,
     ) -> tuple[np.ndarray, np.ndarray] | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """A classed block's lookup: its ranks by class, to be turned into positions."""
-
-    exponent: Exponent
-    present: np.ndarray
-    counts: np.ndarray
-    ranks: np.ndarray
-    what: str
 
 
 @dataclass(slots=True)
@@ -113,7 +102,7 @@ class Staging:
         if got is not None:
             return got
         words = self.words_range(live, name, lo, hi)
-        return classes.locate(words, lookup.exponent, lookup.present, lookup.counts, lookup.ranks, lookup.what)
+        return classes.locate(words, lookup)
 
     def view(self, live: LiveWords) -> StagedWords:
         """The staged version's words, as a delta decoder reads its parent."""
@@ -154,18 +143,8 @@ class StagedWords:
     def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
         return self.staging.words_range(self.live, name, lo, hi)
 
-    def old_locate(
-        self,
-        name: str,
-        lo: int,
-        hi: int,
-        exponent: Exponent,
-        present: np.ndarray,
-        counts: np.ndarray,
-        ranks: np.ndarray,
-        what: str,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return self.staging.locate(self.live, name, lo, hi, Lookup(exponent, present, counts, ranks, what))
+    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
+        return self.staging.locate(self.live, name, lo, hi, lookup)
 
 
 def _merge(

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from actor.staging import Lookup
 from actor.vllm_transfer import patch_values
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from actor.staging import Lookup
 from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import torch_dtype

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aurora_store.codec.base import Exponent
+from aurora_store.codec.base import Exponent, Lookup
 from aurora_store.codec.classes import Extracted
 from aurora_store.errors import CorruptError, StoreError
 
@@ -94,22 +94,14 @@ def extract(old: torch.Tensor, new: torch.Tensor, exponent: Exponent, *, chunk: 
     )
 
 
-def locate(
-    old: torch.Tensor,
-    exponent: Exponent,
-    present: np.ndarray,
-    counts: np.ndarray,
-    ranks: np.ndarray,
-    what: str,
-    *,
-    chunk: int = CHUNK,
-) -> tuple[np.ndarray, np.ndarray]:
+def locate(old: torch.Tensor, lookup: Lookup, *, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """:func:`aurora_store.codec.classes.locate` against a flat word tensor on its device: only the
     ranks go there and only the positions come back."""
+    exponent, what = lookup.exponent, lookup.what
     n_cls = 1 << exponent.bits
     dev = old.device
-    cls_of = torch.from_numpy(np.repeat(present, counts)).to(dev)
-    want = torch.from_numpy(ranks).to(dev)
+    cls_of = torch.from_numpy(np.repeat(lookup.present, lookup.counts)).to(dev)
+    want = torch.from_numpy(lookup.ranks).to(dev)
     src_all = torch.arange(want.numel(), device=dev)
     before = torch.zeros(n_cls, dtype=torch.int64, device=dev)
     found_pos, found_src = [], []

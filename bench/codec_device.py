@@ -26,6 +26,7 @@ import torch
 
 from actor.live import TensorWeights
 from aurora_store import device
+from aurora_store.codec.base import Lookup
 from aurora_store.format import dtypes
 
 BF16 = dtypes.dtype("BF16").exponent
@@ -81,7 +82,7 @@ def measure_step(
     def lookup() -> None:
         for k in to:
             present, counts, ranks = lookups[k]
-            device.locate(to[k], BF16, present, counts, ranks, k)
+            device.locate(to[k], Lookup(BF16, present, counts, ranks, k))
 
     prepared: list[Any] = []
 

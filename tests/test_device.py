@@ -12,6 +12,7 @@ import torch
 import aurora_store
 from aurora_store import device
 from aurora_store.codec import classes
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.format import dtypes
 from aurora_store.tensors import word_views
@@ -71,16 +72,16 @@ def test_locate_gives_the_host_pass_positions(dev: str, chunk: int) -> None:
     order = np.argsort(ex.classes, kind="stable")
     present, counts = np.unique(ex.classes, return_counts=True)
     ranks = ex.ranks[order]
-    got = device.locate(on(dev, old), BF16, present, counts, ranks, "blk", chunk=chunk)
-    want = classes.locate(old, BF16, present, counts, ranks, "blk")
+    got = device.locate(on(dev, old), Lookup(BF16, present, counts, ranks, "blk"), chunk=chunk)
+    want = classes.locate(old, Lookup(BF16, present, counts, ranks, "blk"))
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert np.array_equal(got[0], ex.positions)
-    nothing = device.locate(on(dev, old), BF16, present[:0], counts[:0], ranks[:0], "blk", chunk=chunk)
+    nothing = device.locate(on(dev, old), Lookup(BF16, present[:0], counts[:0], ranks[:0], "blk"), chunk=chunk)
     assert nothing[0].size == 0 and nothing[1].size == 0
     bad = ranks.copy()
     bad[-1] = old.size  # past the end of its class
     with pytest.raises(CorruptError, match="rank past"):
-        device.locate(on(dev, old), BF16, present, counts, bad, "blk", chunk=chunk)
+        device.locate(on(dev, old), Lookup(BF16, present, counts, bad, "blk"), chunk=chunk)
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -66,6 +66,19 @@ class Decoded:
     words: np.ndarray | None
 
 
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A classed block's ranks by class, to be turned into positions in its range: ``counts[i]``
+    ranks of class ``present[i]`` (ascending ids), each class's strictly increasing."""
+
+    exponent: Exponent
+    present: np.ndarray
+    counts: np.ndarray
+    ranks: np.ndarray
+    what: str
+    """The block, for errors."""
+
+
 class Parent(Protocol):
     """The words a reader holds before this version, over one block's range."""
 
@@ -77,9 +90,7 @@ class Parent(Protocol):
         """Every word of the block's range, in order."""
         ...
 
-    def locate(
-        self, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
         """The classed codec's lookup over the range (see ``aurora_store.codec.classes.locate``),
         wherever the parent's words live."""
         ...
@@ -97,12 +108,10 @@ class ArrayParent:
     def words(self) -> np.ndarray:
         return self.array
 
-    def locate(
-        self, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
         from aurora_store.codec import classes
 
-        return classes.locate(self.array, exponent, present, counts, ranks, what)
+        return classes.locate(self.array, lookup)
 
 
 class Codec(ABC):

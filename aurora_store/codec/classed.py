@@ -31,7 +31,18 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames, kernels, rice
-from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, entries, int_field, stream_lengths
+from aurora_store.codec.base import (
+    Codec,
+    Decoded,
+    Encoded,
+    Exponent,
+    Lookup,
+    Parent,
+    Span,
+    entries,
+    int_field,
+    stream_lengths,
+)
 from aurora_store.codec.sparse import (
     ESCAPE,
     pack_symbols,
@@ -162,7 +173,7 @@ def decode(payload: bytes | memoryview, header: ClassedHeader, span: Span, paren
     if header.streams[1] > (count + span.elements + 7) // 8:  # a class's gaps sum to at most its size
         raise CorruptError(f"{what}: a unary stream of {header.streams[1]} bytes cannot code {count} ranks")
     ranks = rice.decode(cut[1], cut[2], counts, ks, what, running_below=span.elements)
-    positions, src = parent.locate(span.exponent, present, counts, ranks, what)
+    positions, src = parent.locate(Lookup(span.exponent, present, counts, ranks, what))
     n_low = int(counts[present < split].sum())
     low = unpack_symbols(frames.decompress(cut[3], (n_low + 1) // 2, f"{what} symbols"), n_low, what)
     n_high = count - n_low

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aurora_store.codec import kernels
-from aurora_store.codec.base import Exponent
+from aurora_store.codec.base import Exponent, Lookup
 from aurora_store.errors import CorruptError
 
 
@@ -140,14 +140,12 @@ def sizes(old: np.ndarray, exponent: Exponent) -> np.ndarray:
     return np.bincount(of(old, exponent), minlength=1 << exponent.bits).astype(np.int64)
 
 
-def locate(
-    old: np.ndarray, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of class-major ranks in the range whose parent words are ``old``: ``counts[i]``
-    ranks of class ``present[i]`` (ascending ids), each class's strictly increasing.
+def locate(old: np.ndarray, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of a classed block's ranks (``lookup``) in the range whose parent words are ``old``.
 
-    Returns the positions in ascending order and, for each, its index in ``ranks``. A rank past
-    its class's size in the parent is corrupt."""
+    Returns the positions in ascending order and, for each, its index in ``lookup.ranks``. A rank
+    past its class's size in the parent is corrupt."""
+    exponent, present, counts, ranks, what = lookup.exponent, lookup.present, lookup.counts, lookup.ranks, lookup.what
     n_cls = 1 << exponent.bits
     count = int(ranks.size)
     if count and int(ranks.max()) >= old.size:

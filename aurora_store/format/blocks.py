@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from aurora_store import codec
-from aurora_store.codec.base import Exponent
+from aurora_store.codec.base import Lookup
 from aurora_store.errors import ChainError, CorruptError, LimitError
 from aurora_store.format import dtypes
 from aurora_store.format.manifest import Manifest, Segment
@@ -33,17 +33,7 @@ class OldWords(Protocol):
         """Words of tensor ``name`` at flat positions ``[lo, hi)`` (a view where it can be)."""
         ...
 
-    def old_locate(
-        self,
-        name: str,
-        lo: int,
-        hi: int,
-        exponent: Exponent,
-        present: np.ndarray,
-        counts: np.ndarray,
-        ranks: np.ndarray,
-        what: str,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
         """The classed codec's lookup over flat positions ``[lo, hi)`` of tensor ``name``
         (``aurora_store.codec.classes.locate``), wherever those words live."""
         ...
@@ -64,10 +54,8 @@ class _BlockParent:
     def words(self) -> np.ndarray:
         return self.old.old_range(self.name, self.start, self.stop)
 
-    def locate(
-        self, exponent: Exponent, present: np.ndarray, counts: np.ndarray, ranks: np.ndarray, what: str
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return self.old.old_locate(self.name, self.start, self.stop, exponent, present, counts, ranks, what)
+    def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
+        return self.old.old_locate(self.name, self.start, self.stop, lookup)
 
 
 @dataclass(slots=True)

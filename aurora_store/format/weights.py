@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aurora_store.codec import classes
-from aurora_store.codec.base import Exponent
+from aurora_store.codec.base import Lookup
 from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import TensorSpec
 
@@ -41,19 +41,9 @@ class WeightState:
         """Words of tensor ``name`` at flat positions ``[lo, hi)``: a view."""
         return self.words[name][lo:hi]
 
-    def old_locate(
-        self,
-        name: str,
-        lo: int,
-        hi: int,
-        exponent: Exponent,
-        present: np.ndarray,
-        counts: np.ndarray,
-        ranks: np.ndarray,
-        what: str,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
         """The classed codec's lookup over ``[lo, hi)`` of tensor ``name`` (host words)."""
-        return classes.locate(self.words[name][lo:hi], exponent, present, counts, ranks, what)
+        return classes.locate(self.words[name][lo:hi], lookup)
 
     def copy(self) -> WeightState:
         return WeightState(
