@@ -13,13 +13,11 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from aurora_store.bucket.attachments import Attachments
-from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
 from aurora_store.bucket.plan import (
     Kind,
@@ -42,6 +40,7 @@ from aurora_store.bucket.publish import (
     whole,
 )
 from aurora_store.bucket.reader import Reader
+from aurora_store.bucket.run_config import RunConfig
 from aurora_store.bucket.state import StateStore
 from aurora_store.errors import AuroraError, ConflictError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import signing
@@ -65,39 +64,6 @@ class Announcer(Protocol):
     def segment(self, version: int, entry: Segment) -> None: ...
 
     def commit(self, manifest: Manifest) -> None: ...
-
-
-CODECS = ("classed", "sparse")
-"""What a writer may code float deltas with (:attr:`RunConfig.codec`)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunConfig:
-    full_every: int = 50
-    """Every version that is a multiple of this is published full (version 0 always is)."""
-    segment_bytes: int = 4 << 20
-    """Target size of a delta segment: readers fetch and verify segments in parallel."""
-    shard_bytes: int = 256 << 20
-    """Target size of a full version's safetensors shard."""
-    concurrency: int = 8
-    """Parallel ranged GETs / uploads."""
-    extract: str = "auto"
-    """Where a delta of tensors is extracted: ``device`` (torch ops where the tensors live; only the
-    changes reach the host), ``host`` (a copy of every tensor on the host, then the compiled host
-    passes) or ``auto`` (device for tensors on an accelerator, host for CPU tensors, where the host
-    passes are the faster)."""
-    codec: str = "classed"
-    """How float deltas are coded: ``classed`` (positions by the parent's exponent class, the
-    sparse codec where smaller: format aurora/3) or ``sparse`` (the sparse codec only, so every
-    version stays aurora/2 for readers that predate aurora/3: a rolling upgrade)."""
-    limits: Limits = field(default_factory=Limits)
-    """Caps on what readers accept from the bucket."""
-
-    def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise StoreError(f"codec must be one of {CODECS}, got {self.codec!r}")
-        if self.extract not in ("auto", "host", "device"):
-            raise StoreError(f"extract must be 'auto', 'host' or 'device', got {self.extract!r}")
 
 
 class Run:
