@@ -213,7 +213,7 @@ def test_redis_server_restarts_empty_on_its_port() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
-    argv = ["bench", "chaos", "--json", "--seed", "5", "--faults", "12", "--steps", "6", "--interval-s", "1"]
+    argv = ["bench", "chaos", "--json", "--seed", "5", "--faults", "12", "--steps", "6", "--interval-s", "0.5"]
     argv += ["--actors", "1", "--settle-s", "120", "--workdir", str(tmp_path)]
     out = subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=400
