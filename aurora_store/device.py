@@ -22,6 +22,7 @@ import torch
 from aurora_store.codec.base import Exponent, Lookup
 from aurora_store.codec.classes import Extracted
 from aurora_store.errors import CorruptError, StoreError
+from aurora_store.tensors import word_tensor
 
 CHUNK = 1 << 26
 """Elements sorted at once: the sort's index tensor is 8 bytes an element (512 MiB a chunk)."""
@@ -46,8 +47,7 @@ def sizes(old: torch.Tensor, exponent: Exponent) -> np.ndarray:
 
 def write(target: torch.Tensor, positions: np.ndarray, new: np.ndarray) -> None:
     """Words ``new`` (host) into a flat word tensor at ``positions``, on its device, in place."""
-    values = torch.from_numpy(new.view(f"<i{new.dtype.itemsize}") if new.dtype.itemsize > 1 else new)
-    target[torch.from_numpy(positions).to(target.device)] = values.to(target.device).view(target.dtype)
+    target[torch.from_numpy(positions).to(target.device)] = word_tensor(new).to(target.device).view(target.dtype)
 
 
 def changed(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

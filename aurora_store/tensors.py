@@ -63,6 +63,12 @@ def host_words(view: torch.Tensor) -> np.ndarray:
     return v.numpy().view(f"<u{v.element_size()}")
 
 
+def word_tensor(words: np.ndarray) -> torch.Tensor:
+    """A host word array as the word tensor :func:`word_views` makes (signed of its width, ``uint8``
+    for one-byte words), sharing its memory."""
+    return torch.from_numpy(words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words)
+
+
 def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
     """Specs (sorted by name) and flat word arrays of a state dict on the host; no copy for
     contiguous CPU tensors."""

@@ -29,7 +29,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.coord": 3,
     "aurora_store.rl": 3,
     "aurora_store.tensors": 2.5,
-    "aurora_store.device": 2.5,
+    "aurora_store.device": 2.6,  # builds on tensors
     "aurora_store.cli": 4,
     "aurora_store.cli_config": 3.9,
     "aurora_store.cli_gc": 3.9,

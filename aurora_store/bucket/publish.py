@@ -123,10 +123,9 @@ class Baseline:
             if isinstance(new, np.ndarray):
                 held = host(held)
             else:
-                import torch
+                from aurora_store.tensors import word_tensor  # torch: only for words that are tensors
 
-                held = torch.from_numpy(held.view(f"<i{held.dtype.itemsize}") if held.dtype.itemsize > 1 else held)
-                held = held.to(new.device).view(new.dtype)
+                held = word_tensor(held).to(new.device).view(new.dtype)
             self.words[name] = held
         return held
 
