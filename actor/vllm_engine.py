@@ -9,9 +9,13 @@ knows each update and tracks the weight version; older vLLMs are written through
 here (:class:`~actor.vllm_layout.VllmLayout`: dense Qwen/Llama-style models, any TP) are written
 as the changed BF16 words, straight into the fused, TP-sharded parameters
 (:class:`~actor.vllm_weights.VllmWeights`); layouts not mapped here (MoE) are handed to vLLM's
-own loaders as sparse checkpoint patches (:class:`~actor.vllm_patch_weights.VllmPatchWeights`),
-which needs the weight-transfer API. Arrays cross as bytes (:func:`~actor.vllm_weights.pack`),
-needing neither vLLM's array encoding nor its pickle fallback.
+own loaders as checkpoint patches (:class:`~actor.vllm_patch_weights.VllmPatchWeights`), which
+needs the weight-transfer API. Which of the two is decided from what vLLM made of the model once it
+has loaded it (its parameters' names, shapes and dtypes), not from the checkpoint alone. Arrays
+cross as bytes (:func:`~actor.vllm_weights.pack`), needing neither vLLM's array encoding nor its
+pickle fallback. Where vLLM derived what it computes from the loaded weights (its CPU build repacks
+every linear layer and the MoE experts), the workers rebuild that after every write
+(:mod:`actor.vllm_kernels`).
 
 KV blocks computed under the old weights would be reused by prefix caching, so it is off by
 default and, when enabled, reset after every write, the reset's refusal being an error. CUDA
@@ -19,16 +23,16 @@ graphs capture parameter addresses, not values, so in-place writes are safe with
 ``enforce_eager`` defaults to True for start-up time and simpler debugging. vllm is imported only
 inside :class:`VllmEngine`, so this module imports without it.
 
-Unverified here (written against vLLM 0.33.0's source, with no GPU or vllm on the build
-machine): ``worker_extension_cls`` and collective_rpc by method name reaching the worker
-(``get_model()``, TP rank from ``vllm.distributed``) with the packed payloads intact; the
-weight-transfer backend being registered in the workers by the ``vllm.general_plugins`` entry
-point; ``logprobs_mode="processed_logprobs"`` giving log-probabilities after temperature, as
-:class:`~actor.engine.Completion` requires; the seed of child ``i`` of an ``n``-sample request
-being ``seed + i`` (vLLM's ParentRequest), which the per-prompt seeds are spaced for; the stop
-token staying in ``token_ids``. ``LLM`` is not thread-safe, so generation and every weight op
-hold one lock: staging's reads of parent words wait for the running batch, while fetching and
-verifying segments still overlap it.
+Verified on vLLM 0.32's CPU build (``tests/test_vllm_engine.py``, run by ``make test``): the backend
+registering in the workers through the ``vllm.general_plugins`` entry point; both modes bit-exact
+through generation against a vanilla engine started from the same version (tokens and
+log-probabilities); the prefix cache never serving KV blocks of an older version; tensor
+parallelism over 2 CPU ranks; a Qwen3-MoE through checkpoint patches; ``logprobs_mode=
+"processed_logprobs"`` giving log-probabilities after temperature, as
+:class:`~actor.engine.Completion` requires. Unverified without a GPU: CUDA kernels, NCCL between
+ranks, CUDA graphs, and vLLM 0.33 (no CPU build of it is published). ``LLM`` is not thread-safe,
+so generation and every weight op hold one lock: staging's reads of parent words wait for the
+running batch, while fetching and verifying segments still overlap it.
 """
 
 from __future__ import annotations
@@ -48,13 +52,12 @@ from actor.vllm_patch_weights import VllmPatchWeights
 from actor.vllm_weights import VllmWeights, pack, unpack
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import to_words
 
 if TYPE_CHECKING:
     from vllm import LLM
 
 EXTENSION = "actor.vllm_weights.AuroraWorkerExtension"
-TRANSFER_CHOICES = ("auto", "native", "extension")
+TRANSFER_CHOICES = ("auto", "native", "extension", "patches")
 _SEED_MASK = (1 << 63) - 1
 _RESET_TRIES = 50
 _RESET_WAIT_S = 0.02
@@ -74,16 +77,6 @@ def model_specs(model_dir: str) -> tuple[TensorSpec, ...]:
     return tuple(sorted(specs, key=lambda s: s.name))
 
 
-def model_words(model_dir: str) -> tuple[tuple[TensorSpec, ...], dict[str, Any]]:
-    """Specs and words of every tensor of a HF directory (one model in host memory)."""
-    from safetensors.torch import load_file
-
-    tensors = {}
-    for path in _safetensors(model_dir):
-        tensors.update(load_file(path))
-    return to_words(tensors)
-
-
 def _safetensors(model_dir: str) -> list[str]:
     paths = sorted(os.path.join(model_dir, n) for n in os.listdir(model_dir) if n.endswith(".safetensors"))
     if not paths:
@@ -93,24 +86,67 @@ def _safetensors(model_dir: str) -> list[str]:
 
 def choose_transfer(choice: str, config: dict[str, Any], specs: tuple[TensorSpec, ...], tp: int) -> tuple[bool, str]:
     """Whether writes go through vLLM's weight-transfer API, and in which mode: ``mapped`` (this
-    project's in-place layout) or ``patches`` (vLLM's loaders, for layouts not mapped here)."""
+    project's in-place layout) or ``patches`` (vLLM's loaders: for layouts not mapped here, or
+    when ``choice`` asks for them)."""
     if choice not in TRANSFER_CHOICES:
         raise StoreError(f"weight transfer {choice!r}: expected one of {TRANSFER_CHOICES}")
     reason = vllm_transfer.unavailable() if choice != "extension" else "the worker extension was asked for"
-    if choice == "native" and reason is not None:
+    if reason is None and not vllm_transfer.has_patches():
+        patches_reason: str | None = "this vLLM has no checkpoint weight patches (model_loader.checkpoint_weight_patch)"
+    else:
+        patches_reason = reason
+    if choice in ("native", "patches") and reason is not None:
         raise UnsupportedError(f"vLLM's weight-transfer API cannot be used: {reason}")
+    if choice == "patches":
+        if patches_reason is not None:
+            raise UnsupportedError(f"vLLM's checkpoint weight patches cannot be used: {patches_reason}")
+        return True, "patches"
     try:
         VllmLayout(specs, Geometry.from_config(config), tp)
     except LayoutError as exc:
-        if reason is None and not vllm_transfer.has_patches():
-            reason = "this vLLM has no checkpoint weight patches (model_loader.checkpoint_weight_patch)"
-        if reason is not None:
+        if patches_reason is not None:
             raise LayoutError(
                 f"{exc}; a layout not mapped here needs vLLM's own loaders through its weight-transfer API, "
-                f"which cannot be used: {reason}"
+                f"which cannot be used: {patches_reason}"
             ) from None
         return True, "patches"
     return reason is None, "mapped"
+
+
+def cpu_thread_binding(tp: int) -> None:
+    """On vLLM's CPU build, give each of ``tp`` ranks its own share of this process's cores
+    (``VLLM_CPU_OMP_THREADS_BIND``, unless set): by default vLLM binds each rank to a NUMA node and
+    refuses more ranks than nodes ("Not enough allowed NUMA nodes to bind threads of 2 local
+    CPUWorkers"), which is every tensor-parallel engine on a one-node machine."""
+    if tp < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise UnsupportedError(
+            f"{tp} tensor-parallel ranks on vLLM's CPU build need {tp} cores, this process has {len(cores)}"
+        )
+    share = len(cores) // tp
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp)
+    )
+
+
+class _NoTokenizerWarmup(logging.Filter):
+    """vLLM 0.32 warms its chat-template renderer up at start and logs the failure with a traceback when
+    the tokenizer is skipped (as here: prompts arrive as token ids). Nothing is wrong; say nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Chat template warmup failed")
+
+
+def _quiet_tokenizer_warmup() -> None:
+    logger = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoTokenizerWarmup) for f in logger.filters):
+        logger.addFilter(_NoTokenizerWarmup())
 
 
 def prompt_seeds(seed: int, prompts: int, samples: int) -> list[int]:
@@ -172,6 +208,8 @@ class VllmEngine:
 
         from vllm import LLM
 
+        cpu_thread_binding(tensor_parallel_size)
+        _quiet_tokenizer_warmup()
         if logprobs_mode is not None:
             llm_kwargs["logprobs_mode"] = logprobs_mode
         if self.native:
@@ -190,22 +228,36 @@ class VllmEngine:
             worker_extension_cls=EXTENSION,
             **llm_kwargs,
         )
+        specs = model_specs(model_dir)
         self.live: VllmWeights | VllmPatchWeights
-        if self.native:
-            self.llm.init_weight_transfer_engine({"init_info": {"mode": self.mode}})
-        if self.mode == "patches":
-            specs, words = model_words(model_dir)
-            self.live = VllmPatchWeights(specs, words, self._push, after_write=self._after_write)
-        else:
+        if self.mode == "mapped":
             runner = vllm_transfer.split_runner(self.tp, self._push, self._rpc) if self.native else self._rpc
             self.live = VllmWeights(
                 Geometry.from_config(config), runner=runner, tp_size=tensor_parallel_size, after_write=self._after_write
             )
+            try:
+                self.live.check(specs)  # what vLLM made of the model, now that it has loaded it
+            except LayoutError as exc:
+                if not (self.native and weight_transfer == "auto" and vllm_transfer.has_patches()):
+                    raise
+                log.info("vLLM's parameters are not laid out as mapped here (%s): writing through its loaders", exc)
+                self.mode = "patches"
+        if self.native:
+            self.llm.init_weight_transfer_engine({"init_info": {"mode": self.mode}})
+        if self.mode == "patches":
+            self.live = VllmPatchWeights(specs, self._push, after_write=self._after_write)
         log.info(
             "vLLM engine: %s, writes %s",
             self.mode,
             "through vLLM's weight-transfer API (backend aurora)" if self.native else "through the worker extension",
         )
+
+    def close(self) -> None:
+        """Shut the engine's processes down (they also end with this process)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            with self._lock:
+                core.shutdown()
 
     def _rpc(self, op: str, args: tuple[Any, ...]) -> list[Any]:
         """A worker op on every rank, through the worker extension (every read; writes on older vLLM)."""

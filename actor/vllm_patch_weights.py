@@ -5,10 +5,12 @@ does not know how vLLM fuses and shards), the actor cannot address vLLM's parame
 :class:`VllmPatchWeights` keeps the version's words in host memory under HF names (reads for
 decoding deltas, snapshots for audits) and sends each change to the workers as sparse patches in
 checkpoint coordinates, which the ``aurora`` weight-transfer backend hands to the model's own
-``load_weights`` (:mod:`actor.vllm_transfer`). Costs and limits are vLLM's: the host copy is one
-model in RAM, a patch costs O(whole tensor) per rank, NaN values are refused before anything is
-staged, and a loader that fails half-way cannot be rolled back, so this object then refuses
-every further write and the actor must be restarted.
+``load_weights`` (:mod:`actor.vllm_transfer`). A load writes every tensor whole (so the engine
+holds exactly the version, whatever it loaded or made of it); a delta goes as sparse patches.
+Costs and limits are vLLM's: the host copy is one model in RAM, a sparse patch costs O(whole
+tensor) per rank, NaN values are refused before anything is staged, and a loader that fails
+half-way cannot be rolled back, so this object then refuses every further write and the actor
+must be restarted.
 """
 
 from __future__ import annotations
@@ -30,26 +32,30 @@ Push = Callable[..., None]
 
 
 class VllmPatchWeights:
-    """:class:`~actor.live.LiveWeights` over a vLLM engine that loaded ``specs``/``words`` itself."""
+    """:class:`~actor.live.LiveWeights` over a vLLM engine serving a model with tensors ``specs``."""
 
     def __init__(
         self,
         specs: tuple[TensorSpec, ...],
-        words: Mapping[str, np.ndarray],
         push: Push,
         *,
         after_write: Callable[[], None] | None = None,
+        batch_bytes: int = 256 << 20,
     ) -> None:
         self.specs = specs
-        self.words = {s.name: np.array(words[s.name], copy=True).reshape(-1) for s in specs}
+        self.words: dict[str, np.ndarray] = {}
+        """The host copy of what the engine holds, under HF names (empty until :meth:`load`)."""
         self._by_name = {s.name: s for s in specs}
         self.push, self.after_write = push, after_write
+        self.batch_bytes = batch_bytes
         self.broken: str | None = None
 
     def _spec(self, name: str) -> TensorSpec:
         spec = self._by_name.get(name)
         if spec is None:
             raise LayoutError(f"tensor {name!r} is not in the engine's model")
+        if not self.words:
+            raise StoreError("vLLM live weights hold no version yet: load() one first")
         return spec
 
     def _check(self) -> None:
@@ -57,19 +63,34 @@ class VllmPatchWeights:
             raise StoreError(f"the vLLM engine's weights are in an unknown state ({self.broken}); restart the actor")
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
-        """Move to ``words`` by patching only the elements that differ from what the engine holds."""
+        """Write every tensor whole through vLLM's loaders (dense patches, in parts of about
+        ``batch_bytes``): what the engine holds is then known, whatever it loaded or repacked."""
+        self._check()
         if specs != self.specs:
             raise LayoutError("the version's tensor table differs from the one vLLM loaded; restart the actor")
-        changes = {}
+        flat = {}
         for s in specs:
-            new = np.asarray(words[s.name]).reshape(-1)
-            if new.size != s.numel or new.dtype.itemsize != s.width:
+            w = np.asarray(words[s.name]).reshape(-1)
+            if w.size != s.numel or w.dtype.itemsize != s.width:
                 raise LayoutError(f"{s.name!r}: expected {s.numel} words of {s.width} bytes")
-            idx = np.flatnonzero(self.words[s.name] != new)
-            if idx.size:
-                changes[s.name] = (idx.astype(np.int64), new[idx])
-        if changes:
-            self.commit(self.prepare(changes))
+            flat[s.name] = w
+        token, batch, size = uuid.uuid4().hex, [], 0
+        try:
+            for s in specs:
+                batch.append([s.name, s.dtype, list(s.shape), None, flat[s.name]])
+                size += flat[s.name].nbytes
+                if size >= self.batch_bytes:
+                    self.push("patch_stage", token, batch)
+                    batch, size = [], 0
+            if batch:
+                self.push("patch_stage", token, batch)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.push("patch_drop", token)
+            raise
+        self._commit(token)
+        self.words = {name: np.array(w, copy=True) for name, w in flat.items()}
+        self._written()
 
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         return self.words[self._spec(name).name][np.asarray(index)]
@@ -109,14 +130,20 @@ class VllmPatchWeights:
         token, changes = _prepared(prepared)
         if token is None:
             return
+        self._commit(token)
+        for name, (idx, new) in changes.items():
+            self.words[name][np.asarray(idx)] = new
+        self._written()
+
+    def _commit(self, token: str) -> None:
         self._check()
         try:
             self.push("patch_commit", token)
         except Exception as exc:
             self.broken = f"a patch failed half-way: {exc}"[:500]
             raise
-        for name, (idx, new) in changes.items():
-            self.words[name][np.asarray(idx)] = new
+
+    def _written(self) -> None:
         if self.after_write is not None:
             self.after_write()
 
@@ -127,6 +154,8 @@ class VllmPatchWeights:
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         """The host copy (vLLM's parameters cannot be read back in HF coordinates for this layout)."""
+        if not self.words:
+            raise StoreError("vLLM live weights hold no version yet: load() one first")
         return self.specs, {k: v.copy() for k, v in self.words.items()}
 
 

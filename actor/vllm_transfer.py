@@ -11,19 +11,22 @@ per GPU); what reaches the workers is only the changed words, in one of two mode
   :class:`~actor.vllm_layout.VllmLayout`; the worker scatters them in place (the worker ops of
   :mod:`actor.vllm_weights`): O(changed) per rank, bit-exact for every bit pattern.
 - ``patches``: for layouts this project does not map (MoE experts, anything
-  :class:`~actor.vllm_layout.VllmLayout` refuses), sparse patches in checkpoint (HF) coordinates
-  that vLLM's ``load_checkpoint_weight_patches`` hands to the model's own ``load_weights``, so
-  vLLM's loaders place them. Its cost per rank is O(whole tensor) (a NaN-filled staging copy),
-  NaN values cannot be sent (NaN means "unchanged" there: refused before anything is staged),
-  and a loader failure cannot be rolled back (the actor then stops: restart it).
+  :class:`~actor.vllm_layout.VllmLayout` refuses), patches in checkpoint (HF) coordinates that
+  vLLM's ``load_checkpoint_weight_patches`` hands to the model's own ``load_weights``, so vLLM's
+  loaders place them: whole tensors for a load, sparse ones for a delta. A sparse patch costs
+  O(whole tensor) per rank (a NaN-filled staging copy), NaN values cannot be sent (NaN means
+  "unchanged" there: refused before anything is staged), and a loader failure cannot be rolled
+  back (the actor then stops: restart it).
 
 Registration: vLLM creates the engine inside each worker process, so :func:`register` runs in
 every process that imports this package's vLLM plugin (``vllm.general_plugins`` entry point
 ``aurora``) or the worker extension module. Nothing here imports vllm at import time.
 
-Unverified without a GPU (no vLLM on the build machine): that 0.33.0's workers call the plugin
-before creating the engine, that ``update_info`` survives vLLM's msgpack channel as packed
-here, and ``load_checkpoint_weight_patches`` on real MoE loaders.
+Verified on vLLM 0.32's CPU build (``tests/test_vllm_engine.py``): the plugin registering the
+backend in every worker before vLLM creates it, ``update_info`` crossing vLLM's msgpack channel
+as packed here, both modes bit-exact through generation, and ``load_checkpoint_weight_patches``
+on a Qwen3-MoE's loaders. Unverified without a GPU: the same on CUDA (MoE backends that rearrange
+experts after loading included).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from actor.vllm_kernels import WorkerTensors, worker_tensors
 from actor.vllm_weights import OPS, Runner, unpack
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
@@ -50,7 +54,6 @@ MODES = ("mapped", "patches")
 WRITE_OPS = ("stage", "commit", "drop", "write")
 """Worker ops of :mod:`actor.vllm_weights` that write; reads still go through the worker extension."""
 PATCH_OPS = ("patch_stage", "patch_commit", "patch_drop")
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass
@@ -78,16 +81,21 @@ def split_runner(tp: int, push: Callable[..., None], read: Runner) -> Runner:
     return run
 
 
-def patch_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
-    """Little-endian words of a floating tensor as a flat torch tensor of its dtype, refusing NaN:
-    vLLM's sparse patches use NaN to mean "leave this element", so a NaN cannot be sent."""
+def word_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
+    """Little-endian words of a floating tensor as a flat torch tensor of its dtype (the same bits)."""
     dt = torch_dtype(spec)
     if not dt.is_floating_point:
         raise LayoutError(
             f"{spec.name!r} is {spec.dtype}: vLLM's sparse checkpoint patches carry floating tensors only"
         )
     w = np.require(words, requirements=["C", "W"])  # torch wants a writable array (a copy only when it is not)
-    values = torch.from_numpy(w.view(f"<i{w.dtype.itemsize}") if w.dtype.itemsize > 1 else w).view(dt)
+    return torch.from_numpy(w.view(f"<i{w.dtype.itemsize}") if w.dtype.itemsize > 1 else w).view(dt).reshape(-1)
+
+
+def patch_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
+    """:func:`word_values`, refusing NaN: vLLM's sparse patches use NaN to mean "leave this
+    element", so a NaN cannot be sent."""
+    values = word_values(spec, words)
     if bool(torch.isnan(values).any()):
         raise LayoutError(
             f"{spec.name!r}: the version sets a NaN, which vLLM's checkpoint patches cannot carry; this model's "
@@ -112,7 +120,6 @@ class TransferCore:
         self.model, self.rank, self.apply_patches = model, rank, apply_patches
         self.mode = "mapped"
         self.stash: dict[str, Any] = {}
-        self._params: dict[str, torch.Tensor] | None = None
 
     def init(self, mode: str) -> None:
         if mode not in MODES:
@@ -121,43 +128,48 @@ class TransferCore:
             raise UnsupportedError("aurora weight transfer: this vLLM has no checkpoint weight patches")
         self.mode = mode
 
-    def params(self) -> dict[str, torch.Tensor]:
-        if self._params is None:
-            self._params = dict(self.model.named_parameters())
-        return self._params
+    def params(self) -> WorkerTensors:
+        return worker_tensors(self.model)
 
     def receive(self, op: str, args: list[Any]) -> None:
         args = unpack(list(args))
         if op in WRITE_OPS:
             OPS[op](self.rank(), self.params(), self.stash, *args)
-        elif op == "patch_stage":
+        elif op == "patch_stage":  # may come in parts: each adds to what the token holds
             token, entries = args
             device = next(iter(self.params().values())).device
-            self.stash[token] = [
+            self.stash.setdefault(token, []).extend(
                 (name, tuple(int(d) for d in shape), torch_dtype(TensorSpec(name, dt, tuple(shape))), values, index)
                 for name, dt, shape, values, index in (_patch(e, device) for e in entries)
-            ]
+            )
         elif op == "patch_commit":
             (token,) = args
             patches = self.stash.pop(token, None)
             if patches is None:
                 raise StoreError(f"rank {self.rank()} holds no staged patches {token}")
             assert self.apply_patches is not None
-            self.apply_patches(self.model, patches)
+            with self.params().checkpoint_format():
+                self.apply_patches(self.model, patches)
         elif op == "patch_drop":
             self.stash.pop(args[0], None)
         else:
             raise StoreError(f"aurora weight transfer: unknown op {op!r}")
 
     def reset(self) -> None:
-        """The model object may have been replaced (a reload): look its parameters up again."""
-        self._params = None
+        """The model object was replaced (a reload): what was staged for the old one is dropped."""
         self.stash.clear()
 
 
-def _patch(entry: list[Any], device: torch.device) -> tuple[str, str, list[int], torch.Tensor, torch.Tensor]:
+def _patch(entry: list[Any], device: torch.device) -> tuple[str, str, list[int], torch.Tensor, torch.Tensor | None]:
+    """One patch: sparse (positions and their words, NaN refused) or, with no positions, the whole
+    tensor (a dense patch, which may hold any bits)."""
     name, dt, shape, index, words = entry
     spec = TensorSpec(name, dt, tuple(int(d) for d in shape))
+    if index is None:
+        whole = np.asarray(words)
+        if whole.size != spec.numel:
+            raise LayoutError(f"{name!r}: a whole-tensor patch of {whole.size} words, expected {spec.numel}")
+        return name, dt, list(spec.shape), word_values(spec, whole).to(device), None
     values = patch_values(spec, np.asarray(words)).to(device)
     positions = torch.from_numpy(np.require(index, dtype=np.int64, requirements=["C", "W"])).to(device)
     if positions.numel() != values.numel():

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from actor.vllm_kernels import WorkerTensors, worker_tensors
 from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
 from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError, StoreError
@@ -32,7 +33,8 @@ _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 Runner = Callable[[str, tuple[Any, ...]], list[Any]]
 """``runner(op, args)``: run worker op ``op`` with ``args`` on every TP rank; one result per rank."""
 
-Params = Mapping[str, torch.Tensor]
+Params = WorkerTensors
+"""A rank's tensors by vLLM parameter name; writes tell it which (their derived kernels are rebuilt)."""
 
 
 # ---------------------------------------------------------------- worker ops (run on each rank)
@@ -70,20 +72,21 @@ def op_stage(rank: int, params: Params, stash: dict[str, Any], token: str, plan:
     staged = []
     for name, idx, words in plan[rank]:
         flat = _ints(params[name]).view(-1)
-        staged.append((flat, _tensor(idx).to(flat.device), _tensor(words).to(flat.device)))
+        staged.append((name, flat, _tensor(idx).to(flat.device), _tensor(words).to(flat.device)))
     stash[token] = staged
     return rank, None
 
 
 def op_commit(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
-    """Scatter what :func:`op_stage` put under ``token``."""
+    """Scatter what :func:`op_stage` put under ``token``, then rebuild what the engine derived from it."""
     staged = stash.pop(token, None)
     if staged is None:
         raise StoreError(f"rank {rank} holds no staged write {token}")
     with torch.no_grad():
-        for flat, idx, val in staged:
+        for _, flat, idx, val in staged:
             flat[idx] = val
-    if any(flat.is_cuda for flat, _, _ in staged):
+    params.written(name for name, *_ in staged)
+    if any(flat.is_cuda for _, flat, _, _ in staged):
         torch.cuda.synchronize()
     return rank, None
 
@@ -94,7 +97,9 @@ def op_drop(rank: int, params: Params, stash: dict[str, Any], token: str) -> tup
 
 
 def op_write(rank: int, params: Params, stash: dict[str, Any], batch: list[list[Any]]) -> tuple[int, None]:
-    """Copy slabs ``[target rank or -1, param, dim, start, length, words or None (zeros), shape]``."""
+    """Copy slabs ``[target rank or -1, param, dim, start, length, words or None (zeros), shape]``, then
+    rebuild what the engine derived from the tensors written."""
+    names = []
     with torch.no_grad():
         for target, name, dim, start, length, words, shape in batch:
             if target not in (-1, rank):
@@ -106,6 +111,8 @@ def op_write(rank: int, params: Params, stash: dict[str, Any], batch: list[list[
                 dst.zero_()
             else:
                 dst.copy_(_tensor(words).reshape(shape))
+            names.append(name)
+    params.written(names)
     return rank, None
 
 
@@ -132,8 +139,8 @@ OPS: dict[str, Callable[..., tuple[int, Any]]] = {
 class LocalRunner:
     """Runs worker ops in this process over one parameter dict per rank."""
 
-    def __init__(self, ranks: Sequence[Params]) -> None:
-        self.ranks = [dict(r) for r in ranks]
+    def __init__(self, ranks: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        self.ranks = [WorkerTensors(r) for r in ranks]
         self.stash: list[dict[str, Any]] = [{} for _ in ranks]
 
     def __call__(self, op: str, args: tuple[Any, ...]) -> list[Any]:
@@ -178,9 +185,9 @@ class AuroraWorkerExtension:
         model = getter() if getter is not None else self.model_runner.model  # type: ignore[attr-defined]
         cache = self.__dict__.setdefault("_aurora", {})
         if cache.get("model") is not model:
-            cache.update(model=model, params=dict(model.named_parameters()), stash={})
+            cache.update(model=model, stash={})
         rank = get_tensor_model_parallel_rank()
-        return pack(OPS[op](rank, cache["params"], cache["stash"], *unpack(list(args))))
+        return pack(OPS[op](rank, worker_tensors(model), cache["stash"], *unpack(list(args))))
 
 
 # ---------------------------------------------------------------- the LiveWeights side
@@ -236,6 +243,12 @@ class VllmWeights:
         if self.layout is None:
             raise StoreError("vLLM live weights hold no version yet: load() one first")
         return self.layout
+
+    def check(self, specs: tuple[TensorSpec, ...]) -> None:
+        """Raise :class:`LayoutError` unless every rank's parameters are exactly where the layout of
+        ``specs`` puts them (names, shapes, dtypes, contiguous): a layout the engine does not hold
+        is refused before anything is written."""
+        self._check_live(VllmLayout(specs, self.geometry, self.tp_size, vocab_padding=self.vocab_padding))
 
     def _check_live(self, layout: VllmLayout) -> None:
         want = {}

@@ -42,7 +42,7 @@ from actor.wakeups import Wakeups
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Lease
-from aurora_store.errors import AuroraError, StoreError
+from aurora_store.errors import AuroraError, LayoutError, StoreError, UnsupportedError
 from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
@@ -140,11 +140,15 @@ class Worker:
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` until it succeeds (or the actor is stopped): a damaged region, a Redis that is
-        restarting, are waited out (with backoff, said once) instead of ending the actor."""
+        restarting, are waited out (with backoff, said once) instead of ending the actor. An engine
+        that cannot hold the run's weights (a layout it cannot write, an unsupported engine) never
+        will: that ends the actor at once, with the error."""
         backoff, said = 1.0, False
         while True:
             try:
                 return fn()
+            except (LayoutError, UnsupportedError):
+                raise
             except AuroraError as exc:
                 if not said:
                     log.warning("actor %s: %s failed (%s); retrying with backoff", self.wid, what, exc)

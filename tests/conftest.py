@@ -6,6 +6,7 @@ Every test that needs a store gets a fresh, unique root on memory://, file:// or
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import uuid
@@ -17,6 +18,17 @@ import pytest
 
 from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.processes import free_port, wait_until_answers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` start a real vLLM engine: they run where vLLM is installed (``make test``
+    runs them in .venv/vllm, vLLM's CPU build, with ``make test-vllm``) and are skipped elsewhere."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed here; `make test-vllm` runs these in .venv/vllm")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

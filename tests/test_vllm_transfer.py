@@ -22,7 +22,7 @@ import torch
 
 import aurora_store
 from actor.updater import Updater
-from actor.vllm_engine import choose_transfer, model_specs, model_words
+from actor.vllm_engine import choose_transfer, model_specs
 from actor.vllm_patch_weights import VllmPatchWeights
 from actor.vllm_transfer import AuroraUpdateInfo, TransferCore, patch_values, register, split_runner, unavailable
 from actor.vllm_weights import VllmWeights, pack
@@ -50,13 +50,17 @@ def module_of(params: dict[str, torch.Tensor]) -> torch.nn.Module:
 
 
 def vllm_loader_stand_in(model: torch.nn.Module, patches: list[tuple[Any, ...]]) -> None:
-    """What vLLM's load_checkpoint_weight_patches does for a model whose parameters are the checkpoint's."""
+    """What vLLM's load_checkpoint_weight_patches does for a model whose parameters are the checkpoint's:
+    sparse patches write their positions, dense ones (no positions) the whole tensor."""
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, shape, dtype, values, index in patches:
             p = params[name]
             assert tuple(p.shape) == shape and p.dtype == dtype
-            p.view(-1)[index] = values
+            if index is None:
+                p.view(-1).view(torch.int16).copy_(values.view(torch.int16))
+            else:
+                p.view(-1)[index] = values
 
 
 def pushed_to(cores: list[TransferCore], log: list[str] | None = None) -> Any:
@@ -123,11 +127,12 @@ def test_the_core_refuses_unknown_ops_modes_and_commits_of_nothing() -> None:
 
 
 def patch_engine(sd: dict[str, torch.Tensor], log: list[str] | None = None) -> tuple[VllmPatchWeights, dict]:
-    gpu = {k: v.clone() for k, v in sd.items()}  # the worker's model, HF-named
+    """Live weights over a worker whose model has ``sd``'s tensors, holding garbage until a load."""
+    gpu = {k: torch.full_like(v, 3.0) for k, v in sd.items()}  # the worker's model, HF-named
     core = TransferCore(module_of(gpu), rank=lambda: 0, apply_patches=vllm_loader_stand_in)
     core.init("patches")
-    specs, words = to_words(sd)
-    return VllmPatchWeights(specs, words, pushed_to([core], log)), gpu
+    specs, _ = to_words(sd)
+    return VllmPatchWeights(specs, pushed_to([core], log)), gpu
 
 
 def test_patches_follow_every_version_and_the_host_copy_matches_the_worker() -> None:
@@ -136,7 +141,7 @@ def test_patches_follow_every_version_and_the_host_copy_matches_the_worker() -> 
     live, gpu = patch_engine(hist[1], log)
     up = Updater(run, region="eu", live=live)
     up.bootstrap(1)
-    assert log == [], "the engine already holds the version it loaded: nothing to send"
+    assert log == ["patch_stage", "patch_commit"] and bits_equal(gpu, hist[1])
     for target in (2, 5):
         assert up.stage(target) is not None and up.apply() is not None
         assert bits_equal(gpu, hist[target])
@@ -146,30 +151,36 @@ def test_patches_follow_every_version_and_the_host_copy_matches_the_worker() -> 
     assert all(np.array_equal(snap[k], to_words({k: hist[5][k]})[1][k]) for k in snap)
 
 
-def test_a_full_load_sends_only_the_elements_that_differ() -> None:
+def test_a_load_writes_every_tensor_whole_in_parts() -> None:
+    """Whatever the engine loaded or made of it (vLLM's CPU build repacks), a load leaves it holding the
+    version: every tensor goes whole, in parts of about ``batch_bytes``, committed once."""
     sd = hf()
     live, gpu = patch_engine(sd)
-    new = {k: v.clone() for k, v in sd.items()}
-    flat = new["model.norm.weight"].view(-1)
-    flat[3] = 7.0
-    specs, words = to_words(new)
-    sent: list[int] = []
+    live.batch_bytes = 4096
+    sent: list[str] = []
     inner = live.push
 
     def counting(op: str, *args: Any) -> None:
+        sent.append(op)
         if op == "patch_stage":
-            sent.extend(len(e[3]) for e in args[1])
+            assert all(e[3] is None for e in args[1]), "whole tensors carry no positions"
         inner(op, *args)
 
     live.push = counting
+    nan = {k: v.clone() for k, v in sd.items()}
+    nan["model.norm.weight"].view(-1).view(torch.int16)[0] = 0x7FC1  # a whole tensor may hold any bits
+    specs, words = to_words(nan)
     live.load(specs, words)
-    assert sent == [1] and bits_equal(gpu, new)
+    assert sent.count("patch_commit") == 1 < sent.count("patch_stage")
+    assert bits_equal(gpu, nan)
 
 
 def test_nan_values_and_integer_tensors_are_refused_before_any_worker_sees_them() -> None:
     sd = hf()
     log: list[str] = []
     live, gpu = patch_engine(sd, log)
+    live.load(*to_words(sd))
+    log.clear()
     before = {k: v.clone() for k, v in gpu.items()}
     nan = np.array([0x7FC0], dtype="<u2")  # a BF16 quiet NaN: "unchanged" to vLLM's patches
     with pytest.raises(LayoutError, match="NaN"):
@@ -188,12 +199,15 @@ def test_a_loader_that_fails_half_way_leaves_the_engine_refusing_writes() -> Non
     core = TransferCore(module_of({k: v.clone() for k, v in sd.items()}), rank=lambda: 0)
 
     def failing(model: torch.nn.Module, patches: list[tuple[Any, ...]]) -> None:
-        raise NotImplementedError("sparse checkpoint patches require a same-shaped floating-point copy")
+        if any(index is not None for *_, index in patches):
+            raise NotImplementedError("sparse checkpoint patches require a same-shaped floating-point copy")
+        vllm_loader_stand_in(model, patches)
 
     core.apply_patches = failing
     core.init("patches")
     specs, words = to_words(sd)
-    live = VllmPatchWeights(specs, words, pushed_to([core]))
+    live = VllmPatchWeights(specs, pushed_to([core]))
+    live.load(specs, words)
     change = {"model.norm.weight": (np.array([1]), np.array([0x4040], dtype="<u2"))}
     with pytest.raises(NotImplementedError):
         live.commit(live.prepare(change))
@@ -213,6 +227,8 @@ def test_without_vllm_auto_uses_the_extension_and_native_is_refused() -> None:
     assert choose_transfer("extension", CFG, specs, 2) == (False, "mapped")
     with pytest.raises(UnsupportedError, match="weight-transfer API"):
         choose_transfer("native", CFG, specs, 1)
+    with pytest.raises(UnsupportedError, match="weight-transfer API"):
+        choose_transfer("patches", CFG, specs, 1)
     with pytest.raises(StoreError, match="expected one of"):
         choose_transfer("fastest", CFG, specs, 1)
     experts = (*specs, TensorSpec("model.layers.0.mlp.experts.0.up_proj.weight", "BF16", (8, 64)))
@@ -226,7 +242,4 @@ def test_the_engine_reads_the_replayed_directory_it_loads(tmp_path: Path) -> Non
     sd = {k: v.detach().clone() for k, v in build_model(CFG, dtype=torch.bfloat16).state_dict().items()}
     run.publish(sd)
     out = replay(run, 0, str(tmp_path / "v0"), shard_bytes=1 << 16)
-    specs, words = model_words(out.out)
-    assert model_specs(out.out) == specs == run.manifest(0).tensors
-    state = run.materialize_words(0)
-    assert all(np.array_equal(words[k], state.words[k]) for k in state.words)
+    assert model_specs(out.out) == run.manifest(0).tensors
