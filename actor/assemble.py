@@ -10,6 +10,7 @@ the actor bootstraps on; vLLM loads that version replayed as a HF directory.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -86,15 +87,18 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
         model = build_model(config, dtype=torch.bfloat16)
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
     # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
-    # applied in place on vLLM's own parameters (actor/vllm_engine.py; unverified without a GPU)
+    # written to what vLLM computes from (actor/vllm_engine.py)
     from actor.vllm_engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
     out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
-    replay(run, None, out, force=True)
-    return VllmEngine(
-        out,
-        tensor_parallel_size=cfg.tensor_parallel,
-        stop_token_ids=list(spec.eos_ids),
-        weight_transfer=cfg.vllm_weight_transfer,
-    )
+    try:
+        replay(run, None, out, force=True)
+        return VllmEngine(
+            out,
+            tensor_parallel_size=cfg.tensor_parallel,
+            stop_token_ids=list(spec.eos_ids),
+            weight_transfer=cfg.vllm_weight_transfer,
+        )
+    finally:  # vLLM has read it (or failed to): the weights now live in the engine
+        shutil.rmtree(out, ignore_errors=True)

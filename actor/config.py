@@ -35,6 +35,9 @@ class SyncConfig:
     did not sign. A signed run cannot be followed without it."""
     connections: int = 8
     """Parallel ranged GETs."""
+    verify_live: bool = False
+    """After the bootstrap and every apply, read the engine's weights back and check their digest against
+    the version's manifest (O(model) per version: for audits and tests). A mismatch stops the actor."""
     storage_options: dict[str, Any] = field(
         default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
     )
@@ -68,16 +71,18 @@ class EngineConfig:
     """The rollout engine."""
 
     engine: Literal["torch", "vllm"] = "torch"
-    """Rollout engine: torch (transformers, any device) or vllm (GPU)."""
+    """Rollout engine: torch (transformers, any device) or vllm (a GPU, or vLLM's CPU build: `make vllm-env`)."""
     device: str = "cpu"
     """Torch engine device (cpu, cuda, cuda:1, ...)."""
     threads: int = 1
     """Torch intra-op threads."""
     tensor_parallel: int = 1
     """vLLM tensor-parallel size."""
-    vllm_weight_transfer: Literal["auto", "native", "extension"] = "auto"
-    """How versions reach vLLM's workers: native (vLLM's weight-transfer API, backend aurora),
-    extension (the worker extension, for older vLLM), or auto (native where vLLM offers it)."""
+    vllm_weight_transfer: Literal["auto", "native", "extension", "patches"] = "auto"
+    """How versions reach vLLM's workers: native (vLLM's weight-transfer API, backend aurora, written in
+    place), patches (the same API, through vLLM's own loaders: any layout, no NaN values), extension (the
+    worker extension, for older vLLM), or auto (native where vLLM offers it, patches for layouts not
+    mapped here)."""
 
 
 @dataclass(kw_only=True, slots=True)

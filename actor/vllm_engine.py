@@ -113,22 +113,27 @@ def choose_transfer(choice: str, config: dict[str, Any], specs: tuple[TensorSpec
     return reason is None, "mapped"
 
 
-def cpu_thread_binding(tp: int) -> None:
-    """On vLLM's CPU build, give each of ``tp`` ranks its own share of this process's cores
-    (``VLLM_CPU_OMP_THREADS_BIND``, unless set): by default vLLM binds each rank to a NUMA node and
-    refuses more ranks than nodes ("Not enough allowed NUMA nodes to bind threads of 2 local
-    CPUWorkers"), which is every tensor-parallel engine on a one-node machine."""
-    if tp < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
+def cpu_settings(tp: int, llm_kwargs: dict[str, Any]) -> None:
+    """What vLLM's CPU build needs to run this engine (nothing elsewhere), each unless the caller set it:
+
+    - each of ``tp`` ranks gets its own share of this process's cores (``VLLM_CPU_OMP_THREADS_BIND``):
+      by default vLLM binds a rank per NUMA node and refuses more ranks than nodes ("Not enough
+      allowed NUMA nodes to bind threads of 2 local CPUWorkers"), every TP engine on one node;
+    - no chunked prefill: a seeded request whose prefill is split has its sampled token discarded,
+      and vLLM 0.32 then rewinds the request's generator with ``set_offset``, which a CPU generator
+      does not have ("CPU Generator does not use offset"): the engine core dies. Every request here
+      is seeded, and a batch of prompts longer than one step's token budget is split.
+    """
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
+    llm_kwargs.setdefault("enable_chunked_prefill", False)
+    if tp < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
-        raise UnsupportedError(
-            f"{tp} tensor-parallel ranks on vLLM's CPU build need {tp} cores, this process has {len(cores)}"
-        )
+        raise UnsupportedError(f"{tp} tensor-parallel ranks on vLLM's CPU build need {tp} cores; this has {len(cores)}")
     share = len(cores) // tp
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
         ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp)
@@ -208,7 +213,7 @@ class VllmEngine:
 
         from vllm import LLM
 
-        cpu_thread_binding(tensor_parallel_size)
+        cpu_settings(tensor_parallel_size, llm_kwargs)
         _quiet_tokenizer_warmup()
         if logprobs_mode is not None:
             llm_kwargs["logprobs_mode"] = logprobs_mode

@@ -42,7 +42,7 @@ from actor.wakeups import Wakeups
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard, Lease
-from aurora_store.errors import AuroraError, LayoutError, StoreError, UnsupportedError
+from aurora_store.errors import AuroraError, ChainError, LayoutError, StoreError, UnsupportedError
 from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
@@ -88,6 +88,8 @@ class Worker:
         )
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
+        self.broken: str | None = None
+        """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
 
     @property
     def refused(self) -> bool:
@@ -190,6 +192,10 @@ class Worker:
     def _apply(self, since: float | None = None) -> None:
         """Apply what is staged (at a safe point); ``since``: when generation began to wait for it."""
         t0 = time.perf_counter()
+        staged = self.up.staged
+        if staged is not None:
+            what = "a full version" if staged.full is not None else f"{staged.changed} changed elements"
+            log.info("actor %s: applying version %d (%s)", self.wid, staged.version, what)
         held = self.up.apply()
         if held is not None:
             done = time.perf_counter()
@@ -197,6 +203,8 @@ class Worker:
             self._applied(held)
 
     def _applied(self, held: Held) -> None:
+        if self.cfg.sync.verify_live:
+            self._verify(held)
         self.metrics.held(held.version)
         self.engine.applied(held.version, held.version_hash)
         with contextlib.suppress(CoordinationError):
@@ -207,6 +215,19 @@ class Worker:
                 version=held.version,
                 ms=int(time.time() * 1000),
             )
+
+    def _verify(self, held: Held) -> None:
+        """The engine's weights, read back, are exactly the version's (``--verify-live``)."""
+        got = self.up.live_digest()
+        if got != held.weights_digest:
+            self.broken = (
+                f"the engine's weights at version {held.version} have digest {got}, the manifest says "
+                f"{held.weights_digest}"
+            )
+            log.error("actor %s: %s; stopping", self.wid, self.broken)
+            self.halt()
+            raise ChainError(f"actor {self.wid}: {self.broken}")
+        log.info("actor %s: live weights verified at version %d", self.wid, held.version)
 
     def _stager(self) -> None:
         """Stage ahead while the engine generates: one version ahead when busy, the latest when idle.
@@ -372,6 +393,8 @@ def run(cfg: WorkerConfig) -> int:
         signal.signal(sig, lambda *_: w.halt())
     w.setup()
     w.loop()
+    if w.broken is not None:
+        return 4
     return 3 if w.refused else 0
 
 

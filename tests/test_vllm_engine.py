@@ -364,3 +364,14 @@ def test_moe_model_follows_a_chain_through_checkpoint_patches(tmp_path: Path) ->
         assert ours != before
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def test_a_seeded_batch_longer_than_one_steps_token_budget(mapped: Any, chain: tuple[Run, Path]) -> None:
+    """Every request is seeded; on the CPU build a split prefill of a seeded request killed the engine
+    core ("CPU Generator does not use offset") until chunked prefill was turned off there."""
+    run, _ = chain
+    Updater(run, region="local", live=mapped.live).bootstrap(5)
+    prompts = [[1, *[(13 * i + p) % 250 + 3 for i in range(120)]] for p in range(48)]  # 5,808 prompt tokens
+    got = mapped.generate(prompts, samples=4, max_new_tokens=4, temperature=1.0, seed=11)
+    assert [len(row) for row in got] == [4] * 48
+    assert got == mapped.generate(prompts, samples=4, max_new_tokens=4, temperature=1.0, seed=11), "seeded: same again"

@@ -1,0 +1,175 @@
+"""``aurora actor --engine vllm`` in a real run: a trainer, a relay and actors as processes, a real
+redis-server, buckets on disk. The vLLM actor (vLLM's CPU build, `make test-vllm`), alone at first,
+is killed with its whole process group right after it logged the start of an apply, restarted,
+and must catch up (its engine's weights read back and checked at every version) and have its
+results admitted; a torch actor then joins the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.run import open_run
+from aurora_store.testing.processes import wait_for
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP, STEPS = 4, 2, 8
+
+
+class World:
+    def __init__(self, tmp: Path, redis: str) -> None:
+        self.tmp, self.redis = tmp, redis
+        self.home, self.eu = (tmp / "home").as_uri(), (tmp / "eu").as_uri()
+        self.admissions = tmp / "admissions.jsonl"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        out = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        p = subprocess.Popen(
+            [sys.executable, "-m", "aurora_store.cli", *argv],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: a kill takes vLLM's engine processes too
+        )
+        self.procs.append(p)
+        return p
+
+    def common(self) -> list[str]:
+        return ["--redis", self.redis, "--run-id", "vl"]
+
+    def vllm_actor(self) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            "vllm-eu",
+            "actor",
+            "--engine",
+            "vllm",
+            "--store",
+            self.eu,
+            "--region",
+            "eu",
+            "--fallback",
+            self.home,
+            "--worker-id",
+            "vllm-eu",
+            "--heartbeat-s",
+            "4",
+            "--verify-live",
+            *self.common(),
+        )
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def admitted(self) -> list[dict[str, Any]]:
+        if not self.admissions.exists():
+            return []
+        return [json.loads(line) for line in self.admissions.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+
+
+@pytest.fixture
+def world(tmp_path: Path, redis_server: Any) -> Iterator[World]:
+    w = World(tmp_path, redis_server.url)
+    yield w
+    w.stop()
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_vllm_actor_killed_mid_apply_rejoins_bit_exact_and_its_results_are_admitted(world: World) -> None:
+    trainer = world.spawn(
+        "trainer",
+        "train",
+        "--store",
+        world.home,
+        "--steps",
+        str(STEPS),
+        "--hidden",
+        "128",
+        "--sft-steps",
+        "20",
+        "--prompts",
+        str(PROMPTS),
+        "--group",
+        str(GROUP),
+        "--max-new-tokens",
+        "4",
+        "--lr",
+        "5e-4",
+        "--lease-s",
+        "10",
+        "--state-every",
+        "1",
+        "--admissions-log",
+        str(world.admissions),
+        *world.common(),
+    )
+    world.spawn("relay", "relay", "--source", world.home, "--dest", world.eu, "--dest-region", "eu", *world.common())
+    first = world.vllm_actor()
+    applying = re.compile(r"applying version (\d+) \((?:a full version|[1-9]\d* changed elements)\)")
+    wait_for(lambda: applying.search(world.log("vllm-eu")) is not None, "the vLLM actor to apply a version", 300, 0.01)
+    os.killpg(first.pid, signal.SIGKILL)
+    killed_at = int(applying.findall(world.log("vllm-eu"))[-1])
+    first.wait(30)
+    wait_for(lambda: group_gone(first.pid), "vLLM's engine processes to end with the actor", 60)
+    assert "live weights verified at version" in world.log("vllm-eu"), "it verified its bootstrap"
+
+    start = len(world.log("vllm-eu"))
+    world.vllm_actor()
+    wait_for(
+        lambda: any(a["actor"] == "vllm-eu" and a["version"] > killed_at for a in world.admitted()),
+        "a result of the restarted vLLM actor to be admitted",
+        400,
+        0.2,
+    )
+    world.spawn(  # a torch actor joins the same run: the trainer admits both engines' results alike
+        "torch-home",
+        "actor",
+        "--store",
+        world.home,
+        "--region",
+        "home",
+        "--worker-id",
+        "torch-home",
+        "--heartbeat-s",
+        "4",
+        *world.common(),
+    )
+    assert trainer.wait(600) == 0, world.log("trainer")[-3000:]
+    after = world.log("vllm-eu")[start:]
+    verified = [int(v) for v in re.findall(r"live weights verified at version (\d+)", after)]
+    assert verified and max(verified) > killed_at, after[-3000:]
+    assert "stopping" not in after and "Traceback" not in after, after[-3000:]
+    steps = {a["step"] for a in world.admitted()}
+    assert steps == set(range(1, STEPS + 1))
+    by_step: dict[int, int] = {}
+    for a in world.admitted():
+        by_step[a["step"]] = by_step.get(a["step"], 0) + 1
+    assert set(by_step.values()) == {PROMPTS}, by_step
+    report = audit(open_run(world.eu))
+    assert report.ok, report
