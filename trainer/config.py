@@ -19,8 +19,9 @@ class ModelConfig:
     """The policy: a user's HF causal LM, or the built-in tiny Qwen3 (built from a config, nothing downloaded)."""
 
     model: str | None = field(default=None, metadata=option(metavar="PATH_OR_ID"))
-    """A HF causal LM and its tokenizer: a local directory (read offline) or a hub id (downloaded and
-    cached by transformers). Default: the built-in tiny Qwen3 with a character tokenizer."""
+    """A HF causal LM and its tokenizer: a local directory (read offline), a hub id (downloaded and
+    cached by transformers), or a .gguf file (or a directory holding one), dequantized once to a BF16 HF
+    directory by transformers' own GGUF loader. Default: the built-in tiny Qwen3 with a character tokenizer."""
     hidden: int = 64
     """Hidden size of the built-in model."""
     layers: int = 2

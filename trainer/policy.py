@@ -1,7 +1,8 @@
 """The policy the trainer trains, and everything a run records about it.
 
-A new run starts from a user's HF causal LM (``--model``: a local directory read offline, or a
-hub id) or from the built-in tiny Qwen3 with a character tokenizer. Masters are FP32 (a BF16
+A new run starts from a user's HF causal LM (``--model``: a local directory read offline, a hub
+id, or a GGUF file dequantized once by :mod:`aurora_store.rl.gguf`) or from the built-in tiny Qwen3
+with a character tokenizer. Masters are FP32 (a BF16
 checkpoint widens exactly, so version 0 is its bits); versions are published in BF16. The run
 records what actors and ``aurora replay`` need to rebuild the model and tokenizer from the
 bucket alone (``config.json``, ``generation_config.json``, the tokenizer's files) and, in
@@ -19,6 +20,7 @@ import torch
 
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
+from aurora_store.rl import gguf
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
 from aurora_store.rl.runspec import NAME as RUN_SPEC
@@ -59,10 +61,11 @@ def new_policy(cfg: TrainerConfig) -> Policy:
         chars = CharTokenizer()
         model = build_model(tiny_config(chars.vocab_size, hidden=m.hidden, layers=m.layers), seed=cfg.seed)
         return Policy(model, chars, {**model_files(model), **chars.files()}, chars.vocab_size)
-    model = load_pretrained(m.model, dtype=torch.float32)
+    path = gguf.hf_directory(m.model) if gguf.gguf_file(m.model) is not None else m.model
+    model = load_pretrained(path, dtype=torch.float32)
     files = model_files(model)
     hf = HFTokenizer.load(
-        m.model, chat_template=d.chat_template, system_prompt=d.system_prompt, eos_ids=generation_eos(files)
+        path, chat_template=d.chat_template, system_prompt=d.system_prompt, eos_ids=generation_eos(files)
     )
     return Policy(model, hf, {**files, **hf.files()}, _vocab(model))
 
