@@ -200,20 +200,21 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
 
 
 def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) -> None:
-    """In a signed run: the keys reach every role from the environment, as PEM text."""
+    """In a signed run: the keys reach every role from the environment, as PEM text. With a rollout
+    correction, which keeps measuring the engine/trainer gap across the restart."""
     from aurora_store.format import signing
 
     private, public = signing.generate_keypair()
     loop.env = {"AURORA_SIGNING_KEY": private.decode(), "AURORA_VERIFY_KEY": public.decode()}
     loop.actor("a")
-    first = loop.trainer("--steps", "7")
+    first = loop.trainer("--steps", "7", "--rollout-correction", "tis")
     run = open_run(loop.store, verify_key=public)
     wait_for(lambda: (run.latest() or 0) >= 3, "version 3", 180)
     first.kill()
     first.wait(10)
     at_kill = open_run(loop.store, verify_key=public).latest()
     assert at_kill is not None
-    second = loop.trainer("--steps", "7")
+    second = loop.trainer("--steps", "7", "--rollout-correction", "tis")
     loop.finish(second, "trainer")
     run = open_run(loop.store, verify_key=public)
     assert run.versions() == list(range(8)), "no version skipped, none published twice"
@@ -224,6 +225,9 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     assert run.manifest(0).run.signed_by == kid  # type: ignore[union-attr]
     after = [r["step"] for r in loop.steps() if r["step"] > at_kill]
     assert after == list(range(at_kill + 1, 8)), "the restarted trainer continued right after the last commit"
+    trained = [r["stats"] for r in loop.steps() if r["stats"]["micro_batches"]]
+    assert trained and all(0 <= s["mismatch_abs"] < 0.05 for s in trained), "torch engine and trainer agree closely"
+    assert all(s["mismatch_kl"] is not None and s["corrected_frac"] is not None for s in trained)
     assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
 
 

@@ -92,6 +92,13 @@ class OptimizerConfig:
     kl_coef: float = 0.0
     """Weight of the KL penalty to version 0 as published; 0 turns it off. On, it holds a second copy of the
     model (FP32 on CPU, the compute dtype on GPU) and a second forward pass per micro-batch."""
+    rollout_correction: Literal["none", "tis", "mask"] = "none"
+    """Correct for the engine sampling with other numerics than the trainer's: tis weighs each token by
+    the truncated importance weight π_old/π_rollout (π_old: the trainer's own log-probability at the
+    rollout's version), mask drops tokens whose weight is outside [1/cap, cap]; either measures the gap
+    (mismatch metrics). Costs a frozen copy of the model and a forward pass per micro-batch. See docs/RL.md."""
+    rollout_correction_cap: float = 2.0
+    """The rollout correction's cap on importance weights (> 1)."""
     micro_batch_tokens: int = 16384
     """Token budget of one forward/backward micro-batch (padded rows x width); gradients accumulate over them."""
     sft_steps: int = 60

@@ -207,9 +207,8 @@ class _Progress:
 def _policy(r: StepReport) -> dict[str, float | None]:
     """The step's policy metrics for the report; None where the step trained nothing (no group had a signal)."""
     trained = bool(r.stats.get("micro_batches"))
-    return {
-        k: r.stats.get(k) if trained else None for k in ("entropy", "kl", "clip_frac", "response_len")
-    }  # kl: None without a reference
+    keys = ("entropy", "kl", "clip_frac", "response_len", "mismatch_abs", "mismatch_kl")
+    return {k: r.stats.get(k) if trained else None for k in keys}  # kl, mismatch: None where not measured
 
 
 def _rise(reports: list[StepReport], k: int) -> tuple[float, float, float]:

@@ -12,6 +12,20 @@ to a frozen reference (the k3 estimator). It is normalised one of two ways:
 
 The batch may be cut into micro-batches (and over data-parallel ranks): each part divides by
 the whole batch's normaliser, so their gradients add up to the whole batch's.
+
+**Rollout correction** (``correction``: ``tis`` or ``mask``; ``none`` is the plain loss above).
+The engine samples with its own kernels (vLLM's, another dtype path), so its log-probabilities
+``log π_rollout`` differ from the trainer's at the same weights. With a correction on, the trainer
+recomputes ``log π_old``, its own log-probability of each sampled token under the weights of the
+version the rollout was generated with (:class:`trainer.rollout_policy.RolloutPolicy`), takes
+PPO's ratio against that, ``π_θ / π_old``, and weighs each token by the importance weight
+``rho = π_old / π_rollout`` (no gradient through it): truncated at ``cap`` (``tis``: truncated
+importance sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+Off-Policy RL Training"; verl's rollout correction, slime's TIS), or dropped when outside
+``[1/cap, cap]`` (``mask``: masked importance sampling, as verl's token-level rejection). The
+gap itself is measured on the way: the mean ``|log π_old - log π_rollout|`` per token and the
+sequence-level KL, ``E_seq[Σ_t log π_rollout - log π_old]`` (KL(π_rollout ‖ π_old), estimated
+on the rollout's own samples).
 """
 
 from __future__ import annotations
@@ -22,6 +36,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from aurora_store.errors import ConfigError
+
+CORRECTIONS = ("none", "tis", "mask")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +54,17 @@ class GRPOConfig:
     """The sampling temperature the actors used; log-probabilities are taken at the same one."""
     norm: str = "token"
     """``token`` or ``sequence`` (see the module docstring)."""
+    correction: str = "none"
+    """Rollout correction: ``none``, ``tis`` or ``mask`` (see the module docstring)."""
+    correction_cap: float = 2.0
+    """``tis``: importance weights above it are cut to it; ``mask``: tokens whose weight is outside
+    ``[1/cap, cap]`` are dropped."""
+
+    def __post_init__(self) -> None:
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"--rollout-correction {self.correction!r}: expected one of {CORRECTIONS}")
+        if not self.correction_cap > 1:  # NaN too
+            raise ConfigError(f"--rollout-correction-cap must be above 1, got {self.correction_cap}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +87,12 @@ class Sums:
     entropy: float = 0.0
     clipped: float = 0.0
     drift: float = 0.0
+    mismatch_abs: float = 0.0
+    """Sum over tokens of |log π_old - log π_rollout| (with a rollout correction)."""
+    mismatch_kl: float = 0.0
+    """Sum over sequences of Σ_t (log π_rollout - log π_old) (with a rollout correction)."""
+    corrected: float = 0.0
+    """Tokens whose importance weight was truncated (``tis``) or that were dropped (``mask``)."""
 
     def add(self, other: Sums) -> None:
         for f in self.__slots__:
@@ -112,6 +147,21 @@ def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor
     return torch.gather(_log_softmax(model, ids, attn, temperature), 2, ids[:, 1:, None]).squeeze(2)
 
 
+def correction_weights(
+    old: torch.Tensor, rollout: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights of the rollout correction from ``old`` (log π_old, the trainer's at the
+    rollout's version) and ``rollout`` (log π_rollout, the engine's), and which tokens it changed
+    (truncated or dropped). No gradient flows through them."""
+    rho = torch.exp((old - rollout).detach())
+    if mode == "tis":
+        return rho.clamp(max=cap), rho > cap
+    if mode == "mask":
+        keep = (rho <= cap) & (rho >= 1 / cap)
+        return keep.to(rho.dtype), ~keep
+    raise ValueError(f"rollout correction {mode!r}: expected tis or mask")
+
+
 def loss(
     model: torch.nn.Module,
     samples: Sequence[Sample],
@@ -121,17 +171,32 @@ def loss(
     *,
     normalizer: float | None = None,
     weight: float = 1.0,
+    rollout_model: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, Sums]:
     """The GRPO loss of ``samples`` and its metric sums. ``normalizer`` is the whole batch's token
     count (``token``) or completion count (``sequence``); None: these samples are the batch.
-    ``weight`` 0 makes a stand-in micro-batch (a rank with no samples still runs its collectives)."""
+    ``weight`` 0 makes a stand-in micro-batch (a rank with no samples still runs its collectives).
+    ``rollout_model``: the weights the samples were generated with, which a rollout correction needs."""
     device = next(model.parameters()).device
     ids, attn, comp, old = batch(samples, device)
     logp = _log_softmax(model, ids, attn, cfg.temperature)
     new = torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2)
     a = torch.tensor(adv, dtype=torch.float32, device=device)[:, None]
-    ratio = torch.exp(new - old)
-    per_token = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a)
+    corrected = torch.zeros_like(comp)
+    mismatch = (torch.zeros_like(comp), torch.zeros(()))
+    if cfg.correction == "none":
+        ratio = torch.exp(new - old)
+        token_weight = torch.ones_like(comp)
+    else:
+        if rollout_model is None:
+            raise ValueError(f"the {cfg.correction} rollout correction needs the rollout's weights")
+        with torch.no_grad():
+            prox = token_logprobs(rollout_model, ids, attn, cfg.temperature)
+        ratio = torch.exp(new - prox)
+        token_weight, hit = correction_weights(prox, old, cfg.correction, cfg.correction_cap)
+        corrected = hit.to(comp.dtype)
+        mismatch = ((prox - old).abs(), ((old - prox) * comp).sum())
+    per_token = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * a) * token_weight
     k3 = torch.zeros_like(new)
     if cfg.kl_coef > 0 and reference is not None:
         with torch.no_grad():
@@ -156,6 +221,9 @@ def loss(
             entropy=float((entropy * comp).sum()) * weight,
             clipped=float((((ratio - 1).abs() > cfg.clip).float() * comp).sum()) * weight,
             drift=float(((new - old).abs() * comp).sum()) * weight,
+            mismatch_abs=float((mismatch[0] * comp).sum()) * weight,
+            mismatch_kl=float(mismatch[1]) * weight,
+            corrected=float((corrected * comp).sum()) * weight,
         )
     return total, sums
 

@@ -36,6 +36,7 @@ from trainer.dispatch import Admitted, Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.metrics import TrainerMetrics
+from trainer.rollout_policy import RolloutPolicy
 from trainer.sharded import ShardedPublisher
 from trainer.state import load_state, save_state, saved_versions
 from trainer.step import StepStats, optimizer_step
@@ -92,10 +93,16 @@ class Trainer:
             kl_coef=cfg.optim.kl_coef,
             temperature=cfg.sampling.temperature,
             norm=cfg.optim.loss_norm,
+            correction=cfg.optim.rollout_correction,
+            correction_cap=cfg.optim.rollout_correction_cap,
         )
         self.dist = Dist()
         self.device = policies.device_for(cfg, policies.local_rank())
         self.reference: torch.nn.Module | None = None
+        self.rollout: RolloutPolicy | None = None
+        """The weights of the rollouts' version, with a rollout correction on."""
+        self.weights_version = 0
+        """The version whose weights the policy holds (after a resume, the saved state's)."""
         self.rng = random.Random(cfg.seed)
         self.tag = uuid.uuid4().hex[:8]
         self._admissions = open(cfg.admissions_log, "a", encoding="utf-8") if cfg.admissions_log else None  # noqa: SIM115
@@ -132,6 +139,8 @@ class Trainer:
         self.model = self.dist.shard(model)
         self.publisher = ShardedPublisher(self.run, self.model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
+        if self.grpo.correction != "none":
+            self.rollout = RolloutPolicy(self.dist.shard(policies.frozen_copy(self.policy, self.device)))
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)
             return int(latest)
@@ -165,6 +174,7 @@ class Trainer:
         if not saved:
             raise StoreError(f"{self.run.uri}: version {latest} is published but no trainer state was saved")
         state = load_state(self.run, saved[-1], self.model, self.opt, self.rng)
+        self.weights_version = saved[-1]
         data = state.extra.get("data")
         if isinstance(data, dict) and "fingerprint" in data and data != self.source.position(saved[-1], self._n()):
             raise DataError(
@@ -249,6 +259,7 @@ class Trainer:
         """A step's training batch as plain JSON (rank 0 broadcasts it under torchrun)."""
         rows: list[list[Any]] = []
         adv: list[float] = []
+        versions = {res.result.version for res in results}
         for res in results:
             ids = list(self.dispatch.step_jobs[step][res.job].ids)
             got = res.rollouts
@@ -257,13 +268,17 @@ class Trainer:
             for i, reward in enumerate(rewards):
                 toks, lps = got.completion(i)
                 rows.append([ids, toks.tolist(), lps.tolist(), reward])
-        return {"rows": rows, "adv": adv}
+        return {"rows": rows, "adv": adv, "version": versions.pop() if len(versions) == 1 else None}
 
     def train_step(self, step: int, batch: dict[str, Any]) -> tuple[float, float, StepStats]:
         """One optimizer step on ``batch`` (the same on every rank); returns reward, seconds and stats."""
         samples = [Sample(tuple(p), tuple(t), tuple(lp), r) for p, t, lp, r in batch["rows"]]
         t0 = time.perf_counter()
         o = self.cfg.optim
+        rollout, held = self.rollout, self.weights_version
+        rollout_model = None
+        if rollout is not None and batch["version"] is not None and rollout.hold(batch["version"], self.model, held):
+            rollout_model = rollout.model
         stats = optimizer_step(
             self.model,
             self.opt,
@@ -279,7 +294,10 @@ class Trainer:
             world=self.dist.world,
             reference=self.reference,
             all_reduce=self.dist.sum_floats if self.dist.world > 1 else None,
+            rollout_model=rollout_model,
+            before_update=(lambda: rollout.take(self.model, held)) if rollout is not None else None,
         )
+        self.weights_version = step
         reward = sum(s.reward for s in samples) / max(len(samples), 1)
         return reward, time.perf_counter() - t0, stats
 
@@ -305,7 +323,13 @@ class Trainer:
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
             self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
-            self.metrics.step(version=info.version, publish_s=publish_s, train_s=train_s, wait_s=wait)
+            self.metrics.step(
+                version=info.version,
+                publish_s=publish_s,
+                train_s=train_s,
+                wait_s=wait,
+                mismatch={"abs": stats.mismatch_abs, "kl": stats.mismatch_kl, "corrected": stats.corrected_frac},
+            )
             # after the commit: a state saved first would be immutable and ahead of the chain, and the
             # step a restarted trainer redoes could never save its own (a kill between the two resumes
             # from the state before, which the warning in _resume says)

@@ -76,6 +76,14 @@ PAYLOAD_FETCHED = Spec(
     "counter",
     "Bytes of result payloads fetched from regions' buckets (those too large to go through Redis).",
 )
+ROLLOUT_MISMATCH = Spec(
+    "aurora_trainer_rollout_mismatch",
+    "gauge",
+    "The last trained step's gap between the engine's log-probabilities and the trainer's at the rollout's "
+    "weights (--rollout-correction tis|mask): measure=abs is the mean |Δ log p| per token, measure=kl the "
+    "sequence-level KL(rollout ‖ trainer), measure=corrected the fraction of tokens truncated or dropped.",
+    ("measure",),
+)
 SPECS = (
     PUBLISHED_VERSION,
     STEPS,
@@ -91,6 +99,7 @@ SPECS = (
     ADMISSION_CPU,
     ADMISSION_TOKENS,
     PAYLOAD_FETCHED,
+    ROLLOUT_MISMATCH,
 )
 
 
@@ -104,6 +113,7 @@ class TrainerMetrics:
         self._publish = self.m.histogram(PUBLISH_SECONDS)
         self._train = self.m.histogram(TRAIN_SECONDS)
         self._wait = self.m.histogram(WAIT_SECONDS)
+        self._mismatch = self.m.gauge(ROLLOUT_MISMATCH)
 
     def watch(self, coord: Coordinator) -> None:
         self.m.redis_skipped(coord.skipped.snapshot)
@@ -123,7 +133,13 @@ class TrainerMetrics:
     def published(self, version: int) -> None:
         self._version.set(version)
 
-    def step(self, *, version: int, publish_s: float, train_s: float, wait_s: float) -> None:
+    def step(
+        self, *, version: int, publish_s: float, train_s: float, wait_s: float, mismatch: dict[str, float | None]
+    ) -> None:
+        """One step done; ``mismatch``: the rollout correction's measures (None where not measured)."""
+        for measure, value in mismatch.items():
+            if value is not None:
+                self._mismatch.labels(measure).set(value)
         self._steps.inc()
         self._publish.observe(publish_s)
         self._train.observe(train_s)

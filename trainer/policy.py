@@ -153,16 +153,22 @@ def check_resume(run: Run, recorded: RunSpec | None, mine: RunSpec) -> None:
         )
 
 
-def reference_model(policy: Policy, run: Run, device: torch.device) -> torch.nn.Module:
-    """The frozen KL reference: version 0 exactly as published (BF16 weights; FP32 on CPU)."""
+def frozen_copy(policy: Policy, device: torch.device) -> torch.nn.Module:
+    """A frozen module of the policy's architecture in the dtype it computes in (BF16 on GPU; on CPU
+    FP32, which holds BF16 weights exactly), weights undefined until copied in."""
     config = hostile_json.loads(policy.files["config.json"])
-    ref = build_model(config, seed=0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return build_model(config, seed=0).to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def reference_model(policy: Policy, run: Run, device: torch.device) -> torch.nn.Module:
+    """The frozen KL reference: version 0 exactly as published."""
+    ref = frozen_copy(policy, device)
     weights = run.materialize(0)
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            p.copy_(weights[name].float())
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return ref.to(device=device, dtype=dtype).eval().requires_grad_(False)
+            p.copy_(weights[name].to(p.dtype))
+    return ref
 
 
 def local_rank() -> int:

@@ -1,4 +1,5 @@
-"""A training run as one standalone HTML file: a summary table and eight inline SVG charts.
+"""A training run as one standalone HTML file: a summary table and eight inline SVG charts (nine with
+the engine/trainer log-probability gap a rollout correction measures).
 
 No JavaScript, no external assets and no plotting dependency, so the file opens offline and can be
 attached anywhere. The input is JSON-like (see `write_report`). Its shape is checked and a wrong shape
@@ -27,8 +28,8 @@ def write_report(data: Mapping[str, Any], path: str) -> str:
 
     `data` keys, all optional: "title" str; "summary" {str: str|int|float}; "steps" [{"step", "version",
     "reward_mean", "delta_bytes", "full_bytes", "density", "publish_s", and optionally "entropy", "kl",
-    "clip_frac", "response_len"}]; "apply" [{"version", "region", "actor", "seconds"}]; "shares"
-    {actor_id: [{"step", "prompts"}]}.
+    "clip_frac", "response_len", "mismatch_abs", "mismatch_kl"}]; "apply" [{"version", "region", "actor",
+    "seconds"}]; "shares" {actor_id: [{"step", "prompts"}]}.
     """
     text = render_report(data)
     tmp = f"{path}.tmp"
@@ -65,6 +66,12 @@ def render_report(data: Mapping[str, Any]) -> str:
     parts.append(line_chart("Tokens whose ratio was clipped", "step", "fraction", clipped))
     lengths = {"tokens": [(s["step"], s["response_len"]) for s in steps if math.isfinite(s["response_len"])]}
     parts.append(line_chart("Mean completion length", "step", "tokens", lengths))
+    gap = {
+        label: [(s["step"], s[k]) for s in steps if math.isfinite(s[k])]
+        for label, k in (("mean |Δ log p| per token", "mismatch_abs"), ("KL per sequence", "mismatch_kl"))
+    }
+    if any(gap.values()):  # measured with a rollout correction only
+        parts.append(line_chart("Engine vs trainer log-probabilities at the rollout's weights", "step", "nats", gap))
     parts.append(
         line_chart("Publish to apply, per region (max over actors)", "version", "seconds", _apply_series(applies))
     )
@@ -130,7 +137,7 @@ def _step(row: Mapping[str, Any], where: str) -> dict[str, float]:
     return out
 
 
-_POLICY = ("entropy", "kl", "clip_frac", "response_len")
+_POLICY = ("entropy", "kl", "clip_frac", "response_len", "mismatch_abs", "mismatch_kl")
 """Per-step policy metrics (optional: a step that trained nothing has none)."""
 
 

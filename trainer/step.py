@@ -11,7 +11,7 @@ learning rate follows warm-up then constant, a function of the step (nothing to 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +41,15 @@ class StepStats:
     micro_batches: int
     """0 when every advantage was 0 (no group had a signal): nothing trained, and kl, entropy,
     clip_frac and logprob_drift were not measured (0)."""
+    mismatch_abs: float | None = None
+    """Mean |log π_old - log π_rollout| per completion token: the trainer's log-probabilities against
+    the engine's at the rollout's weights. None without a rollout correction (not measured)."""
+    mismatch_kl: float | None = None
+    """Sequence-level KL(π_rollout ‖ π_old), the mean over completions of Σ_t log π_rollout - log π_old.
+    None without a rollout correction."""
+    corrected_frac: float | None = None
+    """Fraction of completion tokens whose importance weight was truncated (tis) or that were dropped
+    (mask). None without a rollout correction."""
 
 
 def learning_rate(base: float, step: int, warmup_steps: int) -> float:
@@ -64,8 +73,12 @@ def optimizer_step(
     world: int = 1,
     reference: torch.nn.Module | None = None,
     all_reduce: object = None,
+    rollout_model: torch.nn.Module | None = None,
+    before_update: Callable[[], None] | None = None,
 ) -> StepStats:
-    """Train on ``samples`` (the whole batch, identical on every rank); collective under torchrun."""
+    """Train on ``samples`` (the whole batch, identical on every rank); collective under torchrun.
+    ``rollout_model``: the weights the samples were generated with (a rollout correction needs them);
+    ``before_update`` runs once the gradients are in, before the weights move."""
     lr = learning_rate(base_lr, step, warmup_steps)
     for group in opt.param_groups:
         group["lr"] = lr
@@ -86,9 +99,12 @@ def optimizer_step(
             reference,
             normalizer=normalizer,
             weight=weight,
+            rollout_model=rollout_model,
         )
         value.backward()
         sums.add(got)
+    if before_update is not None:
+        before_update()
     grad_norm = 0.0
     if plan:
         params = [p for p in model.parameters() if p.grad is not None]
@@ -99,6 +115,7 @@ def optimizer_step(
     opt.zero_grad(set_to_none=True)
     totals = _reduced(sums, all_reduce)
     per_token = max(totals.tokens, 1.0)
+    measured = cfg.correction != "none" and rollout_model is not None and bool(plan)
     return StepStats(
         tokens=total_tokens,
         response_len=total_tokens / max(len(samples), 1),
@@ -109,6 +126,9 @@ def optimizer_step(
         grad_norm=grad_norm,
         lr=lr,
         micro_batches=len(plan),
+        mismatch_abs=totals.mismatch_abs / per_token if measured else None,
+        mismatch_kl=totals.mismatch_kl / max(totals.sequences, 1.0) if measured else None,
+        corrected_frac=totals.corrected / per_token if measured else None,
     )
 
 

@@ -1,0 +1,57 @@
+"""The weights a step's rollouts were generated with, as the trainer computes them.
+
+A rollout correction (``--rollout-correction tis|mask``, :mod:`trainer.grpo`) compares the
+engine's log-probabilities with the trainer's own under the *same* weights: those of the version
+the rollouts were generated on, bit for bit as published (BF16). With one-step asynchrony that is
+the version before the trainer's current one (or the current one, on the first steps and after a
+resume), so :class:`RolloutPolicy` keeps one frozen copy of the model: before each optimizer step
+moves the weights, it takes their BF16 bits, which the next step's rollouts were generated with.
+That costs one model copy (BF16 on GPU, its FP32 widening on CPU, as the KL reference) and a copy
+of the weights per step; the correction itself costs a forward pass per micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("aurora.trainer")
+
+
+class RolloutPolicy:
+    """A frozen copy of the policy holding the weights of one published version (``version``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        """``model``: a module of the policy's architecture (sharded like it under FSDP2), in the dtype
+        it computes in; its weights are overwritten by :meth:`take`."""
+        self.model = model.eval().requires_grad_(False)
+        self.version: int | None = None
+
+    def take(self, policy: torch.nn.Module, version: int) -> None:
+        """Hold ``policy``'s weights as published at ``version`` (rounded to BF16, as the publisher does)."""
+        mine = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                dst = mine[name]
+                src = p.detach().to(torch.bfloat16)
+                dst.copy_(src.to(dst.dtype))
+        self.version = version
+
+    def hold(self, version: int, policy: torch.nn.Module, current: int) -> bool:
+        """Make this copy hold ``version``, the rollouts' one; ``policy`` holds ``current``. False when
+        neither this copy nor the policy has that version's weights (the step is then trained without
+        a correction, and said so)."""
+        if self.version == version:
+            return True
+        if version == current:
+            self.take(policy, current)
+            return True
+        log.warning(
+            "rollouts of version %d, but the trainer holds the weights of versions %s and %d only: this step "
+            "is trained without the rollout correction",
+            version,
+            self.version,
+            current,
+        )
+        return False
