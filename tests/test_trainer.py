@@ -4,6 +4,7 @@ resumable state, and that the actor's log-probabilities are the trainer's."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import random
@@ -182,6 +183,22 @@ def test_grpo_step_raises_the_logprob_of_a_rewarded_completion() -> None:
         after = token_logprobs(model, ids, attn, 1.0)
     p = len(prompt) - 1
     assert after[0, p] > before[0, p] and after[1, p] < before[1, p]
+
+
+def test_logits_are_computed_only_where_completions_are_scored() -> None:
+    """token_logprobs from a start position, where the model computes only those positions' logits
+    (transformers' logits_to_keep), equals the same slice of the full computation."""
+    model = tiny()
+    assert "logits_to_keep" in inspect.signature(model.forward).parameters
+    prompts = [tuple(TOK.encode("12+30=")), tuple(TOK.encode("7+8="))]
+    samples = [Sample(p, (10, 11, EOS), (-1.0, -2.0, -0.5), r) for p, r in zip(prompts, (1.0, 0.0), strict=True)]
+    ids, attn, _, _ = batch(samples)
+    start = min(len(p) for p in prompts) - 1
+    with torch.no_grad():
+        full = token_logprobs(model, ids, attn, 0.7)
+        part = token_logprobs(model, ids, attn, 0.7, start)
+    assert part.shape == full[:, start:].shape
+    torch.testing.assert_close(part, full[:, start:], rtol=0, atol=1e-5)
 
 
 def test_clipped_ratio_gives_no_gradient_past_the_clip() -> None:

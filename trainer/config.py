@@ -203,6 +203,9 @@ class DemoConfig:
     """Home and two regions' run URIs (default: local directories)."""
     slowdowns: str = "1,2,3.3"
     """Emulated slowness of the three actors (1 = full speed)."""
+    engine: Literal["torch", "vllm"] = "torch"
+    """The actors' rollout engine: torch, or vllm (vLLM installed in this Python: on a machine without a GPU,
+    its CPU build, `make vllm-env`)."""
 
 
 def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
@@ -253,3 +256,21 @@ DEMO_RECIPE = {
 """``aurora demo``'s defaults for the built-in tiny model, where real RL runs: measured on 2 cores, a
 delta changes 7.7-9.4% of the BF16 weights (about 1/20 of a full copy) and the reward rises by
 more than twice its standard error (3 seeds), in about five minutes (295 s measured on 2 idle cores)."""
+
+REAL_GIVES = frozenset({"model.model", "data.data", "data.data_format", "data.prompt_field", "data.answer_field"})
+"""The trainer options ``aurora demo-real`` sets itself: the model and the data set."""
+
+REAL_RECIPE: dict[str, Any] = {
+    "steps": 30,
+    "rollout.prompts": 8,
+    "sampling.group": 4,
+    "sampling.max_new_tokens": 24,
+    "sampling.temperature": 0.7,
+    "optim.lr": 2e-5,
+    "optim.rollout_correction": "tis",
+    "reward.reward": "math",
+}
+"""``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores."""
+
+REAL_DEMO: dict[str, Any] = {"engine": "vllm", "slowdowns": "1,1,1"}
+"""``aurora demo-real``'s demo options: vLLM actors, no emulated slowness (three engines share the cores)."""

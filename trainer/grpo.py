@@ -31,6 +31,7 @@ on the rollout's own samples).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -136,15 +137,40 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext()
 
 
-def _log_softmax(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
+def _log_softmax(
+    model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float, start: int = 0
+) -> torch.Tensor:
+    """Log-softmax of the logits at positions ``start`` .. width-2 (those that predict a next token).
+    Only those positions' logits are computed where the model can (``logits_to_keep``): prompt
+    positions need none, and a [batch, width, vocab] logits tensor is what fills the memory."""
+    keep = _keeps_logits(model) and start > 0
     with autocast(ids.device):
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-    return F.log_softmax(logits.float() / temperature, dim=-1)
+        extra = {"logits_to_keep": ids.shape[1] - start} if keep else {}
+        logits = model(input_ids=ids, attention_mask=attn, **extra).logits
+    if not keep:
+        logits = logits[:, start:]
+    return F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
 
 
-def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(token j+1 | tokens ≤ j) for every position, at ``temperature``."""
-    return torch.gather(_log_softmax(model, ids, attn, temperature), 2, ids[:, 1:, None]).squeeze(2)
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    forward = getattr(model, "forward", None)
+    try:
+        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def token_logprobs(
+    model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, temperature: float, start: int = 0
+) -> torch.Tensor:
+    """log p(token j+1 | tokens ≤ j) for every position j from ``start``, at ``temperature``."""
+    return torch.gather(_log_softmax(model, ids, attn, temperature, start), 2, ids[:, start + 1 :, None]).squeeze(2)
+
+
+def completion_start(samples: Sequence[Sample]) -> int:
+    """The first position whose logits predict a completion token, over ``samples``."""
+    return max(0, min(len(s.prompt_ids) for s in samples) - 1)
 
 
 def correction_weights(
@@ -179,8 +205,10 @@ def loss(
     ``rollout_model``: the weights the samples were generated with, which a rollout correction needs."""
     device = next(model.parameters()).device
     ids, attn, comp, old = batch(samples, device)
-    logp = _log_softmax(model, ids, attn, cfg.temperature)
-    new = torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2)
+    start = completion_start(samples)
+    comp, old = comp[:, start:], old[:, start:]
+    logp = _log_softmax(model, ids, attn, cfg.temperature, start)
+    new = torch.gather(logp, 2, ids[:, start + 1 :, None]).squeeze(2)
     a = torch.tensor(adv, dtype=torch.float32, device=device)[:, None]
     corrected = torch.zeros_like(comp)
     mismatch = (torch.zeros_like(comp), torch.zeros(()))
@@ -191,7 +219,7 @@ def loss(
         if rollout_model is None:
             raise ValueError(f"the {cfg.correction} rollout correction needs the rollout's weights")
         with torch.no_grad():
-            prox = token_logprobs(rollout_model, ids, attn, cfg.temperature)
+            prox = token_logprobs(rollout_model, ids, attn, cfg.temperature, start)
         ratio = torch.exp(new - prox)
         token_weight, hit = correction_weights(prox, old, cfg.correction, cfg.correction_cap)
         corrected = hit.to(comp.dtype)
@@ -200,7 +228,7 @@ def loss(
     k3 = torch.zeros_like(new)
     if cfg.kl_coef > 0 and reference is not None:
         with torch.no_grad():
-            ref = token_logprobs(reference, ids, attn, cfg.temperature)
+            ref = token_logprobs(reference, ids, attn, cfg.temperature, start)
         d = ref - new
         k3 = torch.exp(d) - d - 1
         per_token = per_token + cfg.kl_coef * k3
@@ -251,5 +279,6 @@ def sft_loss(
     samples = [Sample(tuple(p), tuple(a), (0.0,) * len(a), 0.0) for p, a in zip(prompts, answers, strict=True)]
     device = next(model.parameters()).device
     ids, attn, comp, _ = batch(samples, device)
-    new = token_logprobs(model, ids, attn, 1.0)
-    return -(new * comp).sum() / comp.sum().clamp(min=1)
+    start = completion_start(samples)
+    new = token_logprobs(model, ids, attn, 1.0, start)
+    return -(new * comp[:, start:]).sum() / comp.sum().clamp(min=1)

@@ -12,7 +12,9 @@ restarted trainer continues exactly where its steps stopped. Jobs, leases and ad
 from __future__ import annotations
 
 import logging
+import math
 import random
+import statistics
 import time
 import uuid
 from collections import Counter
@@ -68,6 +70,17 @@ class StepReport:
     """Reward calls that failed on the actors so far (scored 0), by kind."""
     skipped_prompts: int = 0
     """Prompts of the data set dropped at load for being too long."""
+    reward_stderr: float = 0.0
+    """The standard error of the step's mean reward (over its completions)."""
+    changed: int = 0
+    """Elements the published version changed (a delta's; 0 for a full)."""
+
+
+def _stderr(xs: list[float]) -> float:
+    """The standard error of the mean of ``xs`` (0 for fewer than two)."""
+    if len(xs) < 2:
+        return 0.0
+    return statistics.stdev(xs) / math.sqrt(len(xs))
 
 
 class Trainer:
@@ -271,7 +284,7 @@ class Trainer:
         return {"rows": rows, "adv": adv, "version": versions.pop() if len(versions) == 1 else None}
 
     def train_step(self, step: int, batch: dict[str, Any]) -> tuple[float, float, StepStats]:
-        """One optimizer step on ``batch`` (the same on every rank); returns reward, seconds and stats."""
+        """One optimizer step on ``batch`` (the same on every rank); returns the mean reward, seconds and stats."""
         samples = [Sample(tuple(p), tuple(t), tuple(lp), r) for p, t, lp, r in batch["rows"]]
         t0 = time.perf_counter()
         o = self.cfg.optim
@@ -358,6 +371,8 @@ class Trainer:
                 stats=asdict(stats),
                 reward_failures=dict(self.dispatch.reward_failures),
                 skipped_prompts=self.source.skipped,
+                reward_stderr=_stderr([row[3] for row in batch["rows"]]),
+                changed=info.changed if info.kind == "delta" else 0,
             )
             try:
                 self.coord.note("steps", **asdict(rep))
