@@ -99,6 +99,8 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
             tensor_parallel_size=cfg.tensor_parallel,
             stop_token_ids=list(spec.eos_ids),
             weight_transfer=cfg.vllm_weight_transfer,
+            enable_prefix_caching=cfg.vllm_prefix_caching,
+            max_model_len=cfg.vllm_max_model_len,
         )
     finally:  # vLLM has read it (or failed to): the weights now live in the engine
         shutil.rmtree(out, ignore_errors=True)

