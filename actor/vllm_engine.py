@@ -244,6 +244,7 @@ class VllmEngine:
                 self.live.check(specs)  # what vLLM made of the model, now that it has loaded it
             except LayoutError as exc:
                 if not (self.native and weight_transfer == "auto" and vllm_transfer.has_patches()):
+                    self.close()  # the actor ends on this error: the engine's processes go with it
                     raise
                 log.info("vLLM's parameters are not laid out as mapped here (%s): writing through its loaders", exc)
                 self.mode = "patches"

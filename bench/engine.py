@@ -82,7 +82,7 @@ def _weights(name: str, seed: int) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The model's BF16 state dict and the files published beside it (its config)."""
     import torch
 
-    from aurora_store.rl.models import build_model, load_pretrained, tiny_config
+    from aurora_store.rl.models import build_model, load_pretrained, tied_names, tiny_config
 
     if name == "smollm2":
         from aurora_store.rl.gguf import hf_directory
@@ -95,10 +95,12 @@ def _weights(name: str, seed: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         config = (
             QWEN3_06B
             if name == "qwen3-0.6b"
-            else {**tiny_config(512, hidden=128, layers=2), "max_position_embeddings": 512}
+            else {**tiny_config(512, hidden=128, layers=2), "max_position_embeddings": 1024}
         )
         model = build_model(config, seed=seed, dtype=torch.bfloat16)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    full = model.state_dict()
+    tied = tied_names(full)  # published once, as the trainer does (lm_head is embed_tokens in both models)
+    state = {k: v.detach().clone() for k, v in full.items() if k not in tied}
     return state, {"config.json": json.dumps(config).encode()}
 
 
@@ -224,6 +226,7 @@ def _one_token() -> Any:
 
 
 def measure(cfg: Config) -> dict[str, Any]:
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON alone
     try:
         import vllm
         from vllm.platforms import current_platform

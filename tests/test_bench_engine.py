@@ -33,7 +33,7 @@ def test_bad_flags_are_refused_before_any_engine_starts(flags: list[str], messag
 def test_the_quick_run_applies_deltas_that_generate_as_a_reload_does() -> None:
     got = subprocess.run([*CMD, "--quick", "--json"], capture_output=True, text=True, check=False, timeout=900)
     assert got.returncode == 0, got.stderr[-3000:]
-    r = json.loads(got.stdout)
+    r = json.loads(got.stdout)  # stdout holds the JSON object alone (vLLM's own logs go to stderr)
     assert r["bench"] == "engine" and r["device"] == "cpu" and r["vllm"].startswith("0.3")
     m = r["models"]["tiny"]
     assert m["same_tokens_as_reload"] is True

@@ -366,6 +366,17 @@ def test_moe_model_follows_a_chain_through_checkpoint_patches(tmp_path: Path) ->
         llm.llm_engine.engine_core.shutdown()
 
 
+def test_a_layout_the_actor_cannot_map_is_refused_when_the_engine_comes_up(tmp_path: Path) -> None:
+    """Forced to write in place (``native``), an MoE model's experts have no mapping: the engine is
+    refused with one LayoutError once vLLM has loaded it (the actor then ends), and its processes
+    are shut down; before, the first bootstrap failed and was retried forever."""
+    from actor.vllm_engine import VllmEngine
+
+    run = publish_chain(f"file://{tmp_path}/run", MOE, seed=2, nan=False)
+    with pytest.raises(LayoutError, match="do not match|mismatched|not laid out|experts"):
+        VllmEngine(replay(run, 0, str(tmp_path / "v0")).out, max_model_len=512, weight_transfer="native")
+
+
 def test_a_seeded_batch_longer_than_one_steps_token_budget(mapped: Any, chain: tuple[Run, Path]) -> None:
     """Every request is seeded; on the CPU build a split prefill of a seeded request killed the engine
     core ("CPU Generator does not use offset") until chunked prefill was turned off there."""

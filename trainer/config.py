@@ -263,12 +263,12 @@ REAL_GIVES = frozenset({"model.model", "data.data", "data.data_format", "data.pr
 """The trainer options ``aurora demo-real`` sets itself: the model and the data set."""
 
 REAL_RECIPE: dict[str, Any] = {
-    "steps": 20,
-    "rollout.prompts": 5,
-    "sampling.group": 4,
-    "sampling.max_new_tokens": 16,
+    "steps": 16,
+    "rollout.prompts": 4,
+    "sampling.group": 6,
+    "sampling.max_new_tokens": 12,
     "sampling.temperature": 0.7,
-    "optim.lr": 3e-5,
+    "optim.lr": 1e-4,
     "optim.rollout_correction": "tis",
     "reward.reward": "math",
     "schedule.lease_s": 300.0,
