@@ -275,7 +275,7 @@ REAL_RECIPE: dict[str, Any] = {
     "optim.micro_batch_tokens": 2048,
 }
 """``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores,
-where the trainer's step (forward, backward and the rollout correction's forward over 20 sequences) takes
+where the trainer's step (forward, backward and the rollout correction's forward over 24 sequences) takes
 most of a step's minute. The engines share the cores (a core each; this machine's AVX2 has no BF16 GEMM),
 so a batch takes tens of seconds: leases are 300 s, or a slow actor's batch would be leased again before it
 ends and its results dropped as stale."""
