@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aurora_store.options import positive
-from bench.output import emit
+from bench.output import emit, overridden
 
 TARGET = 0.05
 """The pause to apply a ~1% delta, as a fraction of vLLM's full reload of the same weights."""
@@ -292,19 +292,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = QUICK if args.quick else Config()
-    changes: dict[str, Any] = {"seed": args.seed}
+    if args.density is not None and not 0 < args.density <= 1:
+        raise SystemExit(f"aurora bench engine: --density must be in (0, 1], got {args.density}")
+    cfg = overridden(QUICK if args.quick else Config(), args, ("density", "versions", "reloads"))
     if args.models:
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
         unknown = [m for m in models if m not in MODELS]
         if unknown or not models:
             raise SystemExit(f"aurora bench engine: --models takes {', '.join(MODELS)}; got {args.models!r}")
-        changes["models"] = models
-    if args.density is not None:
-        if not 0 < args.density <= 1:
-            raise SystemExit(f"aurora bench engine: --density must be in (0, 1], got {args.density}")
-        changes["density"] = args.density
-    for k in ("versions", "reloads"):
-        if getattr(args, k) is not None:
-            changes[k] = getattr(args, k)
-    return emit(measure(dataclasses.replace(cfg, **changes)), args, lambda r: render(r, Console()))
+        cfg = dataclasses.replace(cfg, models=models)
+    return emit(measure(cfg), args, lambda r: render(r, Console()))
