@@ -24,7 +24,7 @@ from aurora_store.rl.sampling import SamplingConfig
 from tests.helpers import bits_equal
 from trainer.config import DataConfig, ModelConfig, TrainerConfig
 from trainer.policy import check_resume, new_policy, record, run_spec
-from trainer.sharded import ShardedPublisher
+from trainer.sharded import ModelPublisher
 
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -46,7 +46,7 @@ def _publish_v0(model_dir: Path, tmp_path: Path, **data: Any) -> tuple[Run, Any,
     run = open_run(f"file://{tmp_path}/run")
     spec = run_spec(cfg, policy)
     record(run, policy, spec)
-    assert ShardedPublisher(run, policy.model).publish(step=0, kind="full").kind == "full"
+    assert ModelPublisher(run, policy.model).publish(step=0, kind="full").kind == "full"
     return run, policy, spec
 
 

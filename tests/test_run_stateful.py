@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import aurora_store
 from aurora_store import ConflictError, LayoutError
 from aurora_store.bucket.audit import audit
-from aurora_store.bucket.publish import Baseline, delta_part, whole
+from aurora_store.bucket.parts import Baseline, Uploads, encode_delta, whole
 from aurora_store.bucket.run import Run
 from aurora_store.tensors import to_words
 from tests.helpers import bits_equal, state_dict, step
@@ -87,15 +87,16 @@ class RunMachine(RuleBasedStateMachine):
         """A publisher uploads every segment of the next version, then dies before its manifest."""
         crashed = self._open()
         specs, words = to_words(self._next(lr))
-        tip = crashed.tip()
+        tip = crashed.publisher.tip()
         if tip is None or tip.specs != specs:
             return  # the last version changed the layout: no delta to crash in
-        plan = crashed.plan(specs, kind="delta")
+        plan = crashed.publisher.plan(specs, kind="delta")
         assert plan.parent == tip
         state = crashed.materialize_words(plan.parent.version)
         base = Baseline(plan.parent, whole(specs), state.words)
-        uploads = crashed.uploads(plan.version)
-        delta_part(plan, base, words, uploads, segment_bytes=512)
+        uploads = Uploads(crashed.store.pool, lambda obj, staged: crashed.store.put_if_absent(obj.entry.key, obj.data))
+        encode_delta(plan, base, words, uploads, segment_bytes=512)
+        uploads.wait()
         crashed.close()  # and no commit: the segments belong to no manifest
 
     @rule(lr=st.sampled_from([1e-5, 3e-4]))

@@ -22,14 +22,14 @@ import torch
 from torch import nn
 
 import aurora_store
-from aurora_store import CorruptError, StoreError, UnsupportedError
+from aurora_store import StoreError, UnsupportedError
 from aurora_store.bucket.audit import audit
-from aurora_store.bucket.plan import PublishPlan
-from aurora_store.bucket.publish import Baseline, Part, delta_part, whole
+from aurora_store.bucket.parts import range_table, whole
+from aurora_store.bucket.publisher import Share
 from aurora_store.format.delta import DeltaBuilder
-from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Parent, TensorSpec
 from aurora_store.tensors import to_words
+from aurora_store.testing.collective import ThreadGroup
 from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def worker(uri: str, out: Path, extract: str = "auto") -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from trainer.sharded import ShardedPublisher
+    from trainer.sharded import ModelPublisher
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -103,22 +103,23 @@ def worker(uri: str, out: Path, extract: str = "auto") -> None:
     def open_() -> aurora_store.Run:
         return aurora_store.open_run(uri, signing_key=_key() if rank == 0 else None, extract=extract, **CONFIG)  # type: ignore[arg-type]
 
-    pub = ShardedPublisher(open_(), net)
+    pub = ModelPublisher(open_(), net)
     log: dict[str, Any] = {"infos": [], "errors": []}
 
     def publish(s: int) -> None:
         nonlocal pub
         if s == 6:  # rank 1's uploads fail: every rank raises, nothing is committed, the retry works
-            real = pub.run.upload
+            store = pub.publisher.store
+            real = store.put_immutable
             if rank == 1:
-                pub.run.upload = _fail  # type: ignore[method-assign]
+                store.put_immutable = _fail  # type: ignore[method-assign]
             try:
                 pub.publish(step=s)
             except StoreError as exc:
                 log["errors"].append(f"{type(exc).__name__}: {exc}")
-            pub.run.upload = real  # type: ignore[method-assign]
+            store.put_immutable = real  # type: ignore[method-assign]
         if s == 7:  # a restarted publisher: rank 0 reloads the run and sends each rank its slices
-            pub = ShardedPublisher(open_(), net)
+            pub = ModelPublisher(open_(), net)
         log["infos"].append(dataclasses.asdict(pub.publish(step=s)))
         info = log["infos"][-1]
         full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in net.state_dict().items()}
@@ -130,8 +131,8 @@ def worker(uri: str, out: Path, extract: str = "auto") -> None:
     dist.destroy_process_group()
 
 
-def _fail(version: int, obj: Any, staged: Any = None) -> None:
-    raise StoreError(f"injected upload failure of {obj.entry.key}")
+def _fail(key: str, data: Any, **kwargs: Any) -> None:
+    raise StoreError(f"injected upload failure of {key}")
 
 
 # ---------------------------------------------------------------- store side, no processes
@@ -148,64 +149,94 @@ def _halves(specs: tuple[TensorSpec, ...], rank: int) -> dict[str, tuple[int, in
     return out
 
 
-def test_one_plan_driven_by_two_ranks_commits_what_one_process_would(tmp_path: Path) -> None:
-    """Two 'ranks' each make a part over half of every tensor; the commit of their parts reads back
-    like a single publish: the same changes, digest and bits, and both ranks' keys interleaved."""
-    run = aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256)
+def _two_ranks(tmp_path: Path, name: str, sd: dict[str, torch.Tensor], claim: Any, **config: Any) -> list[Any]:
+    """Publish ``sd`` from two thread ranks of one group, rank r owning ``claim(specs, r)``; each
+    rank's VersionInfo or the exception it raised."""
+    group = ThreadGroup(2)
+    runs = [aurora_store.open_run(f"file://{tmp_path}/{name}", **config) for _ in range(2)]
+    pubs = [run.publisher.on(group.rank(r)) for r, run in enumerate(runs)]
+    specs, words = to_words(sd)
+
+    def publish(r: int) -> Any:
+        ranges = claim(specs, r)
+        return pubs[r].publish(Share(specs, ranges, {k: words[k][lo:hi] for k, (lo, hi) in ranges.items()}))
+
+    return group.run(publish)
+
+
+def test_two_ranks_commit_what_one_process_would(tmp_path: Path) -> None:
+    """Two ranks (threads of one group, the real publisher) each publish half of every tensor; the
+    version reads back like a single publish: the same changes, digest and bits, both ranks' keys
+    interleaved; a full version is the same objects one process writes."""
     ref = aurora_store.open_run(f"file://{tmp_path}/ref", segment_bytes=256)
     sd0 = state_dict()
     sd1 = step(sd0, 1, lr=1e-2)
-    run.publish(sd0)
-    ref.publish(sd0)
+    full = ref.publish(sd0)
     want = ref.publish(sd1, kind="delta")
-    specs, old = to_words(sd0)
-    _, new = to_words(sd1)
-    plan = PublishPlan.from_dict(run.plan(specs, kind="delta").to_dict())  # as rank 0 sends it to every rank
-    assert (plan.version, plan.full, plan.parent is not None and plan.parent.version) == (1, False, 0)
-    parts = []
-    for rank in (0, 1):
-        ranges = _halves(specs, rank)
-        base = Baseline(plan.parent, ranges, {k: old[k][lo:hi] for k, (lo, hi) in ranges.items()})  # type: ignore[arg-type]
-        mine = {k: new[k][lo:hi] for k, (lo, hi) in ranges.items()}
-        uploads = run.uploads(1)
-        made = delta_part(plan, base, mine, uploads, segment_bytes=256, rank=rank, world=2)
-        assert made is not None
-        parts.append(Part.from_dict(made[0].to_dict(), plan.specs))  # as each rank sends rank 0 its part
-    info = run.commit(plan, parts)
+    group = ThreadGroup(2)
+    runs = [aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256) for _ in range(2)]
+    pubs = [run.publisher.on(group.rank(r)) for r, run in enumerate(runs)]
+
+    def publish(sd: dict[str, torch.Tensor], kind: Any) -> list[Any]:
+        specs, words = to_words(sd)
+
+        def one(r: int) -> Any:
+            ranges = _halves(specs, r)
+            return pubs[r].publish(
+                Share(specs, ranges, {k: words[k][lo:hi] for k, (lo, hi) in ranges.items()}), kind=kind
+            )
+
+        return group.run(one)
+
+    infos = publish(sd0, "auto")
+    assert infos[0] == dataclasses.replace(infos[1], seconds=infos[0].seconds)  # the same outcome on both ranks
+    assert [(s.key, s.sha256) for s in runs[0].manifest(0).objects] == [
+        (s.key, s.sha256) for s in ref.manifest(0).objects
+    ]
+    assert infos[0].weights_digest == full.weights_digest
+    (info, _) = publish(sd1, "delta")
     assert (info.changed, info.weights_digest) == (want.changed, want.weights_digest)
-    ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in run.manifest(1).segments}
+    ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in runs[0].manifest(1).segments}
     assert ordinals == {0, 1}  # both ranks' keys, interleaved
-    assert bits_equal(run.materialize(1), sd1)
-    assert audit(run).ok
+    assert bits_equal(runs[0].materialize(1), sd1)
+    assert audit(runs[0]).ok
 
 
-def test_commit_checks_assembled_manifests(tmp_path: Path) -> None:
-    """Overlapping blocks from two ranks are refused before anything is committed."""
-    run = aurora_store.open_run(f"file://{tmp_path}/run")
+def test_ranks_that_claim_the_same_elements_commit_nothing(tmp_path: Path) -> None:
+    """Overlapping claims are refused on every rank before anything is written."""
     sd0 = state_dict()
-    sd1 = step(sd0, 1, lr=1e-2)
-    run.publish(sd0)
+    got = _two_ranks(tmp_path, "run", sd0, lambda specs, r: whole(specs))
+    assert all(isinstance(e, UnsupportedError) and "expected" in str(e) for e in got), got
+    run = aurora_store.open_run(f"file://{tmp_path}/run")
+    assert run.versions() == [] and run.store.list_keys("") == []
     specs, old = to_words(sd0)
-    _, new = to_words(sd1)
-    plan = run.plan(specs, kind="delta")
-    assert plan.parent is not None
-    parts = []
-    for rank in (0, 1):  # both claim the whole tensors
-        base = Baseline(plan.parent, whole(specs), dict(old))
-        uploads = run.uploads(1)
-        made = delta_part(plan, base, new, uploads, segment_bytes=4 << 20, rank=rank, world=2)
-        assert made is not None
-        parts.append(made[0])
-    with pytest.raises(CorruptError, match="overlap"):
-        run.commit(plan, parts)
-    assert not run.store.exists(manifest_key(1))
+    _, new = to_words(step(sd0, 1, lr=1e-2))
     with pytest.raises(StoreError, match="not inside"):
         next(DeltaBuilder(1, specs).add_tensor(specs[0], old[specs[0].name], new[specs[0].name], start=1))
 
 
-def test_range_table_must_tile_every_tensor() -> None:
-    from trainer.shard_ranges import range_table
+def test_a_delta_that_outgrows_a_full_copy_is_never_uploaded(tmp_path: Path) -> None:
+    """An ``auto`` delta is held until every rank's size is known: when the chain would outgrow a
+    full copy, the version is published full and no segment of the abandoned delta exists."""
+    sd0 = state_dict()
+    sd1 = step(sd0, 1, lr=1.0)  # nearly every element changes: a delta costs more than the model
+    for ranks in (1, 2):
+        uri = f"file://{tmp_path}/r{ranks}"
+        if ranks == 1:
+            run = aurora_store.open_run(uri, segment_bytes=256)
+            run.publish(sd0)
+            info = run.publish(sd1)
+        else:
+            _two_ranks(tmp_path, f"r{ranks}", sd0, _halves, segment_bytes=256)
+            info = _two_ranks(tmp_path, f"r{ranks}", sd1, _halves, segment_bytes=256)[0]
+            run = aurora_store.open_run(uri)
+        assert info.kind == "full", ranks
+        keys = run.store.list_keys("versions/0000000001/")
+        assert keys and not [k for k in keys if k.endswith(".seg")], keys
+        assert bits_equal(run.materialize(1), sd1)
 
+
+def test_range_table_must_tile_every_tensor() -> None:
     specs, _ = to_words({"w": torch.zeros(4, 3)})
     assert range_table(specs, [{"w": [0, 6]}, {"w": [6, 12]}]) == {"w": [(0, 0, 6), (1, 6, 12)]}
     with pytest.raises(UnsupportedError, match="starts at element 5"):
@@ -215,11 +246,11 @@ def test_range_table_must_tile_every_tensor() -> None:
 
 
 def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) -> None:
-    from trainer.sharded import ShardedPublisher
+    from trainer.sharded import ModelPublisher
 
     model = nn.Linear(4, 3)
     run = aurora_store.open_run(f"file://{tmp_path}/run")
-    info = ShardedPublisher(run, model).publish(step=0)
+    info = ModelPublisher(run, model).publish(step=0)
     assert (info.version, info.kind) == (0, "full")
     assert bits_equal(run.materialize(0), _bf16({k: v.detach() for k, v in model.state_dict().items()}))
 
@@ -240,7 +271,7 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extr
         pytest.skip("this torch build has no gloo backend")
     from safetensors.torch import load_file
 
-    from trainer.sharded import ShardedPublisher
+    from trainer.sharded import ModelPublisher
 
     uri = f"file://{tmp_path}/sharded"
     out = tmp_path / "dumps"
@@ -266,7 +297,7 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extr
     # chain may outgrow a full copy a version sooner)
     ref = aurora_store.open_run(f"file://{tmp_path}/single", signing_key=_key(), **CONFIG)  # type: ignore[arg-type]
     net = Net()
-    pub = ShardedPublisher(ref, net)
+    pub = ModelPublisher(ref, net)
     _train(net, lambda s: pub.publish(step=s, kind=kinds[s]))  # type: ignore[arg-type]
     assert sharded.versions() == ref.versions() == list(range(STEPS + 1))
     assert kinds == [ref.manifest(v).kind for v in ref.versions()]
@@ -293,6 +324,55 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extr
     assert len(logs[1]["errors"]) == 1 and "injected upload failure" in logs[1]["errors"][0]
     assert len(logs[0]["errors"]) == 1 and logs[0]["errors"][0].startswith("StoreError: rank 1: injected")
     assert np.array_equal(sharded.materialize(STEPS)["steps"].numpy(), np.full(3, STEPS))
+
+
+@pytest.mark.slow
+def test_one_torch_rank_writes_object_for_object_what_the_local_collective_writes(tmp_path: Path) -> None:
+    """The publisher's two collectives: one gloo rank under torchrun (``TorchCollective``) and this
+    process alone (``LocalCollective``) train the same model and write the same objects, key for key
+    and byte for byte; the manifests differ only in their creation times and what hashes them."""
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no gloo backend")
+    from trainer.sharded import ModelPublisher
+
+    uri = f"file://{tmp_path}/gloo"
+    out = tmp_path / "dumps"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    proc = subprocess.run(
+        [*cmd, str(Path(__file__)), uri, str(out), "auto"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    gloo = aurora_store.open_run(uri, verify_key=_key().public_key())
+    local = aurora_store.open_run(f"file://{tmp_path}/local", signing_key=_key(), **CONFIG)  # type: ignore[arg-type]
+    net = Net()
+    pub = ModelPublisher(local, net)
+
+    def publish(s: int) -> None:
+        nonlocal pub
+        if s == 6:  # the worker's step with a failing rank 1: without one, it publishes twice
+            pub.publish(step=s)
+        if s == 7:  # the worker restarts its publisher here too
+            pub = ModelPublisher(aurora_store.open_run(local.uri, signing_key=_key(), **CONFIG), net)  # type: ignore[arg-type]
+        pub.publish(step=s)
+
+    _train(net, publish)
+    assert gloo.versions() == local.versions() == list(range(STEPS + 2))
+    keys = gloo.store.list_keys("")
+    assert keys == local.store.list_keys("")
+    unhashed = ("created", "version_hash", "signature", "parent", "run")
+    for key in keys:
+        a, b = (r.store.get(key, max_bytes=1 << 30) for r in (gloo, local))
+        if key.endswith("manifest.json"):
+            a, b = ({k: v for k, v in json.loads(x).items() if k not in unhashed} for x in (a, b))
+        assert a == b, key
+    assert any(gloo.manifest(v).kind == "delta" for v in gloo.versions())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The few collectives sharded publishing and the distributed trainer need; JSON travels as
-uint8 tensors, so no pickle crosses ranks."""
+"""The collectives sharded publishing and the distributed trainer need, on torch.distributed; JSON
+travels as uint8 tensors, so no pickle crosses ranks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import torch.distributed as dist
 _SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-class Collectives:
-    """The few collectives a publish needs, on ``group``; JSON travels as uint8 tensors."""
+class TorchCollective:
+    """The publisher's :class:`~aurora_store.bucket.publisher.Collective` on a torch.distributed
+    ``group`` (also what the distributed trainer gathers with); JSON travels as uint8 tensors."""
 
     def __init__(self, group: Any) -> None:
         self.group = group

@@ -4,7 +4,7 @@ Without torchrun (no ``WORLD_SIZE`` > 1 in the environment) everything here is a
 one rank, so the trainer has one code path. Under torchrun every rank builds the same model,
 ``fully_shard`` shards each decoder layer and the root (FSDP2), rank 0 alone talks to Redis
 (jobs, admission, metrics) and broadcasts each step's batch, every rank computes the loss
-on its slice of it, and all ranks publish together through :class:`~trainer.sharded.ShardedPublisher`.
+on its slice of it, and all ranks publish together through :class:`~trainer.sharded.ModelPublisher`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.collectives import Collectives
+from trainer.collectives import TorchCollective
 
 
 class Dist:
@@ -25,7 +25,7 @@ class Dist:
             dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.main = self.rank == 0
-        self._comm = Collectives(None) if self.world > 1 else None
+        self._comm = TorchCollective(None) if self.world > 1 else None
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` (JSON-able) on every rank."""

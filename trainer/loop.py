@@ -39,7 +39,7 @@ from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.metrics import TrainerMetrics
 from trainer.rollout_policy import RolloutPolicy
-from trainer.sharded import ShardedPublisher
+from trainer.sharded import ModelPublisher
 from trainer.state import load_state, save_state, saved_versions
 from trainer.step import StepStats, optimizer_step
 
@@ -150,7 +150,7 @@ class Trainer:
         if self.cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.model = self.dist.shard(model)
-        self.publisher = ShardedPublisher(self.run, self.model)
+        self.publisher = ModelPublisher(self.run, self.model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
         if self.grpo.correction != "none":
             self.rollout = RolloutPolicy(self.dist.shard(policies.frozen_copy(self.policy, self.device)))

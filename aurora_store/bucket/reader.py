@@ -293,6 +293,14 @@ class Reader:
             blocks.extend(part)
         return blocks
 
+    def materialize(self, version: int) -> WeightState:
+        """The verified bit patterns of ``version``: its nearest full version plus the deltas after it."""
+        chain = self.chain(version)
+        state = self.load_full(chain[0])
+        for m in chain[1:]:
+            self.apply_delta(state, m)
+        return state
+
     def apply_delta(self, state: WeightState, m: Manifest, blocks: list[DecodedBlock] | None = None) -> None:
         """Move ``state`` from ``m``'s parent to ``m``: all or nothing."""
         url = self.store.url(manifest_key(m.version))

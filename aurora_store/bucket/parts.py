@@ -1,12 +1,12 @@
-"""Publishing a planned version: each publisher's part, cut-through uploads, its baseline.
+"""The pieces of a version one publisher makes: its part, its uploads, its baseline.
 
 A version is published by one or more publishers (a process, or each rank of a sharded
 trainer), each over the elements it owns: a *range* ``[lo, hi)`` of each flattened tensor it
-publishes, the whole tensor for a single process. Each publisher diffs its ranges against its
+publishes, the whole tensor for a single process. Each diffs its ranges against its
 :class:`Baseline` (the bits it last published, the only copy of the model it keeps), uploads
-sealed segments while extraction goes on, and reports a :class:`Part`: the objects it wrote,
-the elements it changed and its share of the additive weights digest. The commit
-(:meth:`~aurora_store.bucket.run.Run.commit`) turns the parts into the manifest.
+sealed segments, and reports a :class:`Part`: the objects it wrote, the elements it changed and
+its share of the additive weights digest. :class:`~aurora_store.bucket.publisher.Publisher`
+drives these pieces and turns the parts into the manifest.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from aurora_store import codec
 from aurora_store.bucket.objectstore import StagedWrite
 from aurora_store.bucket.plan import PublishPlan, Tip
-from aurora_store.errors import StoreError
+from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest, tensor_keys
@@ -39,6 +39,28 @@ _DIGEST_CHUNK = 1 << 20
 def whole(specs: Iterable[TensorSpec]) -> dict[str, tuple[int, int]]:
     """Every element of every tensor: what a single-process publisher owns."""
     return {s.name: (0, s.numel) for s in specs if s.numel}
+
+
+def range_table(
+    specs: tuple[TensorSpec, ...], ranges: list[dict[str, list[int]]]
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Who owns which elements of each tensor: (rank, lo, hi), checked to tile [0, numel) exactly."""
+    table: dict[str, list[tuple[int, int, int]]] = {s.name: [] for s in specs}
+    for r, own in enumerate(ranges):
+        for name, (lo, hi) in own.items():
+            if name not in table:
+                raise UnsupportedError(f"rank {r} publishes {name!r:.100}, which is not in the tensor table")
+            table[name].append((r, lo, hi))
+    for s in specs:
+        pieces = table[s.name] = sorted(table[s.name], key=lambda p: p[1])
+        end = 0
+        for r, lo, hi in pieces:
+            if lo != end:
+                raise UnsupportedError(f"{s.name!r}: rank {r}'s shard starts at element {lo}, expected {end}")
+            end = hi
+        if end != s.numel:
+            raise UnsupportedError(f"{s.name!r}: the ranks' shards cover {end} of {s.numel} elements")
+    return table
 
 
 @dataclass(slots=True)
@@ -148,8 +170,9 @@ class Uploads:
     """The objects of one version uploading on a pool while the publisher goes on (cut-through).
 
     At most ``max_pending`` are held in memory at once: submitting one more first waits for the
-    oldest. :meth:`wait` returns their manifest entries in submission order, or raises the
-    first upload's error after every upload has finished."""
+    oldest. With ``hold`` nothing is uploaded until :meth:`release` (a delta that may yet turn
+    into a full version; :meth:`drop` forgets it). :meth:`wait` returns their manifest entries in
+    submission order, or raises the first upload's error after every upload has finished."""
 
     def __init__(
         self,
@@ -157,14 +180,37 @@ class Uploads:
         put: Callable[[SealedObject, StagedWrite | None], None],
         *,
         max_pending: int | None = None,
+        hold: bool = False,
     ) -> None:
         self._pool, self._put, self._max = pool, put, max_pending
         self._pending: list[Future[None]] = []
         self._entries: list[Segment] = []
         self._failure: BaseException | None = None
+        self._held: list[SealedObject] | None = [] if hold else None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the objects held back (0 once released)."""
+        return sum(o.entry.size for o in self._held or ())
+
+    def release(self) -> None:
+        """Upload every object held back, and from now on upload as they come."""
+        held, self._held = self._held or [], None
+        for obj in held:
+            self.submit(obj)
+
+    def drop(self) -> None:
+        """Forget the objects held back: none of them was written."""
+        if self._held is not None:
+            self._held = []
 
     def submit(self, obj: SealedObject, staged: StagedWrite | None = None) -> None:
         """Upload ``obj`` (whose bytes are already in ``staged``, when given)."""
+        if self._held is not None:
+            if staged is not None:
+                raise StoreError(f"{obj.entry.key}: a staged write cannot be held back")
+            self._held.append(obj)
+            return
         if self._max is not None:
             while sum(not f.done() for f in self._pending) >= self._max:
                 self._settle(next(f for f in self._pending if not f.done()))
@@ -192,7 +238,7 @@ class Uploads:
         return list(self._entries)
 
 
-def delta_part(
+def encode_delta(
     plan: PublishPlan,
     base: Baseline,
     words: Words,
@@ -202,34 +248,25 @@ def delta_part(
     classed: bool = True,
     rank: int = 0,
     world: int = 1,
-    may_abandon: bool = False,
-) -> tuple[Part, DeltaBuilder] | None:
-    """Diff the publisher's ranges (``words``, against ``base``) into segments, uploading each as
-    it is sealed. Rank ``r`` of ``world`` numbers its segments r, r + world, ... so ranks never
-    collide. ``classed``: whether float blocks may use the classed codec. With ``may_abandon`` it
-    stops, and returns None, as soon as the plan says the chain would outgrow a full copy (objects
-    already uploaded then belong to no manifest)."""
+) -> tuple[DeltaBuilder, bool]:
+    """Diff the publisher's ranges (``words``, against ``base``) into segments, submitting each to
+    ``uploads`` as it is sealed. Rank ``r`` of ``world`` numbers its segments r, r + world, ... so
+    ranks never collide. ``classed``: whether float blocks may use the classed codec. Returns the
+    builder and whether it stopped early: a delta the plan may turn full stops as soon as this
+    publisher's bytes alone make the chain outgrow a full copy (nothing more is worth encoding)."""
     builder = DeltaBuilder(
         plan.version, plan.specs, segment_bytes, first_ordinal=rank, ordinal_step=world, use_classed=classed
     )
-    abandoned = False
-    try:
-        for s in plan.specs:
-            if s.name not in base.ranges:
-                continue
-            for obj in _add(builder, s, base.beside(s.name, words[s.name]), words[s.name], base.ranges[s.name][0]):
-                uploads.submit(obj)
-            if may_abandon and plan.outgrows(builder.encoded_bytes):
-                abandoned = True
-                break
-        if not abandoned:
-            for obj in builder.finish():
-                uploads.submit(obj)
-    finally:
-        entries = uploads.wait()  # every upload has finished, or the first error is raised
-    if abandoned:
-        return None
-    return Part(entries, builder.changed, builder.digest_change()), builder
+    for s in plan.specs:
+        if s.name not in base.ranges:
+            continue
+        for obj in _add(builder, s, base.beside(s.name, words[s.name]), words[s.name], base.ranges[s.name][0]):
+            uploads.submit(obj)
+        if plan.outgrows(builder.encoded_bytes):
+            return builder, True
+    for obj in builder.finish():
+        uploads.submit(obj)
+    return builder, False
 
 
 def _add(builder: DeltaBuilder, spec: TensorSpec, old: Any, new: Any, start: int) -> Iterator[SealedObject]:

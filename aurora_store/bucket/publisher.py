@@ -1,0 +1,537 @@
+"""Publishing a version: one object owns plan -> parts -> commit -> baseline.
+
+A version is published by one process, or by every rank of a sharded trainer together; the
+:class:`Publisher` is the same in both and only its :class:`Collective` differs (a local no-op,
+or the trainer's torch collectives). Each publisher holds a :class:`Share` of the model: the
+whole tensor table, and the flat element range of each tensor it owns with that range's words.
+
+One publish, on every rank:
+
+1. rank 0 plans the version (number, parent, full or delta: :func:`plan_next`) and every rank
+   learns the plan and every rank's ranges (one gather);
+2. a rank whose baseline is not the parent's bits receives them from rank 0, which loads the
+   parent once;
+3. a delta: every rank encodes its ranges against its baseline. A delta the plan may still turn
+   into a full version (``auto``) is held in memory, not uploaded, until every rank's size is
+   known (one gather of sizes), so nothing is ever written for a delta that is abandoned; a
+   forced delta streams its segments as they are sealed (cut-through);
+4. a full version: shard g of ``plan_shards`` is assembled on rank g mod W, built and uploaded
+   there, so the shards are byte for byte what one process writes;
+5. rank 0 writes the manifest from every rank's :class:`~aurora_store.bucket.parts.Part` (the
+   commit) and tells every rank the outcome; every rank moves its baseline.
+
+A failure on any rank is reported through the next collective and raised on every rank (the
+rank's own exception where it had one), so no rank waits forever. Control messages are JSON:
+no pickle crosses ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from aurora_store import errors
+from aurora_store.bucket.attachments import Attachments
+from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
+from aurora_store.bucket.parts import (
+    Baseline,
+    Part,
+    Uploads,
+    copy_words,
+    elements_part,
+    encode_delta,
+    host,
+    range_table,
+    whole,
+)
+from aurora_store.bucket.plan import (
+    KINDS,
+    Kind,
+    PublishPlan,
+    Tip,
+    VersionInfo,
+    check_publish_args,
+    committed_elsewhere,
+    plan_next,
+)
+from aurora_store.bucket.reader import Reader
+from aurora_store.bucket.run_config import RunConfig
+from aurora_store.errors import AuroraError, ConflictError, StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.format import signing
+from aurora_store.format.delta import DeltaBuilder, SealedObject
+from aurora_store.format.digest import Digest
+from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
+from aurora_store.format.keys import manifest_key, version_dir
+from aurora_store.format.manifest import Manifest, Segment, TensorSpec
+from aurora_store.format.manifest_parser import parse_manifest
+
+log = logging.getLogger("aurora.store")
+T = TypeVar("T")
+
+
+class Collective(Protocol):
+    """What publishing needs from the group of publishers: its size, this one's rank, JSON gathered
+    and broadcast, and word arrays sent point to point."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def all_gather_json(self, obj: Any) -> list[Any]: ...
+
+    def broadcast_json(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        ...
+
+    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        """Send each (rank, words); fill each (rank, out) in place."""
+        ...
+
+
+class LocalCollective:
+    """A publisher alone: rank 0 of 1. Messages still round-trip through JSON, so a single process
+    uses exactly what a rank would receive."""
+
+    rank = 0
+    size = 1
+
+    def all_gather_json(self, obj: Any) -> list[Any]:
+        return [json.loads(json.dumps(obj, sort_keys=True))]
+
+    def broadcast_json(self, obj: Any) -> Any:
+        return json.loads(json.dumps(obj, sort_keys=True))
+
+    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        if sends or recvs:
+            raise UnsupportedError("a single publisher has no other rank to exchange words with")
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one publisher publishes of a model: the whole tensor table, and for each tensor it
+    publishes part of, the flat element range ``[lo, hi)`` it owns and that range's words (host
+    word arrays, or word tensors on the weights' device, where its deltas are then extracted)."""
+
+    specs: tuple[TensorSpec, ...]
+    ranges: dict[str, tuple[int, int]]
+    words: dict[str, Any]
+
+    @classmethod
+    def whole(cls, specs: tuple[TensorSpec, ...], words: Mapping[str, Any]) -> Share:
+        """Every element of every tensor: what a single process publishes."""
+        ranges = whole(specs)
+        missing = sorted(ranges.keys() - words.keys())
+        if missing:
+            raise StoreError(f"no words for tensor {missing[0]!r:.100} of the tensor table")
+        return cls(specs, ranges, {k: words[k] for k in ranges})
+
+
+class Announcer(Protocol):
+    """Where a publisher says what it has uploaded: segments before the manifest, then the commit."""
+
+    def segment(self, version: int, entry: Segment) -> None: ...
+
+    def commit(self, manifest: Manifest) -> None: ...
+
+
+class Announcements:
+    """The run's announcer, told best effort: coordination never blocks or fails a publish. Relays
+    and actors that miss an announcement find the version by scanning the buckets."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.to: Announcer | None = None
+
+    def segment(self, version: int, entry: Segment) -> None:
+        self._tell("segment", version, entry)
+
+    def commit(self, manifest: Manifest) -> None:
+        self._tell("commit", manifest)
+
+    def _tell(self, what: str, *args: Any) -> None:
+        if self.to is None:
+            return
+        try:
+            getattr(self.to, what)(*args)
+        except AuroraError as exc:  # a coordination failure: the bucket is the truth, announcing is a hint
+            log.warning("%s: could not announce %s: %s", self.uri, what, exc)
+
+
+class Publisher:
+    """Commits versions of a run: every publisher of one run in one group calls :meth:`publish`
+    together (a single process is a group of one)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        reader: Reader,
+        config: RunConfig,
+        *,
+        files: Attachments,
+        announcements: Announcements,
+        signing_key: Any = None,
+        collective: Collective | None = None,
+    ) -> None:
+        self.store, self.reader, self.config = store, reader, config
+        self.files, self.announcements, self.signing_key = files, announcements, signing_key
+        self.collective: Collective = collective if collective is not None else LocalCollective()
+        self._base: Baseline | None = None
+
+    def on(self, collective: Collective) -> Publisher:
+        """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
+        return Publisher(
+            self.store,
+            self.reader,
+            self.config,
+            files=self.files,
+            announcements=self.announcements,
+            signing_key=self.signing_key,
+            collective=collective,
+        )
+
+    @property
+    def signer(self) -> str | None:
+        """The key id this publisher signs with (None: it does not sign)."""
+        return None if self.signing_key is None else signing.key_id(self.signing_key.public_key())
+
+    # ------------------------------------------------------------ planning
+
+    def tip(self, held: Tip | None = None) -> Tip | None:
+        """The last committed version (None for an empty run). With the tip this publisher last
+        committed, one key is checked instead of listing the run, so a publish costs the same at
+        version 10 and at 100,000; if another publisher has committed since, ConflictError."""
+        if held is not None:
+            if self.store.exists(manifest_key(held.version + 1)):
+                raise committed_elsewhere(self.store.url(manifest_key(held.version + 1)), held.version + 1)
+            return held
+        versions = self.reader.versions()
+        return None if not versions else Tip.of(self.reader.manifest(versions[-1]), self.reader.identity())
+
+    def plan(self, specs: tuple[TensorSpec, ...], *, kind: str = "auto", version: int | None = None) -> PublishPlan:
+        """The next version with tensor table ``specs`` (see :func:`plan_next`), after the tip this
+        publisher holds (ConflictError if another publisher got there first) or the run's latest."""
+        try:
+            tip = self.tip(self._base.tip if self._base is not None else None)
+        except UnauthenticatedError as exc:
+            if self.signing_key is None and self.reader.verify_key is None:  # say what a publisher lacks
+                raise UnauthenticatedError(
+                    f"{self.store.uri}: the run is signed; publish with its key (--signing-key, AURORA_SIGNING_KEY)",
+                    url=exc.url,
+                ) from None
+            raise
+        return plan_next(
+            tip,
+            specs,
+            kind=kind,
+            full_every=self.config.full_every,
+            version=version,
+            url=self.store.uri,
+            signer=self.signer,
+        )
+
+    def resume(self) -> Tip | None:
+        """Hold the last committed version's bits as this single publisher's baseline now (what a
+        restarted trainer does before its first step), so the next publish diffs against it at once."""
+        tip = self.tip()
+        if tip is not None:
+            state = self.reader.materialize(tip.version)
+            self._base = Baseline(tip, whole(state.specs), dict(state.words))
+        return tip
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(
+        self,
+        share: Share,
+        *,
+        kind: Kind = "auto",
+        step: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        version: int | None = None,
+    ) -> VersionInfo:
+        """Commit the next version from every publisher's ``share``; the same VersionInfo on every rank.
+
+        Raises on every rank if any rank failed or the commit did: ConflictError when another
+        publisher committed the version (the next call reloads and continues on top of it), or
+        when ``version`` is given and is not the next version."""
+        t0 = time.perf_counter()
+        if kind not in KINDS:
+            raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+        step, meta = check_publish_args(step, meta)  # on every rank, before any rank writes a byte
+        comm = self.collective
+        planned, failure = None, None
+        if comm.rank == 0:
+            planned, failure = _attempt(lambda: self.plan(share.specs, kind=kind, version=version))
+        hello = comm.all_gather_json(_report(failure) or self._hello(share, planned))
+        self._check(hello, failure)
+        if len({h["layout"] for h in hello}) != 1:
+            raise UnsupportedError("ranks disagree on the tensor table or the run's segment/shard sizes")
+        plan = PublishPlan.from_dict(hello[0]["plan"])
+        table = range_table(share.specs, [h["ranges"] for h in hello])
+        if plan.parent is not None and plan.same_layout and any(h["base"] != plan.parent.version_hash for h in hello):
+            self._resync(share, table, plan.parent)
+        builder: DeltaBuilder | None = None
+        parts: list[Part] = []
+        if not plan.full:
+            builder, parts = self._delta(plan, share)
+            if builder is None:
+                plan = plan.as_full()
+        after_full: dict[str, np.ndarray] = {}
+        if plan.full:
+            part, after_full, failure = self._full(plan, share, table)
+            parts = self._gather(plan, part, failure)
+        outcome: Any = None
+        if comm.rank == 0:
+            info, failure = _attempt(lambda: self._commit(plan, parts, step=step, meta=meta))
+            outcome = _report(failure) or {"info": None if info is None else dataclasses.asdict(info)}
+        outcome = comm.broadcast_json(outcome)
+        self._check([outcome], failure if comm.rank == 0 else None)
+        info = VersionInfo(**{**outcome["info"], "seconds": time.perf_counter() - t0})
+        self._advance(plan.tip_after(info), share, builder, after_full)
+        return info
+
+    # ------------------------------------------------------------ phases
+
+    def _hello(self, share: Share, plan: PublishPlan | None) -> dict[str, Any]:
+        cfg = self.config
+        ident = [[s.name, s.dtype, list(s.shape)] for s in share.specs], cfg.segment_bytes, cfg.shard_bytes
+        base = self._base
+        fits = base is not None and base.fits(share.specs, share.ranges)
+        return {
+            "layout": hashlib.sha256(json.dumps(ident).encode()).hexdigest(),
+            "ranges": {k: list(v) for k, v in share.ranges.items()},
+            "base": base.tip.version_hash if base is not None and fits else None,
+            "plan": None if plan is None else plan.to_dict(),
+        }
+
+    def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> None:
+        """Rank 0 loads the parent version once and sends every rank the bits of its ranges."""
+        comm = self.collective
+        state, failure = None, None
+        if comm.rank == 0:
+            state, failure = _attempt(lambda: self.reader.materialize(parent.version))
+            if state is not None and state.version_hash != parent.version_hash:
+                state, failure = None, ConflictError(f"{self.store.uri}: version {parent.version} changed hash")
+        self._check([comm.broadcast_json(_report(failure) or {})], failure)
+        words: dict[str, np.ndarray] = {}
+        for s in share.specs:
+            mine = share.ranges.get(s.name)
+            if comm.rank == 0:
+                assert state is not None
+                loaded = state.words[s.name]
+                comm.exchange([(r, loaded[lo:hi]) for r, lo, hi in table[s.name] if r != 0], [])
+                if mine is not None:
+                    words[s.name] = loaded if mine == (0, s.numel) else loaded[mine[0] : mine[1]].copy()
+            elif mine is not None:
+                words[s.name] = np.empty(mine[1] - mine[0], dtype=f"<u{s.width}")
+                comm.exchange([], [(0, words[s.name])])
+        self._base = Baseline(parent, dict(share.ranges), words)
+
+    def _delta(self, plan: PublishPlan, share: Share) -> tuple[DeltaBuilder | None, list[Part]]:
+        """Every rank's delta part, or (None, []) when the plan turns full: a delta of ``auto`` kind
+        is held until every rank's size is known, and uploaded only if the chain stays within a
+        full copy's bytes."""
+        comm = self.collective
+        hold = plan.kind == "auto"
+        uploads = self._uploads(plan.version, hold=hold)
+        encoded, failure = _attempt(lambda: self._encode(plan, share, uploads))
+        if not hold:  # a streamed delta's uploads have all finished before any rank moves on
+            _, failed = _attempt(uploads.wait)
+            failure = failure or failed
+        sizes = comm.all_gather_json(
+            _report(failure) or {"bytes": uploads.held_bytes, "stopped": encoded is not None and encoded[1]}
+        )
+        self._check(sizes, failure)
+        assert encoded is not None
+        builder, _ = encoded
+        if plan.kind == "auto" and (any(s["stopped"] for s in sizes) or plan.outgrows(sum(s["bytes"] for s in sizes))):
+            uploads.drop()
+            return None, []
+        uploads.release()
+        entries, failure = _attempt(uploads.wait)
+        part = None if entries is None else Part(entries, builder.changed, builder.digest_change())
+        return builder, self._gather(plan, part, failure)
+
+    def _encode(self, plan: PublishPlan, share: Share, uploads: Uploads) -> tuple[DeltaBuilder, bool]:
+        assert self._base is not None
+        return encode_delta(
+            plan,
+            self._base,
+            share.words,
+            uploads,
+            segment_bytes=self.config.segment_bytes,
+            classed=self.config.codec == "classed",
+            rank=self.collective.rank,
+            world=self.collective.size,
+        )
+
+    def _full(
+        self, plan: PublishPlan, share: Share, table: dict[str, list[tuple[int, int, int]]]
+    ) -> tuple[Part | None, dict[str, np.ndarray], BaseException | None]:
+        """This rank's shards of the full version: shard g is assembled on rank g mod W, built and
+        uploaded there. Every rank takes part in every transfer even after a local failure, so none
+        waits forever. Also returns views into the shards built here of the tensors this rank owns
+        whole: its next baseline, so a single process copies the model once, into the shards."""
+        comm = self.collective
+        failure: BaseException | None = None
+        uploads = self._uploads(plan.version, max_pending=self.config.concurrency)  # bounds the shards in memory
+        held = {k: host(v) for k, v in share.words.items()}  # a full version is built on the host
+        counting = self.store.pool.submit(elements_part, plan.specs, share.ranges, held, self._base)
+        built: dict[str, np.ndarray] = {}
+        for g, members in enumerate(plan_shards(plan.specs, self.config.shard_bytes)):
+            owner = g % comm.size
+            words: dict[str, np.ndarray] = {}
+            for s in members:
+                mine = held.get(s.name)
+                if comm.rank != owner:
+                    comm.exchange([(owner, mine)] if mine is not None else [], [])
+                    continue
+                if share.ranges.get(s.name) == (0, s.numel):
+                    assert mine is not None
+                    words[s.name] = mine  # owned whole: no assembly
+                    continue
+                out = words[s.name] = np.empty(s.numel, dtype=f"<u{s.width}")
+                comm.exchange([], [(r, out[lo:hi]) for r, lo, hi in table[s.name] if r != owner])
+                if mine is not None:
+                    lo, hi = share.ranges[s.name]
+                    out[lo:hi] = mine
+            if comm.rank == owner and failure is None:
+                try:
+                    shard = self._put_shard(uploads, plan, g, members, words)
+                    views = shard_words(shard)
+                    built.update({s.name: views[s.name] for s in members if share.ranges.get(s.name) == (0, s.numel)})
+                except Exception as exc:  # reported after every transfer is done
+                    failure = exc
+        entries, failed = _attempt(uploads.wait)
+        if failure or failed:
+            return None, {}, failure or failed
+        counted, failed = _attempt(counting.result)
+        if counted is None:
+            return None, {}, failed
+        changed, digest = counted
+        return Part(entries or [], changed, digest), built, None
+
+    def _put_shard(
+        self, uploads: Uploads, plan: PublishPlan, ordinal: int, members: list[TensorSpec], words: Mapping[str, Any]
+    ) -> SealedObject:
+        """Build shard ``ordinal`` of full version ``plan`` and submit it to ``uploads``. On a local
+        store its bytes are written while it is being hashed, and only linked under its key then."""
+        staged = self.store.stage(version_dir(plan.version))
+        try:
+            shard = build_shard(
+                plan.version, ordinal, plan.specs, members, words, sink=staged.write if staged else None
+            )
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        uploads.submit(shard, staged)
+        return shard
+
+    def _uploads(self, version: int, *, max_pending: int | None = None, hold: bool = False) -> Uploads:
+        """Uploads of objects of ``version`` on the store's pool, each announced as it lands."""
+
+        def put(obj: SealedObject, staged: StagedWrite | None) -> None:
+            sha = obj.entry.sha256
+            verify = lambda b: hashlib.sha256(b).hexdigest() == sha  # noqa: E731
+            self.store.put_immutable(obj.entry.key, obj.data, verify=verify, staged=staged)
+            self.announcements.segment(version, obj.entry)
+
+        return Uploads(self.store.pool, put, max_pending=max_pending, hold=hold)
+
+    def _gather(self, plan: PublishPlan, part: Part | None, failure: BaseException | None) -> list[Part]:
+        """Every rank's part, on every rank; raises everywhere if any rank failed."""
+        reports = self.collective.all_gather_json(_report(failure) or (part.to_dict() if part is not None else {}))
+        self._check(reports, failure)
+        return [Part.from_dict(r, plan.specs) for r in reports]
+
+    def _commit(
+        self, plan: PublishPlan, parts: list[Part], *, step: int | None, meta: Mapping[str, str] | None
+    ) -> VersionInfo:
+        """Write the manifest of ``plan``'s version from every publisher's part: the commit.
+
+        Delta segments keep the order of ``parts``; a full version's shards are ordered by their
+        first tensor and its index is built and uploaded here. The manifest is parsed back with
+        the readers' rules before it is written. ConflictError if the version is already committed."""
+        t0 = time.perf_counter()
+        entries = [e for p in parts for e in p.entries]
+        digest = Digest() if plan.full or plan.parent is None else Digest.from_hex(plan.parent.weights_digest)
+        for p in parts:
+            digest.add(p.digest)
+        index = None
+        if plan.full:
+            entries.sort(key=lambda e: e.tensors[0] if e.tensors else -1)
+            uploads = self._uploads(plan.version)
+            uploads.submit(build_index(plan.version, plan.specs, entries))
+            (index,) = uploads.wait()
+        m = plan.manifest(
+            segments=tuple(entries),
+            index=index,
+            changed=sum(p.changed for p in parts),
+            weights_digest=digest.hex(),
+            files=self.files.refs(),
+            step=step,
+            meta=meta,
+        )
+        m = signing.seal(m, self.signing_key)
+        data = m.to_bytes()
+        key = manifest_key(plan.version)
+        lim = self.config.limits
+        parse_manifest(
+            data,
+            expect_version=plan.version,
+            max_bytes=lim.max_manifest_bytes,
+            max_segment_bytes=lim.max_segment_bytes,
+            what=f"{self.store.url(key)} (before commit)",
+        )
+        if not self.store.put_if_absent(key, data):
+            raise committed_elsewhere(self.store.url(key), plan.version)
+        self.announcements.commit(m)
+        return VersionInfo.of(m, time.perf_counter() - t0)
+
+    def _advance(self, tip: Tip, share: Share, builder: DeltaBuilder | None, after_full: dict[str, np.ndarray]) -> None:
+        """Move the baseline to the version just committed: a delta's changes in place, else the
+        bits just published (views into this rank's shards where it built them, else copies)."""
+        base = self._base
+        if builder is not None and base is not None and base.fits(share.specs, share.ranges):
+            base.advance(tip, share.words, builder)
+            return
+        words = {k: after_full[k] if k in after_full else copy_words(v) for k, v in share.words.items()}
+        self._base = Baseline(tip, dict(share.ranges), words)
+
+    def _check(self, reports: list[Any], mine: BaseException | None) -> None:
+        """Raise on every rank if any rank reported a failure: this rank's own exception if it had one."""
+        bad = [(r, rep) for r, rep in enumerate(reports) if "error" in rep]
+        if not bad:
+            return
+        if isinstance(mine, ConflictError) or any(rep["type"] == ConflictError.__name__ for _, rep in bad):
+            self._base = None  # the run moved on: the next publish reloads it
+        if mine is not None:
+            raise mine
+        r, rep = bad[0]
+        cls = getattr(errors, rep["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, StoreError)):
+            cls = StoreError
+        raise cls(f"rank {r}: {rep['error']}" if len(reports) > 1 else rep["error"])
+
+
+def _attempt(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """Run a rank's local work; a failure must reach the other ranks instead of leaving them waiting."""
+    try:
+        return fn(), None
+    except Exception as exc:  # reported through the next collective, then re-raised on this rank
+        return None, exc
+
+
+def _report(failure: BaseException | None) -> dict[str, str] | None:
+    return None if failure is None else {"error": str(failure)[:2000], "type": type(failure).__name__}
