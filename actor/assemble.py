@@ -84,7 +84,7 @@ def _config(run: Run, files: Mapping[str, bytes]) -> dict[str, Any]:
 def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfig, worker_id: str) -> Engine:
     config = _config(run, files)
     if cfg.engine == "torch":
-        model = build_model(config, dtype=torch.bfloat16)
+        model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
     # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
     # written to what vLLM computes from (actor/vllm_engine.py)
@@ -98,6 +98,7 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
             out,
             tensor_parallel_size=cfg.tensor_parallel,
             stop_token_ids=list(spec.eos_ids),
+            dtype=spec.artefact.dtype,
             weight_transfer=cfg.vllm_weight_transfer,
             enable_prefix_caching=cfg.vllm_prefix_caching,
             max_model_len=cfg.vllm_max_model_len,

@@ -24,7 +24,7 @@ from aurora_store.rl.sampling import SamplingConfig
 from tests.helpers import bits_equal
 from trainer.config import DataConfig, ModelConfig, TrainerConfig
 from trainer.policy import check_resume, new_policy, record, run_spec
-from trainer.sharded import ModelPublisher
+from trainer.publication import ModelPublisher
 
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

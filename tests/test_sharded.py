@@ -90,7 +90,7 @@ def worker(uri: str, out: Path, extract: str = "auto") -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from trainer.sharded import ModelPublisher
+    from trainer.publication import ModelPublisher
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -246,7 +246,7 @@ def test_range_table_must_tile_every_tensor() -> None:
 
 
 def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) -> None:
-    from trainer.sharded import ModelPublisher
+    from trainer.publication import ModelPublisher
 
     model = nn.Linear(4, 3)
     run = aurora_store.open_run(f"file://{tmp_path}/run")
@@ -271,7 +271,7 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extr
         pytest.skip("this torch build has no gloo backend")
     from safetensors.torch import load_file
 
-    from trainer.sharded import ModelPublisher
+    from trainer.publication import ModelPublisher
 
     uri = f"file://{tmp_path}/sharded"
     out = tmp_path / "dumps"
@@ -333,7 +333,7 @@ def test_one_torch_rank_writes_object_for_object_what_the_local_collective_write
     and byte for byte; the manifests differ only in their creation times and what hashes them."""
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("this torch build has no gloo backend")
-    from trainer.sharded import ModelPublisher
+    from trainer.publication import ModelPublisher
 
     uri = f"file://{tmp_path}/gloo"
     out = tmp_path / "dumps"

@@ -119,6 +119,10 @@ class PublishConfig:
     """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 28%
     smaller; format aurora/3) or ``sparse`` (format aurora/2, for actors and relays on a release
     before aurora/3 while they are upgraded)."""
+    dtype: Literal["bfloat16"] = "bfloat16"
+    """The dtype float tensors are published in, recorded in the run (aurora_run.json) for actors to
+    build their engines in. Only bfloat16 is implemented; trainer/publication.py is the seam where FP8
+    weights or LoRA adapters would be added."""
     state_every: int = 5
     """Save the resumable trainer state every this many versions."""
     signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))

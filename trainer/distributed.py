@@ -4,7 +4,7 @@ Without torchrun (no ``WORLD_SIZE`` > 1 in the environment) everything here is a
 one rank, so the trainer has one code path. Under torchrun every rank builds the same model,
 ``fully_shard`` shards each decoder layer and the root (FSDP2), rank 0 alone talks to Redis
 (jobs, admission, metrics) and broadcasts each step's batch, every rank computes the loss
-on its slice of it, and all ranks publish together through :class:`~trainer.sharded.ModelPublisher`.
+on its slice of it, and all ranks publish together through :class:`~trainer.publication.ModelPublisher`.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from trainer.dispatch import Admitted, Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.metrics import TrainerMetrics
+from trainer.publication import ModelPublisher, artefact_for
 from trainer.rollout_policy import RolloutPolicy
-from trainer.sharded import ModelPublisher
 from trainer.state import load_state, save_state, saved_versions
 from trainer.step import StepStats, optimizer_step
 
@@ -150,10 +150,12 @@ class Trainer:
         if self.cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.model = self.dist.shard(model)
-        self.publisher = ModelPublisher(self.run, self.model)
+        self.artefact = artefact_for(spec.artefact)
+        self.publisher = ModelPublisher(self.run, self.model, artefact=self.artefact)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
         if self.grpo.correction != "none":
-            self.rollout = RolloutPolicy(self.dist.shard(policies.frozen_copy(self.policy, self.device)))
+            frozen = self.dist.shard(policies.frozen_copy(self.policy, self.device))
+            self.rollout = RolloutPolicy(frozen, published=getattr(torch, spec.artefact.dtype))
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)
             return int(latest)
@@ -324,7 +326,7 @@ class Trainer:
             self.dispatch.start()  # sweeps, reads and admits on a thread of its own from now on
             self.post(at + 1)
             self.post(at + 2)
-        full_bytes = sum(p.numel() * 2 for p in self.model.parameters())
+        full_bytes = self.artefact.full_bytes(self.model)
         for step in range(at + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
             results = self.dispatch.collect(step) if main else []

@@ -24,7 +24,7 @@ from aurora_store.rl import gguf
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
 from aurora_store.rl.runspec import NAME as RUN_SPEC
-from aurora_store.rl.runspec import RunSpec, RunSpecError
+from aurora_store.rl.runspec import Artefact, RunSpec, RunSpecError
 from aurora_store.rl.tokenizers import CHAR_KIND, HF_KIND, CharTokenizer, HFTokenizer, Tokenizer, from_files
 from trainer.config import TrainerConfig
 
@@ -119,6 +119,7 @@ def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
         reward=reward,
         reward_timeout_s=cfg.reward.reward_timeout_s,
         eos_ids=policy.tokenizer.eos_ids,
+        artefact=Artefact(kind="weights", dtype=cfg.publish.dtype),
     )
 
 

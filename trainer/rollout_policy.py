@@ -22,19 +22,21 @@ log = logging.getLogger("aurora.trainer")
 class RolloutPolicy:
     """A frozen copy of the policy holding the weights of one published version (``version``)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, *, published: torch.dtype = torch.bfloat16) -> None:
         """``model``: a module of the policy's architecture (sharded like it under FSDP2), in the dtype
-        it computes in; its weights are overwritten by :meth:`take`."""
+        it computes in; its weights are overwritten by :meth:`take`. ``published``: the dtype versions
+        hold their float weights in (the run's artefact)."""
         self.model = model.eval().requires_grad_(False)
+        self.published = published
         self.version: int | None = None
 
     def take(self, policy: torch.nn.Module, version: int) -> None:
-        """Hold ``policy``'s weights as published at ``version`` (rounded to BF16, as the publisher does)."""
+        """Hold ``policy``'s weights as published at ``version`` (rounded as the publisher does)."""
         mine = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, p in policy.named_parameters():
                 dst = mine[name]
-                src = p.detach().to(torch.bfloat16)
+                src = p.detach().to(self.published)
                 dst.copy_(src.to(dst.dtype))
         self.version = version
 

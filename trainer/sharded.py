@@ -1,59 +1,23 @@
-"""Publishing a model from the trainer: which elements of each HF tensor this rank owns, and the
-run's one :class:`~aurora_store.bucket.publisher.Publisher` driven with them.
+"""Which elements of each HF tensor this rank owns under FSDP2, and those elements' words: the
+rank's :class:`~aurora_store.bucket.publisher.Share` of what the trainer publishes.
 
-Under torchrun with FSDP2 (``fully_shard``) every parameter is a DTensor sharded on dim 0, so a
-rank's local shard is one contiguous range of the flattened tensor; tensors every rank holds
-whole are published by rank 0 only. Every rank hands its :class:`Share` to the publisher in the
-trainer's group (:class:`~trainer.collectives.TorchCollective`); a single process is a group of
-one. Deciding the version, uploading and committing are the publisher's, not the trainer's.
+Every FSDP2 parameter is a DTensor sharded on dim 0, so a rank's local shard is one contiguous
+range of the flattened tensor; tensors every rank holds whole are published by rank 0 only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from aurora_store.bucket.plan import Kind, VersionInfo
-from aurora_store.bucket.publisher import Publisher, Share
-from aurora_store.bucket.run import Run
+from aurora_store.bucket.publisher import Share
 from aurora_store.errors import UnsupportedError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import tied_names
 from aurora_store.tensors import host_words, word_views
-from trainer.collectives import TorchCollective
-
-
-class ModelPublisher:
-    """Publishes ``model``'s current weights to ``run`` from every rank of ``group`` (collective:
-    all ranks call :meth:`publish` together), or from this process alone without torch.distributed.
-    Only rank 0's ``run`` needs the signing key; all need the same config."""
-
-    def __init__(
-        self, run: Run, model: torch.nn.Module, *, group: Any = None, dtype: torch.dtype | None = torch.bfloat16
-    ) -> None:
-        self.model, self.group, self.dtype = model, group, dtype
-        self.extract = run.config.extract
-        sharded = dist.is_available() and dist.is_initialized()
-        self.publisher: Publisher = run.publisher.on(TorchCollective(group)) if sharded else run.publisher
-
-    def publish(
-        self, *, step: int | None = None, kind: Kind = "auto", meta: Mapping[str, str] | None = None
-    ) -> VersionInfo:
-        """Commit the model's current weights as the next version; the same VersionInfo on every rank."""
-        keep = _on_device(self.extract, self.model)
-        share = local_share(self.model, dtype=self.dtype, group=self.group, keep_device=keep)
-        return self.publisher.publish(share, kind=kind, step=step, meta=meta)
-
-
-def _on_device(extract: str, model: torch.nn.Module) -> bool:
-    """Whether this rank extracts its deltas where its shards live (the run's ``extract`` setting)."""
-    if extract != "auto":
-        return extract == "device"
-    return any(p.device.type not in ("cpu", "meta") for p in model.parameters())
 
 
 def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

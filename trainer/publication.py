@@ -1,0 +1,102 @@
+"""What the trainer publishes of its model, and the publisher that commits it every step.
+
+The run's artefact (``aurora_run.json``: what every version holds) is made from the model by one
+seam, :meth:`Artefact.state_for_publish`: this rank's share of the published tensors. Full
+weights in BF16 is the only artefact implemented. LoRA adapters (their matrices only) or FP8
+weights (with their scales as extra tensors) would each be one more class here and one more name
+in :mod:`aurora_store.rl.runspec`; the store and the publisher would not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from aurora_store.bucket.plan import Kind, VersionInfo
+from aurora_store.bucket.publisher import Publisher, Share
+from aurora_store.bucket.run import Run
+from aurora_store.rl import runspec
+from trainer.collectives import TorchCollective
+from trainer.sharded import local_share, published_state
+
+
+class Artefact(Protocol):
+    """What each version holds, made from the model being trained."""
+
+    @property
+    def spec(self) -> runspec.Artefact:
+        """As the run records it, for actors to build their engines from."""
+        ...
+
+    def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
+        """This rank's share of the published tensors (collective-free: every rank calls it)."""
+        ...
+
+    def full_bytes(self, model: torch.nn.Module) -> int:
+        """Bytes of one full copy of what is published."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FullWeights:
+    """Every parameter and buffer (tied duplicates once), float tensors cast to the run's dtype with
+    round-to-nearest-even, as the actors will hold them."""
+
+    spec: runspec.Artefact
+
+    @property
+    def dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.spec.dtype)
+        assert isinstance(dtype, torch.dtype)
+        return dtype
+
+    def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
+        return local_share(model, dtype=self.dtype, group=group, keep_device=keep_device)
+
+    def full_bytes(self, model: torch.nn.Module) -> int:
+        width = self.dtype.itemsize
+        return sum(
+            t.numel() * (width if t.is_floating_point() else t.element_size()) for t in published_state(model).values()
+        )
+
+
+def artefact_for(spec: runspec.Artefact) -> Artefact:
+    """The artefact a run records (``aurora_run.json``), made from a model."""
+    if spec.kind == "weights":
+        return FullWeights(spec)
+    raise runspec.RunSpecError(f"artefact kind {spec.kind!r}: this trainer publishes {runspec.ARTEFACT_KINDS}")
+
+
+class ModelPublisher:
+    """Publishes ``artefact`` of ``model`` to ``run`` from every rank of ``group`` (collective: all
+    ranks call :meth:`publish` together), or from this process alone without torch.distributed,
+    through the run's one :class:`~aurora_store.bucket.publisher.Publisher`. Only rank 0's ``run``
+    needs the signing key; all need the same config."""
+
+    def __init__(
+        self, run: Run, model: torch.nn.Module, *, group: Any = None, artefact: Artefact | None = None
+    ) -> None:
+        self.model, self.group = model, group
+        self.artefact = artefact if artefact is not None else FullWeights(runspec.Artefact())
+        self.extract = run.config.extract
+        sharded = dist.is_available() and dist.is_initialized()
+        self.publisher: Publisher = run.publisher.on(TorchCollective(group)) if sharded else run.publisher
+
+    def publish(
+        self, *, step: int | None = None, kind: Kind = "auto", meta: Mapping[str, str] | None = None
+    ) -> VersionInfo:
+        """Commit the model's current weights as the next version; the same VersionInfo on every rank."""
+        keep = _on_device(self.extract, self.model)
+        share = self.artefact.state_for_publish(self.model, group=self.group, keep_device=keep)
+        return self.publisher.publish(share, kind=kind, step=step, meta=meta)
+
+
+def _on_device(extract: str, model: torch.nn.Module) -> bool:
+    """Whether this rank extracts its deltas where its shards live (the run's ``extract`` setting)."""
+    if extract != "auto":
+        return extract == "device"
+    return any(p.device.type not in ("cpu", "meta") for p in model.parameters())
