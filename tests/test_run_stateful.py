@@ -94,7 +94,7 @@ class RunMachine(RuleBasedStateMachine):
         assert plan.parent == tip
         state = crashed.materialize_words(plan.parent.version)
         base = Baseline(plan.parent, whole(specs), state.words)
-        uploads = Uploads(crashed.store.pool, lambda obj, staged: crashed.store.put_if_absent(obj.entry.key, obj.data))
+        uploads = Uploads(crashed.store, plan.version)
         encode_delta(plan, base, words, uploads, segment_bytes=512)
         uploads.wait()
         crashed.close()  # and no commit: the segments belong to no manifest

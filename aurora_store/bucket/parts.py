@@ -11,15 +11,17 @@ drives these pieces and turns the parts into the manifest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from aurora_store import codec
-from aurora_store.bucket.objectstore import StagedWrite
+from aurora_store.bucket.announce import Announcements
+from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
 from aurora_store.bucket.plan import PublishPlan, Tip
 from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
@@ -176,13 +178,15 @@ class Uploads:
 
     def __init__(
         self,
-        pool: ThreadPoolExecutor,
-        put: Callable[[SealedObject, StagedWrite | None], None],
+        store: ObjectStore,
+        version: int,
+        announcements: Announcements | None = None,
         *,
         max_pending: int | None = None,
         hold: bool = False,
     ) -> None:
-        self._pool, self._put, self._max = pool, put, max_pending
+        self._store, self._version, self._announcements = store, version, announcements
+        self._max = max_pending
         self._pending: list[Future[None]] = []
         self._entries: list[Segment] = []
         self._failure: BaseException | None = None
@@ -215,11 +219,16 @@ class Uploads:
             while sum(not f.done() for f in self._pending) >= self._max:
                 self._settle(next(f for f in self._pending if not f.done()))
         self._entries.append(obj.entry)
-        self._pending.append(self._pool.submit(self._upload, obj, staged))
+        self._pending.append(self._store.pool.submit(self._upload, obj, staged))
 
     def _upload(self, obj: SealedObject, staged: StagedWrite | None) -> None:
+        """Put one object (put-if-absent; a retry with the same bytes is a success), then announce it."""
         try:
-            self._put(obj, staged)
+            sha = obj.entry.sha256
+            verify = lambda b: hashlib.sha256(b).hexdigest() == sha  # noqa: E731
+            self._store.put_immutable(obj.entry.key, obj.data, verify=verify, staged=staged)
+            if self._announcements is not None:
+                self._announcements.segment(self._version, obj.entry)
         finally:
             if staged is not None:
                 staged.discard()  # a no-op once linked; after a failure, no temporary file is left

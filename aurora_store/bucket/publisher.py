@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,8 +38,9 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from aurora_store import errors
+from aurora_store.bucket.announce import Announcements
 from aurora_store.bucket.attachments import Attachments
-from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
+from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.parts import (
     Baseline,
     Part,
@@ -64,16 +64,15 @@ from aurora_store.bucket.plan import (
 )
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
-from aurora_store.errors import AuroraError, ConflictError, StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.errors import ConflictError, StoreError, UnauthenticatedError, UnsupportedError
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
 from aurora_store.format.keys import manifest_key, version_dir
-from aurora_store.format.manifest import Manifest, Segment, TensorSpec
+from aurora_store.format.manifest import TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 
-log = logging.getLogger("aurora.store")
 T = TypeVar("T")
 
 
@@ -134,37 +133,6 @@ class Share:
         if missing:
             raise StoreError(f"no words for tensor {missing[0]!r:.100} of the tensor table")
         return cls(specs, ranges, {k: words[k] for k in ranges})
-
-
-class Announcer(Protocol):
-    """Where a publisher says what it has uploaded: segments before the manifest, then the commit."""
-
-    def segment(self, version: int, entry: Segment) -> None: ...
-
-    def commit(self, manifest: Manifest) -> None: ...
-
-
-class Announcements:
-    """The run's announcer, told best effort: coordination never blocks or fails a publish. Relays
-    and actors that miss an announcement find the version by scanning the buckets."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.to: Announcer | None = None
-
-    def segment(self, version: int, entry: Segment) -> None:
-        self._tell("segment", version, entry)
-
-    def commit(self, manifest: Manifest) -> None:
-        self._tell("commit", manifest)
-
-    def _tell(self, what: str, *args: Any) -> None:
-        if self.to is None:
-            return
-        try:
-            getattr(self.to, what)(*args)
-        except AuroraError as exc:  # a coordination failure: the bucket is the truth, announcing is a hint
-            log.warning("%s: could not announce %s: %s", self.uri, what, exc)
 
 
 class Publisher:
@@ -440,14 +408,7 @@ class Publisher:
 
     def _uploads(self, version: int, *, max_pending: int | None = None, hold: bool = False) -> Uploads:
         """Uploads of objects of ``version`` on the store's pool, each announced as it lands."""
-
-        def put(obj: SealedObject, staged: StagedWrite | None) -> None:
-            sha = obj.entry.sha256
-            verify = lambda b: hashlib.sha256(b).hexdigest() == sha  # noqa: E731
-            self.store.put_immutable(obj.entry.key, obj.data, verify=verify, staged=staged)
-            self.announcements.segment(version, obj.entry)
-
-        return Uploads(self.store.pool, put, max_pending=max_pending, hold=hold)
+        return Uploads(self.store, version, self.announcements, max_pending=max_pending, hold=hold)
 
     def _gather(self, plan: PublishPlan, part: Part | None, failure: BaseException | None) -> list[Part]:
         """Every rank's part, on every rank; raises everywhere if any rank failed."""

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from aurora_store.bucket.announce import Announcements, Announcer
 from aurora_store.bucket.attachments import Attachments
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.plan import Kind, VersionInfo
-from aurora_store.bucket.publisher import Announcements, Announcer, Publisher, Share
+from aurora_store.bucket.publisher import Publisher, Share
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
 from aurora_store.bucket.state import StateStore
