@@ -86,10 +86,11 @@ class Config:
 DEFAULT = Config()
 """~64M parameters (3 layers, vocab 16384: 128 MB in BF16, deltas of ~1.3 MB). Big enough that a full sync is
 bytes, not per-request costs, and a delta spans several segments; small enough that the run (three worlds,
-~30 full versions to 3 regions x 2 actors) takes ~8 minutes on 2 shared cores. The real 0.6B model would need
-~15 GB of memory here and hours: full syncs are CPU-bound on this machine (see ``limits`` in the JSON)."""
+~30 full versions to 3 regions x 2 actors) takes minutes on a couple of cores. The real 0.6B model would
+need ~15 GB of memory here and hours: full syncs are CPU-bound on a small machine (see ``limits`` in the
+JSON)."""
 QUICK = Config(layers=1, vocab=1024, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
-"""One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: about a minute."""
+"""One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: a quick check that it runs."""
 
 
 def world_config(cfg: Config) -> Any:
