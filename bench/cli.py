@@ -1,9 +1,10 @@
 """``aurora bench NAME``: registered through the ``aurora.commands`` entry point, like the roles.
 
 Each benchmark is a module ``bench.NAME`` with a ``Flags`` dataclass (its command line, derived by
-:func:`aurora_store.options.add_options` as the roles' are) and ``run(flags)``; it is imported only
-when it runs, so ``aurora --help`` stays fast. Every benchmark prints one JSON
-object with ``--json`` and a table otherwise.
+:func:`aurora_store.options.add_options` as the roles' are), ``run(flags)``, and ``PRESETS`` when
+some flags default to a preset's values (``--help`` shows them). It is imported only when it runs,
+so ``aurora --help`` stays fast. Every benchmark prints one JSON object with ``--json`` and a table
+otherwise.
 """
 
 from __future__ import annotations
@@ -39,5 +40,5 @@ def main(args: argparse.Namespace) -> int:
     from bench.output import parser_for
 
     module = importlib.import_module(f"bench.{args.bench}")
-    parser = parser_for(args.bench, module.Flags, module.__doc__)
+    parser = parser_for(args.bench, module.Flags, module.__doc__, getattr(module, "PRESETS", None))
     return int(module.run(build(module.Flags, parser.parse_args(args.rest))) or 0)

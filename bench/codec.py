@@ -39,6 +39,11 @@ REPEATS = 3
 FULL = (28, 6)
 QUICK = (2, 4)
 """(layers, steps) of a full and a ``--quick`` run."""
+PRESETS = {
+    "default": dict(zip(("layers", "steps"), FULL, strict=True)),
+    "--quick": dict(zip(("layers", "steps"), QUICK, strict=True)),
+}
+"""What ``--help`` says the preset flags default to."""
 SUMMARY_FROM = 4
 """The summary averages steps from this one on (Adam's moments have warmed up), or all steps if none."""
 TARGETS = {

@@ -91,6 +91,8 @@ need ~15 GB of memory here and hours: full syncs are CPU-bound on a small machin
 JSON)."""
 QUICK = Config(layers=1, vocab=1024, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
 """One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: a quick check that it runs."""
+PRESETS = {"default": DEFAULT, "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def world_config(cfg: Config) -> Any:
@@ -347,7 +349,7 @@ class Flags(Output):
     generation_s: float | None = field(default=None, metadata=option(parse=_seconds))
     """Generation window G (default: calibrated)."""
     modes: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
-    """Comma-separated subset of ideal,ours,full (ideal is required; default: all)."""
+    """Comma-separated subset of the modes; ideal is required (default: the preset's, all of them)."""
     seed: int = 0
     """Trace seed."""
 

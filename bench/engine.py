@@ -75,6 +75,8 @@ class Config:
 
 
 QUICK = Config(models=("tiny",), versions=2, reloads=2)
+PRESETS = {"default": Config(), "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def _weights(name: str, seed: int) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -283,7 +285,7 @@ class Flags(Output):
     quick: bool = False
     """A tiny random model only (a check that it runs)."""
     models: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
-    """Comma-separated, of smollm2, qwen3-0.6b, tiny (default: smollm2,qwen3-0.6b)."""
+    """Comma-separated models to measure; an unknown one is refused with the list (default: the preset's)."""
     density: float | None = None
     """Fraction of elements a delta changes (default: the preset's)."""
     versions: int | None = field(default=None, metadata=option(parse=positive))

@@ -42,6 +42,8 @@ class Config:
 
 
 QUICK = Config(layers=1, vocab=8192, repeats=2)
+PRESETS = {"default": Config(), "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def _tensors(cfg: Config) -> dict[str, Any]:

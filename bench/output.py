@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,10 +51,31 @@ def emit(result: dict[str, Any], flags: Output, render: Callable[[dict[str, Any]
     return 0
 
 
-def parser_for(name: str, flags: type[Output], description: str | None = None) -> argparse.ArgumentParser:
-    """The parser of ``aurora bench NAME``: one flag per field of ``flags``."""
+def parser_for(
+    name: str, flags: type[Output], description: str | None = None, presets: Mapping[str, Any] | None = None
+) -> argparse.ArgumentParser:
+    """The parser of ``aurora bench NAME``: one flag per field of ``flags``; ``presets`` (a label, such
+    as ``--quick``, to a preset config or mapping) fill in the help of the flags that default to None."""
     from aurora_store.options import add_options
 
-    parser = argparse.ArgumentParser(prog=f"aurora bench {name}", description=description)
+    note = preset_note(flags, presets or {})
+    parser = argparse.ArgumentParser(prog=f"aurora bench {name}", description=description, epilog=note)
     add_options(parser, flags)
     return parser
+
+
+def preset_note(flags: type[Output], presets: Mapping[str, Any]) -> str | None:
+    """What each preset sets the flags to that default to "the preset's" (None: the flag's field
+    defaults to None, and a preset sets it), read from the presets themselves."""
+    names = [f.name for f in dataclasses.fields(flags) if f.default is None]
+    parts = []
+    for label, preset in presets.items():
+        values = preset if isinstance(preset, Mapping) else {n: getattr(preset, n, None) for n in names}
+        shown = [f"--{n.replace('_', '-')} {_shown(values[n])}" for n in names if values.get(n) is not None]
+        if shown:
+            parts.append(f"{label}: {' '.join(shown)}")
+    return f"Presets: {'; '.join(parts)}." if parts else None
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)

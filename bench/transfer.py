@@ -32,6 +32,8 @@ TARGETS = {"link_bytes_per_delta": 1.1, "fetch_fraction": 0.85, "delta_vs_full":
 FULL = Config()
 QUICK = Config(layers=2, vocab=16384, versions=2, fetch_bytes=64 * MIB, full_part_bytes=2 * MIB)
 """A full quick version is ~100 MB in a few shards: 2 MiB parts keep enough of them in flight to fill a link."""
+PRESETS = {"default": FULL, "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
@@ -217,7 +219,7 @@ class Flags(Output):
     connections: int | None = field(default=None, metadata=option(parse=positive))
     """Parallel GETs across a link (default: the preset's)."""
     modes: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
-    """Comma-separated subset of delta_relay,full_relay,delta_direct (default: all)."""
+    """Comma-separated subset of the modes (default: the preset's, all of them)."""
     seed: int = 0
     """Trace seed."""
 
