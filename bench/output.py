@@ -65,8 +65,8 @@ def parser_for(
 
 
 def preset_note(flags: type[Output], presets: Mapping[str, Any]) -> str | None:
-    """What each preset sets the flags to that default to "the preset's" (None: the flag's field
-    defaults to None, and a preset sets it), read from the presets themselves."""
+    """The ``--help`` epilog: for each preset, its values of the flags whose field defaults to None
+    (the preset's value), read from the presets themselves."""
     names = [f.name for f in dataclasses.fields(flags) if f.default is None]
     parts = []
     for label, preset in presets.items():
