@@ -1,10 +1,12 @@
 """AuroraRL's library: lossless, versioned full and sparse-delta checkpoints on any object
 store, and the coordination and RL vocabulary the roles share.
 
-Layers, each importing only the ones before it (docs/ARCHITECTURE.md):
-``codec`` and ``format`` (bytes, JSON, numpy), ``bucket`` (object-store I/O, runs), ``coord``
-(Redis), ``rl`` (tasks, models, tokenizers). The names below load their layer on first use,
-so ``import aurora_store`` (or ``aurora_store.coord``) pulls in nothing heavy.
+Layers import downward only (docs/ARCHITECTURE.md; ``tests/test_architecture.py`` holds the
+order): ``codec``, then ``format`` (bytes, JSON, numpy), then ``tensors`` and ``device`` (torch),
+then, side by side, ``bucket`` (object-store I/O, runs), ``coord`` (Redis) and ``rl`` (tasks,
+models, tokenizers). The names below load their module on first use (``RunConfig`` from
+``bucket.run_config``, where it is defined), so ``import aurora_store`` (or
+``aurora_store.coord``) pulls in nothing heavy.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from aurora_store.errors import (
 if TYPE_CHECKING:
     from aurora_store.bucket.limits import Limits
     from aurora_store.bucket.plan import VersionInfo
-    from aurora_store.bucket.run import Run, RunConfig, open_run
+    from aurora_store.bucket.run import Run, open_run
+    from aurora_store.bucket.run_config import RunConfig
 
 _LAZY = {
     "Limits": "aurora_store.bucket.limits",
     "Run": "aurora_store.bucket.run",
-    "RunConfig": "aurora_store.bucket.run",
+    "RunConfig": "aurora_store.bucket.run_config",
     "VersionInfo": "aurora_store.bucket.plan",
     "open_run": "aurora_store.bucket.run",
 }

@@ -9,9 +9,9 @@ gives exactly the arrays the host passes in :mod:`aurora_store.codec.classes` gi
 check it on CPU tensors).
 
 Ranks on the device come from one stable sort of each range's classes (one-byte keys: a single
-radix pass on CUDA). That costs several bare passes (measured on CPU tensors: 40 of them; on
-CUDA not measured here), where the host kernels cost about one: a fused device kernel (per-block
-class histograms and a scan) would bring it to one, and is not built.
+radix pass on CUDA). That costs many bare passes (``aurora bench codec --device`` measures how
+many, on the device it runs on), where the host kernels cost about one: a fused device kernel
+(per-block class histograms and a scan) would bring it to one, and is not built.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The root of every error AuroraRL raises, and the store's family under it.
 
-Each layer has one family: :class:`StoreError` for artifacts and buckets (here),
-``CoordinationError`` for Redis (:mod:`aurora_store.coord.errors`), ``TaskError`` for the RL
-vocabulary (:mod:`aurora_store.rl.tasks`). All are :class:`AuroraError`, which is what a
-command line catches. Each message names the object involved and what was expected; an
+Each concern has one family, all under :class:`AuroraError` (what a command line catches):
+:class:`StoreError` for artifacts and buckets (here; :class:`RetentionError` for ``aurora gc``),
+``CoordinationError`` for Redis (:mod:`aurora_store.coord.errors`), ``RLError`` for tasks, models,
+data sets and run specs (:mod:`aurora_store.rl.errors`), ``MetricsError`` for serving metrics
+(:mod:`aurora_store.metrics`), :class:`ConfigError` for config files and :class:`PayloadError`
+for rollout-result payloads (both here). Each message names the object involved and what was expected; an
 error about one object also carries its URL in :attr:`StoreError.url`. Backend exceptions
 are translated into this family by :mod:`aurora_store.bucket.objectstore` alone.
 """

@@ -41,7 +41,8 @@ def option(
     """Field metadata for :func:`add_options`: ``flag`` instead of ``--field-name``; ``aliases``, more
     flags for the same option; ``env``, an
     environment variable that gives the default (the option is then not required); ``nargs``
-    values for a list field; ``parse``, the argument's type when the annotation's is not enough."""
+    values for a list field; ``parse``, the argument's type when the annotation's is not enough (for a
+    list or tuple field without ``nargs``, one argument that ``parse`` reads whole, e.g. comma-separated)."""
     return {_KEY: {"flag": flag, "aliases": aliases, "env": env, "metavar": metavar, "nargs": nargs, "parse": parse}}
 
 
@@ -69,10 +70,14 @@ def json_object(text: str) -> dict[str, Any]:
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls`` (read from its source with ``ast``)."""
+    """The docstring under each field of dataclass ``cls`` and of the dataclasses it derives from
+    (read from their source with ``ast``)."""
+    docs: dict[str, str] = {}
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
     for node, after in zip(body, [*body[1:], None], strict=True):
         if (
             isinstance(node, ast.AnnAssign)
@@ -167,6 +172,8 @@ def add_options(
             kw["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         elif typing.get_origin(base) is typing.Literal:
             kw["choices"] = list(typing.get_args(base))
+        elif typing.get_origin(base) in (list, tuple) and meta.get("parse") and not meta.get("nargs"):
+            kw["type"] = meta["parse"]
         elif typing.get_origin(base) in (list, tuple):
             kw["nargs"] = meta.get("nargs") or "+"
             kw["type"] = meta.get("parse") or typing.get_args(base)[0]
@@ -178,7 +185,7 @@ def add_options(
             kw["required"] = True
         else:
             kw["default"] = default
-            shown = default is not None and not isinstance(default, bool) and default not in ("", {}, [])
+            shown = default is not None and not isinstance(default, bool) and default not in ("", {}, [], ())
             if shown and not from_env:  # a value from the environment may be a secret: never in --help
                 kw["help"] += f" (default: {redact_value(default)})".replace("%", "%%")
         target.add_argument(flag, *meta.get("aliases", ()), **kw)

@@ -14,7 +14,6 @@ work directory.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -39,7 +38,7 @@ from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.redis_server import RedisServer
 from bench.chaos_check import Bucket, summarize
 from bench.chaos_faults import Faults, Gates, schedule
-from bench.output import emit
+from bench.output import Output, emit, overridden
 from bench.wan import Link
 from bench.world import ProxyProcess
 
@@ -412,24 +411,36 @@ def _first_step(work: Path) -> bool:
     return log.exists() and '"step": 1,' in log.read_text(errors="replace")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = Config()
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the schedule, its targets and the restarts")
-    p.add_argument("--faults", type=int, default=d.faults, help="faults to inject")
-    p.add_argument("--interval-s", type=float, default=d.interval_s, help="mean gap between faults, seconds")
-    p.add_argument("--steps", type=int, default=None, help="trainer steps (default: one per 2 s of schedule, >= 6)")
-    p.add_argument("--actors", type=int, default=d.actors, help="actors per region at the start")
-    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step")
-    p.add_argument("--lease-s", type=float, default=d.lease_s, help="job lease length, seconds")
-    p.add_argument("--settle-s", type=float, default=d.settle_s, help="longest settle after the schedule, seconds")
-    p.add_argument("--workdir", default=None, help="where the logs go (default: a new temporary directory, kept)")
+_DEFAULT = Config()
 
 
-def run(args: argparse.Namespace) -> int:
-    names = ("seed", "faults", "interval_s", "steps", "actors", "prompts", "lease_s", "settle_s", "workdir")
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench chaos``."""
+
+    seed: int = _DEFAULT.seed
+    """Seeds the schedule, its targets and the restarts."""
+    faults: int = _DEFAULT.faults
+    """Faults to inject."""
+    interval_s: float = _DEFAULT.interval_s
+    """Mean gap between faults, seconds."""
+    steps: int | None = _DEFAULT.steps
+    """Trainer steps (default: one per 2 s of schedule, >= 6)."""
+    actors: int = _DEFAULT.actors
+    """Actors per region at the start."""
+    prompts: int = _DEFAULT.prompts
+    """Prompts per step."""
+    lease_s: float = _DEFAULT.lease_s
+    """Job lease length, seconds."""
+    settle_s: float = _DEFAULT.settle_s
+    """Longest settle after the schedule, seconds."""
+    workdir: str | None = _DEFAULT.workdir
+    """Where the logs go (default: a new temporary directory, kept)."""
+
+
+def run(args: Flags) -> int:
     with _sigterm_interrupts():
-        result = measure(Config(**{k: getattr(args, k) for k in names}))
+        result = measure(overridden(_DEFAULT, args))
     emit(result, args, _render)
     return 1 if result["lost"] or not all(result["invariants"].values()) else 0
 

@@ -1,8 +1,10 @@
 """``aurora bench NAME``: registered through the ``aurora.commands`` entry point, like the roles.
 
-Each benchmark is a module ``bench.NAME`` with ``add_arguments(parser)`` and ``run(args)``; it is
-imported only when it runs, so ``aurora --help`` stays fast. Every benchmark prints one JSON
-object with ``--json`` and a table otherwise.
+Each benchmark is a module ``bench.NAME`` with a ``Flags`` dataclass (its command line, derived by
+:func:`aurora_store.options.add_options` as the roles' are), ``run(flags)``, and ``PRESETS`` when
+some flags default to a preset's values (``--help`` shows them). It is imported only when it runs,
+so ``aurora --help`` stays fast. Every benchmark prints one JSON object with ``--json`` and a table
+otherwise.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Import ``bench.<name>``, parse the rest of the command line (``args.rest``) with its arguments, and run it."""
+    """Import ``bench.<name>``, parse the rest of the command line (``args.rest``) into its ``Flags``, and run it."""
+    from aurora_store.options import build
+    from bench.output import parser_for
+
     module = importlib.import_module(f"bench.{args.bench}")
-    parser = argparse.ArgumentParser(prog=f"aurora bench {args.bench}", description=module.__doc__)
-    module.add_arguments(parser)
-    return int(module.run(parser.parse_args(args.rest)) or 0)
+    parser = parser_for(args.bench, module.Flags, module.__doc__, getattr(module, "PRESETS", None))
+    return int(module.run(build(module.Flags, parser.parse_args(args.rest))) or 0)

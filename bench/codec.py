@@ -13,13 +13,13 @@ JSON's ``codec_threads``); the scan is numpy's, on one. Every decode is checked 
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from rich.console import Console
@@ -31,14 +31,19 @@ from aurora_store.codec import classes, kernels, sparse
 from aurora_store.codec.base import ArrayParent, Decoded, Encoded
 from aurora_store.format import dtypes
 from aurora_store.format.delta import code_block
-from aurora_store.options import positive
+from aurora_store.options import option, positive
 from bench.baselines import BASELINES
-from bench.output import emit
+from bench.output import Output, emit
 
 REPEATS = 3
 FULL = (28, 6)
 QUICK = (2, 4)
 """(layers, steps) of a full and a ``--quick`` run."""
+PRESETS = {
+    "default": dict(zip(("layers", "steps"), FULL, strict=True)),
+    "--quick": dict(zip(("layers", "steps"), QUICK, strict=True)),
+}
+"""What ``--help`` says the preset flags default to."""
 SUMMARY_FROM = 4
 """The summary averages steps from this one on (Adam's moments have warmed up), or all steps if none."""
 TARGETS = {
@@ -343,21 +348,25 @@ def render_device(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} layers, {QUICK[1]} steps")
-    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {FULL[0]}, {QUICK[0]} with --quick)")
-    parser.add_argument("--steps", type=positive, help=f"optimizer steps (default {FULL[1]}, {QUICK[1]} with --quick)")
-    parser.add_argument("--vocab", type=positive, help="embedding rows (default 151936, Qwen3's)")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        help="instead: extraction and apply with torch ops on this device, against a bare != + nonzero pass there",
-    )
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench codec``."""
+
+    quick: bool = False
+    """The small preset (``QUICK``: fewer layers and steps) instead of ``FULL``."""
+    layers: int | None = field(default=None, metadata=option(parse=positive))
+    """Decoder layers (default: the preset's)."""
+    steps: int | None = field(default=None, metadata=option(parse=positive))
+    """Optimizer steps (default: the preset's)."""
+    vocab: int | None = field(default=None, metadata=option(parse=positive))
+    """Embedding rows (default 151936, Qwen3's)."""
+    seed: int = 0
+    """Trace seed."""
+    device: Literal["cpu", "cuda"] | None = None
+    """Instead: extraction and apply with torch ops on this device, against a bare != + nonzero pass there."""
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Flags) -> int:
     layers, steps = QUICK if args.quick else FULL
     if args.device is not None:
         from bench import codec_device  # torch loads here

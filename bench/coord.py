@@ -23,15 +23,15 @@ idle actors' CPU over the rest of the 30 s), and bytes through Redis per complet
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aurora_store.options import positive
+from aurora_store.options import option, positive
+from bench.output import Output, overridden
 
 ROWS = "8x64x256,256x512x4096,1024x512x4096,1024x512x16384"
 
@@ -52,18 +52,31 @@ class Config:
     seed: int = 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = Config()
-    p.add_argument("--rows", default=d.rows, help=f"ACTORSxGROUPSxTOKENS,... (default {d.rows})")
-    p.add_argument("--steps", type=positive, default=d.steps, help="steps per row")
-    p.add_argument("--group", type=positive, default=d.group, help="completions per prompt")
-    p.add_argument("--vocab", type=positive, default=d.vocab, help="vocabulary size of the token ids")
-    p.add_argument("--idle-s", type=float, default=d.idle_s, help="seconds the idle fleet is measured")
-    p.add_argument("--sweep-s", type=float, default=d.sweep_s, help="the trainer's sweep interval")
-    p.add_argument("--step-period-s", type=float, default=d.step_period_s, help="step period of the CPU projection")
-    p.add_argument("--procs", type=int, default=d.procs, help="processes the actors run in (0: one per 128)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the completions")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+_DEFAULT = Config()
+
+
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench coord``."""
+
+    rows: str = _DEFAULT.rows
+    """ACTORSxGROUPSxTOKENS,..."""
+    steps: int = field(default=_DEFAULT.steps, metadata=option(parse=positive))
+    """Steps per row."""
+    group: int = field(default=_DEFAULT.group, metadata=option(parse=positive))
+    """Completions per prompt."""
+    vocab: int = field(default=_DEFAULT.vocab, metadata=option(parse=positive))
+    """Vocabulary size of the token ids."""
+    idle_s: float = _DEFAULT.idle_s
+    """Seconds the idle fleet is measured."""
+    sweep_s: float = _DEFAULT.sweep_s
+    """The trainer's sweep interval."""
+    step_period_s: float = _DEFAULT.step_period_s
+    """Step period of the CPU projection."""
+    procs: int = _DEFAULT.procs
+    """Processes the actors run in (0: one per 128)."""
+    seed: int = _DEFAULT.seed
+    """Seeds the completions."""
 
 
 class Probe:
@@ -311,9 +324,8 @@ def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    fields = {k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__}
-    out = measure(Config(**fields))
+def run(args: Flags) -> int:
+    out = measure(overridden(_DEFAULT, args))
     if args.json:
         print(json.dumps(out))
         return 0

@@ -198,20 +198,33 @@ class Procs:
                 proc.wait(10)
 
 
+@dataclass(kw_only=True, slots=True)
+class ProcessFlags:
+    """The command line of one process of a :class:`Procs` fleet (``python -m bench.coord_fleet``)."""
+
+    n: int
+    """Actors this process runs."""
+    first: int
+    """Index of its first actor in the fleet."""
+    out: str
+    """The file it writes its round trips to, when ready and on SIGUSR1."""
+    spec: dict[str, Any]
+    """The Fleet's keyword arguments, as a JSON object."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """One process of a :class:`Procs` fleet: build, say ready (its round trips so far), start, and
     answer SIGUSR1 with its round trips until SIGTERM."""
     import logging
 
+    from aurora_store.options import add_options, build
+
     p = argparse.ArgumentParser(prog="python -m bench.coord_fleet")
-    p.add_argument("--n", type=int, required=True)
-    p.add_argument("--first", type=int, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--spec", required=True, help="the Fleet's keyword arguments, as JSON")
-    args = p.parse_args(argv)
+    add_options(p, ProcessFlags)
+    args: ProcessFlags = build(ProcessFlags, p.parse_args(argv))
     logging.getLogger("aurora").setLevel(logging.ERROR)
     trips = RoundTrips()
-    fleet = Fleet(args.n, first=args.first, **json.loads(args.spec))
+    fleet = Fleet(args.n, first=args.first, **args.spec)
     stop = threading.Event()
     seq = itertools.count()
 

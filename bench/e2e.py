@@ -19,17 +19,17 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aurora_store.options import positive
+from aurora_store.options import option, positive
 from bench import e2e_modes
 from bench.e2e_loop import Timing
-from bench.output import emit, overridden
+from bench.output import Output, comma_list, emit, overridden
 from bench.workload import Workload, make_workload
 from bench.world import MIB, World, cpus, own_peak_rss_mb
 
@@ -86,10 +86,13 @@ class Config:
 DEFAULT = Config()
 """~64M parameters (3 layers, vocab 16384: 128 MB in BF16, deltas of ~1.3 MB). Big enough that a full sync is
 bytes, not per-request costs, and a delta spans several segments; small enough that the run (three worlds,
-~30 full versions to 3 regions x 2 actors) takes ~8 minutes on 2 shared cores. The real 0.6B model would need
-~15 GB of memory here and hours: full syncs are CPU-bound on this machine (see ``limits`` in the JSON)."""
+~30 full versions to 3 regions x 2 actors) takes minutes on a couple of cores. The real 0.6B model would
+need ~15 GB of memory here and hours: full syncs are CPU-bound on a small machine (see ``limits`` in the
+JSON)."""
 QUICK = Config(layers=1, vocab=1024, steps=2, actors=1, calibration_versions=1, full_part_bytes=2 * MIB)
-"""One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: about a minute."""
+"""One layer, vocab 1024 (~17M parameters, 34 MB), one actor per region, two timed steps: a quick check that it runs."""
+PRESETS = {"default": DEFAULT, "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def world_config(cfg: Config) -> Any:
@@ -329,25 +332,31 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK.layers} layer, vocab {QUICK.vocab}, {QUICK.steps} timed steps, {QUICK.actors} actor per region",
-    )
-    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {DEFAULT.layers})")
-    parser.add_argument("--vocab", type=positive, help=f"embedding rows (default {DEFAULT.vocab})")
-    parser.add_argument("--steps", type=positive, help=f"timed RL steps per mode (default {DEFAULT.steps})")
-    parser.add_argument("--actors", type=positive, help=f"actors per region (default {DEFAULT.actors})")
-    parser.add_argument("--generation-s", type=_seconds, help="generation window G (default: calibrated)")
-    parser.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)} (ideal is required)")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench e2e``."""
+
+    quick: bool = False
+    """The small preset (``QUICK``: one layer, a tiny vocab, fewer timed steps, one actor per region)."""
+    layers: int | None = field(default=None, metadata=option(parse=positive))
+    """Decoder layers (default: the preset's)."""
+    vocab: int | None = field(default=None, metadata=option(parse=positive))
+    """Embedding rows (default: the preset's)."""
+    steps: int | None = field(default=None, metadata=option(parse=positive))
+    """Timed RL steps per mode (default: the preset's)."""
+    actors: int | None = field(default=None, metadata=option(parse=positive))
+    """Actors per region (default: the preset's)."""
+    generation_s: float | None = field(default=None, metadata=option(parse=_seconds))
+    """Generation window G (default: calibrated)."""
+    modes: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
+    """Comma-separated subset of the modes; ideal is required (default: the preset's, all of them)."""
+    seed: int = 0
+    """Trace seed."""
 
 
-def config_from(args: argparse.Namespace) -> Config:
-    return overridden(QUICK if args.quick else DEFAULT, args, ("layers", "vocab", "steps", "actors", "generation_s"))
+def config_from(args: Flags) -> Config:
+    return overridden(QUICK if args.quick else DEFAULT, args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Flags) -> int:
     return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))

@@ -20,22 +20,21 @@ Every time is labelled with the device it was measured on.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from aurora_store.options import positive
-from bench.output import emit, overridden
+from aurora_store.options import option, positive
+from bench.output import Output, comma_list, emit, overridden
 
 TARGET = 0.05
 """The pause to apply a ~1% delta, as a fraction of vLLM's full reload of the same weights."""
@@ -76,6 +75,8 @@ class Config:
 
 
 QUICK = Config(models=("tiny",), versions=2, reloads=2)
+PRESETS = {"default": Config(), "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def _weights(name: str, seed: int) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -277,28 +278,29 @@ def render(r: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--quick", action="store_true", help="a tiny random model only (a check that it runs)")
-    parser.add_argument(
-        "--models", help=f"comma-separated, of {', '.join(MODELS)} (default {','.join(Config().models)})"
-    )
-    parser.add_argument(
-        "--density", type=float, help=f"fraction of elements a delta changes (default {Config().density})"
-    )
-    parser.add_argument("--versions", type=positive, help=f"deltas applied (default {Config().versions})")
-    parser.add_argument("--reloads", type=positive, help=f"full reloads measured (default {Config().reloads})")
-    parser.add_argument("--seed", type=int, default=Config().seed, help="seed of the weights and the deltas")
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench engine``."""
+
+    quick: bool = False
+    """A tiny random model only (a check that it runs)."""
+    models: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
+    """Comma-separated models to measure; an unknown one is refused with the list (default: the preset's)."""
+    density: float | None = None
+    """Fraction of elements a delta changes (default: the preset's)."""
+    versions: int | None = field(default=None, metadata=option(parse=positive))
+    """Deltas applied (default: the preset's)."""
+    reloads: int | None = field(default=None, metadata=option(parse=positive))
+    """Full reloads measured (default: the preset's)."""
+    seed: int = Config().seed
+    """Seed of the weights and the deltas."""
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Flags) -> int:
     if args.density is not None and not 0 < args.density <= 1:
         raise SystemExit(f"aurora bench engine: --density must be in (0, 1], got {args.density}")
-    cfg = overridden(QUICK if args.quick else Config(), args, ("density", "versions", "reloads"))
-    if args.models:
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        unknown = [m for m in models if m not in MODELS]
-        if unknown or not models:
-            raise SystemExit(f"aurora bench engine: --models takes {', '.join(MODELS)}; got {args.models!r}")
-        cfg = dataclasses.replace(cfg, models=models)
+    if args.models is not None and (not args.models or any(m not in MODELS for m in args.models)):
+        got = ",".join(args.models)
+        raise SystemExit(f"aurora bench engine: --models takes {', '.join(MODELS)}; got {got!r}")
+    cfg = overridden(QUICK if args.quick else Config(), args)
     return emit(measure(cfg), args, lambda r: render(r, Console()))

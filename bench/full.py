@@ -11,7 +11,6 @@ memory is its own; the ratios are the targets. Times are the best of a few repet
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -20,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from aurora_store.options import positive
-from bench.output import emit, overridden
+from aurora_store.options import option, positive
+from bench.output import Output, emit, overridden
 
 TARGETS = {"publish_vs_safetensors_save": 2.0, "materialize_vs_safetensors_read": 2.0}
 
@@ -43,6 +42,8 @@ class Config:
 
 
 QUICK = Config(layers=1, vocab=8192, repeats=2)
+PRESETS = {"default": Config(), "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def _tensors(cfg: Config) -> dict[str, Any]:
@@ -223,18 +224,24 @@ def render(result: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--quick", action="store_true", help=f"vocab {QUICK.vocab}: about 24 MB")
-    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {Config().layers})")
-    parser.add_argument("--vocab", type=positive, help=f"embedding rows (default {Config().vocab})")
-    parser.add_argument("--repeats", type=positive, help=f"best of this many runs (default {Config().repeats})")
-    parser.add_argument(
-        "--shard-bytes", type=positive, help=f"bytes per safetensors shard (default {Config().shard_bytes})"
-    )
-    parser.add_argument("--seed", type=int, default=Config().seed, help="seed of the weights")
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench full``."""
+
+    quick: bool = False
+    """The small preset (``QUICK``: a smaller vocab, about 24 MB, fewer repeats)."""
+    layers: int | None = field(default=None, metadata=option(parse=positive))
+    """Decoder layers (default: the preset's)."""
+    vocab: int | None = field(default=None, metadata=option(parse=positive))
+    """Embedding rows (default: the preset's)."""
+    repeats: int | None = field(default=None, metadata=option(parse=positive))
+    """Best of this many runs (default: the preset's)."""
+    shard_bytes: int | None = field(default=None, metadata=option(parse=positive))
+    """Bytes per safetensors shard (default: the preset's)."""
+    seed: int = Config().seed
+    """Seed of the weights."""
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = overridden(QUICK if args.quick else Config(), args, ("layers", "vocab", "repeats", "shard_bytes"))
+def run(args: Flags) -> int:
+    cfg = overridden(QUICK if args.quick else Config(), args)
     return emit(measure(cfg), args, lambda r: render(r, Console()))

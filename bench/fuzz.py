@@ -34,8 +34,8 @@ from rich.console import Console
 from rich.table import Table
 
 from aurora_store.errors import AuroraError
-from aurora_store.options import positive
-from bench.output import emit
+from aurora_store.options import option, positive
+from bench.output import Output, emit, overridden
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -374,23 +374,26 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = Config()
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--execs", type=positive, default=d.execs, help=f"executions per target (default {d.execs})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"mutation seed (default {d.seed})")
-    parser.add_argument("--targets", type=_targets, default=d.targets, help="comma-separated targets (default: all)")
-    parser.add_argument(
-        "--timeout-s",
-        type=_seconds,
-        default=d.timeout_s,
-        help=f"an execution over this is a hang (default {d.timeout_s})",
-    )
-    parser.add_argument("--jobs", type=positive, help="targets fuzzed at once, a process each (default: one per CPU)")
+_DEFAULT = Config()
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = Config(execs=args.execs, seed=args.seed, timeout_s=args.timeout_s, targets=args.targets, jobs=args.jobs or 0)
-    result = measure(cfg)
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench fuzz``."""
+
+    execs: int = field(default=_DEFAULT.execs, metadata=option(parse=positive))
+    """Executions per target."""
+    seed: int = _DEFAULT.seed
+    """Mutation seed."""
+    targets: tuple[str, ...] = field(default=_DEFAULT.targets, metadata=option(parse=_targets))
+    """Comma-separated targets (default: all)."""
+    timeout_s: float = field(default=_DEFAULT.timeout_s, metadata=option(parse=_seconds))
+    """An execution over this is a hang."""
+    jobs: int | None = field(default=None, metadata=option(parse=positive))
+    """Targets fuzzed at once, a process each (default: one per CPU)."""
+
+
+def run(args: Flags) -> int:
+    result = measure(overridden(_DEFAULT, args))
     emit(result, args, lambda r: render(r, Console()))
     return 0 if result["ok"] else 1

@@ -10,15 +10,15 @@ after each gc (bounded, whatever the run's length) against the bytes the run pub
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aurora_store.options import positive
+from aurora_store.options import option, positive
+from bench.output import Output, overridden
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +34,31 @@ class Config:
     seed: int = 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = Config()
-    p.add_argument("--versions", type=positive, default=d.versions, help="versions to publish")
-    p.add_argument("--elements", type=positive, default=d.elements, help="BF16 elements of the model")
-    p.add_argument("--density", type=float, default=d.density, help="fraction of elements changed a step")
-    p.add_argument("--full-every", type=positive, default=d.full_every, help="a full version every this many")
-    p.add_argument("--gc-every", type=positive, default=d.gc_every, help="run gc after every this many versions")
-    p.add_argument("--keep-last", type=positive, default=d.keep_last, help="gc --keep-last")
-    p.add_argument("--keep-fulls", type=positive, default=d.keep_fulls, help="gc --keep-fulls")
-    p.add_argument(
-        "--actor-lag", type=int, default=d.actor_lag, help="a live actor holds the latest version minus this"
-    )
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the weights and which elements change")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+_DEFAULT = Config()
+
+
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench retention``."""
+
+    versions: int = field(default=_DEFAULT.versions, metadata=option(parse=positive))
+    """Versions to publish."""
+    elements: int = field(default=_DEFAULT.elements, metadata=option(parse=positive))
+    """BF16 elements of the model."""
+    density: float = _DEFAULT.density
+    """Fraction of elements changed a step."""
+    full_every: int = field(default=_DEFAULT.full_every, metadata=option(parse=positive))
+    """A full version every this many."""
+    gc_every: int = field(default=_DEFAULT.gc_every, metadata=option(parse=positive))
+    """Run gc after every this many versions."""
+    keep_last: int = field(default=_DEFAULT.keep_last, metadata=option(parse=positive))
+    """gc --keep-last."""
+    keep_fulls: int = field(default=_DEFAULT.keep_fulls, metadata=option(parse=positive))
+    """gc --keep-fulls."""
+    actor_lag: int = _DEFAULT.actor_lag
+    """A live actor holds the latest version minus this."""
+    seed: int = _DEFAULT.seed
+    """Seeds the weights and which elements change."""
 
 
 def measure(cfg: Config) -> dict[str, Any]:
@@ -111,9 +122,8 @@ def _bytes(root: str) -> int:
     return total
 
 
-def run(args: argparse.Namespace) -> int:
-    fields = {k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__}
-    out = measure(Config(**fields))
+def run(args: Flags) -> int:
+    out = measure(overridden(_DEFAULT, args))
     if args.json:
         print(json.dumps(out))
         return 0

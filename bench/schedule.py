@@ -22,14 +22,14 @@ import argparse
 import heapq
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from aurora_store.coord import schedule
-from aurora_store.options import positive
-from bench.output import emit
+from aurora_store.options import option, positive
+from bench.output import Output, emit, overridden
 
 SPEEDS = {"fast": 1.0, "mid": 0.5, "slow": 0.3, "fading": 0.8}
 FADED = 0.2
@@ -309,20 +309,24 @@ def _alpha(text: str) -> float:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = Config()
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument("--steps", type=positive, default=d.steps, help=f"trainer steps (default {d.steps})")
-    parser.add_argument("--batch", type=positive, default=d.batch, help=f"prompts per step (default {d.batch})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"prompt-length seed (default {d.seed})")
-    parser.add_argument(
-        "--beta", type=_beta, default=d.beta, help=f"EMA weight of the past, in [0, 1) (default {d.beta})"
-    )
-    parser.add_argument(
-        "--alpha", type=_alpha, default=d.alpha, help=f"probation share factor, in (0, 1] (default {d.alpha})"
-    )
+_DEFAULT = Config()
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = Config(steps=args.steps, batch=args.batch, seed=args.seed, beta=args.beta, alpha=args.alpha)
-    return emit(simulate(cfg), args, render)
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench schedule``."""
+
+    steps: int = field(default=_DEFAULT.steps, metadata=option(parse=positive))
+    """Trainer steps."""
+    batch: int = field(default=_DEFAULT.batch, metadata=option(parse=positive))
+    """Prompts per step."""
+    seed: int = _DEFAULT.seed
+    """Prompt-length seed."""
+    beta: float = field(default=_DEFAULT.beta, metadata=option(parse=_beta))
+    """EMA weight of the past, in [0, 1)."""
+    alpha: float = field(default=_DEFAULT.alpha, metadata=option(parse=_alpha))
+    """Probation share factor, in (0, 1]."""
+
+
+def run(args: Flags) -> int:
+    return emit(simulate(overridden(_DEFAULT, args)), args, render)

@@ -10,18 +10,18 @@ relays, and deltas read by every actor straight from home. Also: fetch throughpu
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aurora_store.options import positive
-from bench.output import emit, overridden
+from aurora_store.options import option, positive
+from bench.output import Output, comma_list, emit, overridden
 from bench.transfer_modes import fetch_throughput, publish_check, run_mode
 from bench.wan import describe
 from bench.workload import Workload, make_workload
@@ -32,6 +32,8 @@ TARGETS = {"link_bytes_per_delta": 1.1, "fetch_fraction": 0.85, "delta_vs_full":
 FULL = Config()
 QUICK = Config(layers=2, vocab=16384, versions=2, fetch_bytes=64 * MIB, full_part_bytes=2 * MIB)
 """A full quick version is ~100 MB in a few shards: 2 MiB parts keep enough of them in flight to fill a link."""
+PRESETS = {"default": FULL, "--quick": QUICK}
+"""What ``--help`` says the preset flags default to."""
 
 
 def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
@@ -200,25 +202,31 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(f"  {'[green]met[/]' if met else '[red]missed[/]'}  {name}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
-    parser.add_argument(
-        "--quick", action="store_true", help=f"{QUICK.layers} layers, vocab {QUICK.vocab}, {QUICK.versions} versions"
-    )
-    parser.add_argument("--layers", type=positive, help=f"decoder layers (default {FULL.layers})")
-    parser.add_argument("--vocab", type=positive, help="embedding rows (default 151936, Qwen3's)")
-    parser.add_argument("--versions", type=positive, help=f"timed versions per mode (default {FULL.versions})")
-    parser.add_argument("--actors", type=positive, help=f"actors per region (default {FULL.actors})")
-    parser.add_argument(
-        "--connections", type=positive, help=f"parallel GETs across a link (default {FULL.connections})"
-    )
-    parser.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)}")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+@dataclass(kw_only=True, slots=True)
+class Flags(Output):
+    """The command line of ``aurora bench transfer``."""
+
+    quick: bool = False
+    """The small preset (``QUICK``: fewer layers, a smaller vocab, fewer versions) instead of ``FULL``."""
+    layers: int | None = field(default=None, metadata=option(parse=positive))
+    """Decoder layers (default: the preset's)."""
+    vocab: int | None = field(default=None, metadata=option(parse=positive))
+    """Embedding rows (default: the preset's; Qwen3's 151936 for ``FULL``)."""
+    versions: int | None = field(default=None, metadata=option(parse=positive))
+    """Timed versions per mode (default: the preset's)."""
+    actors: int | None = field(default=None, metadata=option(parse=positive))
+    """Actors per region (default: the preset's)."""
+    connections: int | None = field(default=None, metadata=option(parse=positive))
+    """Parallel GETs across a link (default: the preset's)."""
+    modes: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
+    """Comma-separated subset of the modes (default: the preset's, all of them)."""
+    seed: int = 0
+    """Trace seed."""
 
 
-def config_from(args: argparse.Namespace) -> Config:
-    return overridden(QUICK if args.quick else FULL, args, ("layers", "vocab", "versions", "actors", "connections"))
+def config_from(args: Flags) -> Config:
+    return overridden(QUICK if args.quick else FULL, args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Flags) -> int:
     return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -12,16 +11,22 @@ from typing import Any
 
 import pytest
 
+from aurora_store.options import build
 from bench import schedule
+from bench.output import parser_for
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--steps", "12", "--batch", "32", "--seed", "3"]
 
 
+def _flags(argv: list[str]) -> schedule.Flags:
+    """The benchmark's flags from ``argv``, parsed as ``aurora bench schedule`` parses them."""
+    flags: schedule.Flags = build(schedule.Flags, parser_for("schedule", schedule.Flags).parse_args(argv))
+    return flags
+
+
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    parser = argparse.ArgumentParser()
-    schedule.add_arguments(parser)
-    assert schedule.run(parser.parse_args(["--json", *argv])) == 0
+    assert schedule.run(_flags(["--json", *argv])) == 0
     out = capsys.readouterr().out
     result: dict[str, Any] = json.loads(out)
     return result
@@ -77,9 +82,7 @@ def test_ema_tracks_a_slowdown() -> None:
 
 
 def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser()
-    schedule.add_arguments(parser)
-    assert schedule.run(parser.parse_args(SMALL)) == 0
+    assert schedule.run(_flags(SMALL)) == 0
     out = capsys.readouterr().out
     assert "ema_vs_ideal" in out and "fading -> 0.2" in out
 
@@ -88,10 +91,8 @@ def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
     "argv", [["--steps", "0"], ["--batch", "-1"], ["--beta", "1"], ["--beta", "nan"], ["--alpha", "0"], ["--seed", "x"]]
 )
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    schedule.add_arguments(parser)
     with pytest.raises(SystemExit):
-        parser.parse_args(argv)
+        _flags(argv)
 
 
 def test_bad_parameters_raise() -> None:

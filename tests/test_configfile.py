@@ -4,7 +4,6 @@ run started from the file alone: trainer, relay and actor as real processes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -276,8 +275,13 @@ def test_damaged_files_get_a_config_error_or_a_checked_file(cut: int, byte: int,
     raw = bytearray(GOOD.encode())
     raw[at] = byte
     for data in (bytes(raw), GOOD.encode()[:cut]):
-        with contextlib.suppress(ConfigError):
-            configfile.parse(data)
+        try:
+            f = configfile.parse(data)
+        except ConfigError:
+            continue
+        # what parses is a checked file: its home is one of its regions, each with a URI
+        assert isinstance(f.run_id, str) and f.home in f.regions
+        assert all(isinstance(r.uri, str) for r in f.regions.values())
 
 
 @pytest.mark.slow

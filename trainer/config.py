@@ -259,9 +259,10 @@ DEMO_RECIPE = {
     "optim.sft_steps": 100,
     "sampling.max_new_tokens": 4,
 }
-"""``aurora demo``'s defaults for the built-in tiny model, where real RL runs: measured on 2 cores, a
-delta changes 7.7-9.4% of the BF16 weights (about 1/20 of a full copy) and the reward rises by
-more than twice its standard error (3 seeds), in about five minutes (295 s measured on 2 idle cores)."""
+"""``aurora demo``'s defaults for the built-in tiny model, where real RL runs: sized so that on a
+couple of CPU cores a delta stays a small fraction of a full copy and the reward rises by more
+than twice its standard error within minutes (``tests/test_demo.py`` checks the rise; the README
+gives a measured run)."""
 
 REAL_GIVES = frozenset({"model.model", "data.data", "data.data_format", "data.prompt_field", "data.answer_field"})
 """The trainer options ``aurora demo-real`` sets itself: the model and the data set."""

@@ -67,7 +67,7 @@ def code_block(
     """One float block's changes (``ex``, relative to a block of ``elements``) and its codec's name:
     the smaller of the classed and sparse codings. The sparse one is tried only where it may win:
     a small block (the classed table's fixed cost), or ranks that cost no less than the order-0
-    bound of the positions, which the sparse gaps sit at (measured: within 2% of it)."""
+    bound of the positions, which the sparse gaps come close to."""
     if not classed_ok:
         return sparse.encode(ex.positions, ex.old, ex.new, exponent, level), sparse.NAME
     enc = classed.encode(ex.positions, ex.old, ex.new, exponent, ex.classes, ex.ranks, level)

@@ -1,0 +1,83 @@
+"""A publish the readers would refuse writes nothing: the writer checks what the reader checks
+(step, meta, tensor names and their order), before the first byte."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import pytest
+import torch
+
+import aurora_store
+from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format.manifest_parser import parse_manifest
+
+
+def _run() -> Any:
+    return aurora_store.open_run(f"memory://refusals/{uuid.uuid4().hex}/run")
+
+
+def _weights(name: str = "w") -> dict[str, torch.Tensor]:
+    return {name: torch.arange(8, dtype=torch.float32).to(torch.bfloat16)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"step": -1},
+        {"step": 1.5},
+        {"step": 2**70},
+        {"step": True},
+        {"meta": {"lr": 1}},
+        {"meta": {"lr": float("nan")}},
+        {"meta": {"k\ud800": "v"}},
+        {"meta": {"k": "\ud800"}},
+        {"meta": {"": "v"}},
+        {"meta": {f"k{i}": "v" for i in range(1025)}},
+        {"meta": ["not", "a", "mapping"]},
+    ],
+    ids=lambda a: repr(a)[:40],
+)
+def test_a_publish_the_readers_would_refuse_writes_nothing(args: dict[str, Any]) -> None:
+    run = _run()
+    with pytest.raises(StoreError):
+        run.publish(_weights(), **args)
+    assert run.store.list_keys("") == [], "refused before the first byte is written"
+    run.publish(_weights(), step=0, meta={"lr": "1e-6"})  # the run goes on
+    assert run.versions() == [0] and run.manifest(0).meta == {"lr": "1e-6"}
+
+
+@pytest.mark.parametrize("name", ["__metadata__", "w\ud800", ""])
+def test_a_tensor_name_the_readers_would_refuse_writes_nothing(name: str) -> None:
+    run = _run()
+    with pytest.raises(StoreError):
+        run.publish(_weights(name))
+    assert run.store.list_keys("") == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"meta": {"k": "\ud800"}}, {"meta": {"\ud800": "v"}}, {"step": -1}],
+    ids=["surrogate-value", "surrogate-key", "negative-step"],
+)
+def test_the_parser_refuses_by_the_same_rules(change: dict[str, Any]) -> None:
+    run = _run()
+    run.publish(_weights())
+    m = dataclasses.replace(run.manifest(0), **change)
+    data = dataclasses.replace(m, version_hash=m.compute_hash()).to_bytes()
+    with pytest.raises(CorruptError):
+        parse_manifest(data, expect_version=0)
+
+
+def test_an_unsorted_tensor_table_is_refused_before_the_first_byte() -> None:
+    import numpy as np
+
+    from aurora_store.format.manifest import TensorSpec
+
+    run = _run()
+    specs = (TensorSpec("b", "BF16", (2,)), TensorSpec("a", "BF16", (2,)))
+    with pytest.raises(StoreError, match="unique and sorted"):
+        run.publish_words(specs, {s.name: np.zeros(2, dtype="<u2") for s in specs})
+    assert run.store.list_keys("") == []

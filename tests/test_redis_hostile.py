@@ -1,0 +1,251 @@
+"""Everything the roles read from Redis is hostile, and Redis may lose it: damaged entries are
+counted and skipped, announcements copy only a version's objects, results are dropped with the
+reason (and the actor told), a lease is bound to its actor, a flush is noticed and every unadmitted
+job leased again, and Redis holds only the steps in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import aurora_store
+from aurora_store.errors import CorruptError
+
+
+def test_damaged_registrations_region_versions_and_events_are_counted_and_skipped(redis_server: Any) -> None:
+    from aurora_store.coord.coordinator import Coordinator, RegionVersion
+
+    coord = Coordinator(redis_server.url, f"h-{uuid.uuid4().hex[:6]}")
+    coord.register("actor", "home", worker_id="good")
+    for wid, doc in (("bad-json", "{nope"), ("a-list", "[1]"), ("deep", "[" * 100_000), ("has space", "{}")):
+        coord.r.hset(coord.key("workers"), wid, doc)
+        coord.heartbeat(wid)
+    assert set(coord.workers()) == {"good"}
+    coord.r.hset(coord.key("region", "eu"), mapping={"version": "xyz", "version_hash": "0" * 64, "kind": "full"})
+    assert coord.region_version("eu") is None
+    assert coord.commit("eu", 3, "3" * 64, "full"), "a damaged entry is replaced, not a script error (chaos run)"
+    assert coord.region_version("eu") == RegionVersion(3, "3" * 64, "full")
+    coord.r.hset(coord.key("region", "ap"), mapping={"version": "3", "version_hash": "h", "kind": "full"})
+    assert coord.region_version("ap") is None
+    coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "xyz"})
+    coord.r.xadd(coord.key("events", "home"), {"type": "segment", "version": "1", "size": "abc"})
+    coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "2", "version_hash": "0" * 64})
+    events = coord.events("home", "0-0", block_ms=10)
+    assert [e.type for e in events] == ["invalid", "invalid", "commit"] and events[2].version == 2
+    counts = coord.skipped.counts
+    assert counts["registration_not_json"] == 1 and counts["registration_not_object"] == 1
+    assert counts["registration_too_deep"] == 1 and counts["bad_worker_id"] == 1
+    assert counts["bad_version"] == 2 and counts["bad_version_hash"] == 1 and counts["bad_key"] == 1
+
+
+def _source(tmp_path: Path) -> Any:
+    """A run with one version, for a relay to copy from."""
+    run = aurora_store.open_run(f"file://{tmp_path}/a/run", full_every=2)
+    w = {"w": torch.linspace(-1, 1, 4096).to(torch.bfloat16)}
+    w["w"][0] += 1
+    run.publish(w)
+    return run
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"key": "versions/0000000001/manifest.json", "size": "10", "sha256": "ab" * 32},
+        {"key": "versions/0000000001/notes.txt", "size": "10", "sha256": "ab" * 32},
+        {"key": "versions/0000000002/00000-" + "ab" * 16 + ".seg", "size": "10", "sha256": "ab" * 32},
+        {"size": "10", "sha256": "ab" * 32},
+        {"key": "versions/0000000001/00000-" + "ab" * 16 + ".seg", "size": "abc", "sha256": "ab" * 32},
+        {"key": "versions/0000000001/00000-" + "ab" * 16 + ".seg", "size": "10", "sha256": "zz"},
+    ],
+    ids=["manifest", "other-name", "other-version", "no-key", "bad-size", "bad-sha"],
+)
+def test_an_announcement_of_anything_but_a_versions_object_is_refused(tmp_path: Path, fields: dict[str, str]) -> None:
+    from relay.worker import Relay
+
+    a = _source(tmp_path)
+    dest = aurora_store.open_run(f"file://{tmp_path}/eu/run")
+    relay = Relay(a.store, dest.store, None, source_region="home", dest_region="eu")
+    with pytest.raises(CorruptError):
+        relay._handle("segment", 1, fields)
+    relay.close()
+    assert dest.store.list_keys("") == []
+
+
+def _dispatcher(redis_url: str, group: int = 2) -> Any:
+    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.jobs import JobBoard
+    from aurora_store.rl.sampling import SamplingConfig
+    from trainer.config import ScheduleConfig
+    from trainer.dispatch import Dispatcher
+
+    coord = Coordinator(redis_url, f"h-{uuid.uuid4().hex[:6]}")
+    d = Dispatcher(
+        coord,
+        JobBoard(coord),
+        schedule=ScheduleConfig(lease_s=30, sweep_s=0.05),
+        sampling=SamplingConfig(group=group, max_new_tokens=4),
+        vocab_size=64,
+        tag="t",
+    )
+    d.published_version(0, "0" * 64, "d" * 32)
+    return d
+
+
+def _one_job(d: Any) -> Any:
+    from aurora_store.rl.tasks import Prompt
+
+    d.coord.register("actor", "home", worker_id="a", ttl_s=30)
+    d.coord.update_worker("a", version=0)
+    d.post(1, [Prompt("p", "1+1=", "2", (3, 4))])
+    (lease,) = d.board.take("a", max_jobs=1, block_s=1)
+    return lease
+
+
+def _group(digest: str = "d" * 32, tokens: int = 2) -> bytes:
+    from aurora_store.format import results as payloads
+
+    comp = ([5] * (tokens - 1) + [1], [-0.5] * tokens, "stop", 1.0)
+    return payloads.encode([comp] * 2, failures={}, weights_digest=digest)
+
+
+GOOD_GROUP = _group()
+
+
+def test_results_that_are_garbage_or_elsewhere_are_dropped_with_the_reason_and_removed(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    stream = d.board._k("results")
+    base = {"job": lease.job, "token": str(lease.token), "actor": "a", "version": "0", "version_hash": "0" * 64}
+    d.board.rb.xadd(stream, {**base, "bin": b"[1, 2]"})
+    sha = "ab" * 32
+    d.board.rb.xadd(stream, {**base, "ref": f"results/{sha}.bin", "sha256": sha, "size": "9", "region": "mars"})
+    d.board.rb.xadd(stream, {**base, "bin": _group(digest="e" * 32)})
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert len(d.collect(1)) == 1
+    assert d.dropped == {"bad_payload": 1, "unknown_region": 1, "wrong_digest": 1}
+    assert d.board.r.xlen(stream) == 0, "every result read left the stream"
+    notices = d.board.notices("a", "0-0")
+    assert [n.reason for n in notices] == ["bad_payload", "unknown_region", "wrong_digest"], "told what it can fix"
+
+
+# ---------------------------------------------------------------- 10. Redis holds only the steps in flight
+
+
+def test_admitted_results_and_prompts_leave_redis(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert len(d.collect(1)) == 1
+    assert d.board.r.xlen(d.board._k("results")) == 0
+    assert d.board.r.hget(d.board._k("job", lease.job), "prompt") is None, "an admitted job keeps no prompt"
+    assert d.board.r.hget(d.board._k("job", lease.job), "state") == "admitted", "but refuses late duplicates"
+
+
+# ---------------------------------------------------------------- 7. Redis losing its state without a disconnect
+
+
+def test_a_flushall_is_noticed_and_every_unadmitted_job_leased_again(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.coord.check_epoch()
+    d.coord.r.flushall()  # the lease, the inbox and the registration are gone
+    d.coord.register("actor", "home", worker_id="a", ttl_s=30)  # the actor notices too and registers again
+    d.coord.update_worker("a", version=0)
+    d._last_sweep = 0.0
+    d._collect_once()
+    assert d.rebuilds == 1
+    (again,) = d.board.take("a", max_jobs=1, block_s=1)
+    assert again.job == lease.job and again.token != lease.token
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # before the flush
+    d.board.submit(again, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert [r.result.token for r in d.collect(1)] == [again.token]
+    assert d.dropped["unknown_job"] + d.dropped["stale_lease"] == 1
+
+
+def test_fencing_tokens_start_at_a_random_offset_after_a_flush(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    first = _one_job(d)
+    d.coord.r.flushall()
+    second = _one_job(d)
+    assert first.token > 1000 and second.token > 1000 and first.token != second.token
+
+
+# ---------------------------------------------------------------- weak spot: a lease is bound to its actor
+
+
+def test_a_result_under_another_actors_name_is_refused(redis_server: Any) -> None:
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    d.board.submit(lease, actor="b", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # b holds the token
+    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert [r.actor for r in d.collect(1)] == ["a"]
+    assert d.dropped == {"wrong_actor": 1}
+
+
+def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late_goes_on(redis_server: Any) -> None:
+    from actor.config import SyncConfig, WorkerConfig
+    from actor.outbox import MAX_REFUSED
+    from actor.worker import Worker
+
+    def worker(wid: str) -> Worker:
+        sync = SyncConfig(
+            store=f"memory://redis-hostile/{uuid.uuid4().hex}/run",
+            region="home",
+            redis=redis_server.url,
+            run_id="r",
+            worker_id=wid,
+        )
+        return Worker(WorkerConfig(sync=sync))
+
+    late, bad, framed = worker("late"), worker("bad"), worker("framed")
+    for w in (late, bad, framed):  # each one's own submissions (their stream ids are what notices name)
+        for i in range(MAX_REFUSED + 2):
+            w.outbox.submitted[w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"})] = None
+    own = {w.wid: list(w.outbox.submitted) for w in (late, bad, framed)}
+    for i in range(MAX_REFUSED + 2):
+        late.board.tell("late", f"j{i}", "expired", own["late"][i])
+    for i in range(MAX_REFUSED):
+        bad.board.tell("bad", f"j{i}", "bad_payload", own["bad"][i])
+        # a forger submits bad results in framed's name: the notices name the forger's results, not framed's
+        framed.board.tell("framed", f"j{i}", "wrong_digest", f"{i + 1}-0")
+    for w in (late, bad, framed):
+        w.outbox.told(w.board.notices(w.wid, "0-0"))
+    assert not late.stop.is_set() and not late.refused
+    assert bad.stop.is_set() and bad.refused
+    assert not framed.stop.is_set(), "results forged in an actor's name never stop it"
+
+
+def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: Any) -> None:
+    """Hole 10, measured: groups of 8 completions of 1,000 tokens as actor/worker.py builds them
+    (~64 KB each, the most that goes inline), 16 groups a step. Before the fix Redis grew by every
+    step's results; now a step's jobs leave too, two steps after it was trained on."""
+    import redis as redis_client
+
+    from aurora_store.format import results as payloads
+    from aurora_store.rl.tasks import Prompt
+
+    d = _dispatcher(redis_server.url, group=8)
+    d.payloads.sampling = d.sampling = dataclasses.replace(d.sampling, max_new_tokens=1000)
+    d.coord.register("actor", "home", worker_id="a", ttl_s=60)
+    d.coord.update_worker("a", version=0)
+    comp = ([7] * 1000, [-0.123456789] * 1000, "length", 1.0)
+    payload = payloads.encode([comp] * 8, failures={}, weights_digest="d" * 32)
+    r = redis_client.Redis(port=redis_server.port)
+    used = []
+    for step in range(1, 9):
+        d.post(step, [Prompt(f"p{i}", "x", "y", (1, 2)) for i in range(16)])
+        leases: list[Any] = []
+        while len(leases) < 16:
+            leases += d.board.take("a", max_jobs=16, block_s=1)
+        for lease in leases:
+            d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=payload)
+        assert len(d.collect(step)) == 16
+        used.append(r.info("memory")["used_memory"])
+    grew = [u - used[2] for u in used[2:]]
+    assert max(grew) < (256 << 10), f"Redis grew by {grew} bytes over 6 steps of ~1 MB"
+    assert len(d.step_jobs) == 3 and d.board.r.exists(d.board._k("job", "t:1:0")) == 0, "old steps' jobs are gone"
