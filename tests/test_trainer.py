@@ -329,3 +329,25 @@ def test_builtin_tasks_reward_exact_answers() -> None:
 def test_hostile_model_configs_are_refused_before_allocating(config: Any) -> None:
     with pytest.raises(ModelError):
         build_model(config)
+
+
+def test_a_trainer_releases_what_it_holds(redis_server: Any, tmp_path: Any) -> None:
+    """``Trainer.close`` (and ``with Trainer(...)``) closes the admissions log, the run's pool, the
+    Redis connections and the dispatcher; closing twice is harmless."""
+    from trainer.config import OptimizerConfig, TrainerConfig
+    from trainer.loop import Trainer
+
+    cfg = TrainerConfig(
+        store=f"file://{tmp_path}/run",
+        redis=redis_server.url,
+        run_id="close",
+        admissions_log=str(tmp_path / "admissions.jsonl"),
+        optim=OptimizerConfig(sft_steps=0),
+    )
+    with Trainer(cfg) as trainer:
+        assert trainer.start() == 0
+        log = trainer._admissions
+        assert log is not None and not log.closed
+    assert log.closed and trainer._admissions is None
+    trainer.close()
+    assert open_run(cfg.store).versions() == [0]

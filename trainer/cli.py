@@ -94,7 +94,8 @@ def train_main(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc), flush=True)
 
-    Trainer(cfg, on_step=show).train()
+    with Trainer(cfg, on_step=show) as trainer:
+        trainer.train()
     return 0
 
 

@@ -176,9 +176,9 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                     reports.append(rep)
                     live.update(table.render(reports))
 
-                trainer = Trainer(cfg, on_step=on_step)
                 t0 = time.perf_counter()
-                trainer.train()
+                with Trainer(cfg, on_step=on_step) as trainer:
+                    trainer.train()
                 elapsed = time.perf_counter() - t0
                 _settle(coord, cfg.steps, time.monotonic() + 30)
                 live.update(table.render(reports))

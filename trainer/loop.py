@@ -385,3 +385,22 @@ class Trainer:
         if main:
             self.dispatch.close()
         return self.cfg.steps
+
+    def close(self) -> None:
+        """Release what the trainer holds: the dispatcher's thread and payload pool, the admissions
+        log, the run's store pool, Redis connections and the process group. Idempotent."""
+        dispatch = getattr(self, "dispatch", None)
+        if dispatch is not None:
+            dispatch.close()
+        if self._admissions is not None:
+            self._admissions.close()
+            self._admissions = None
+        self.run.close()
+        self.coord.close()
+        self.dist.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
