@@ -19,9 +19,7 @@ from aurora_store import device
 from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import from_words, to_words, torch_dtype
-
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import from_words, to_words, torch_dtype, word_tensor, word_view
 
 
 class LiveWeights(Protocol):
@@ -89,7 +87,7 @@ class TensorWeights:
 
     def _flat(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
-        return t.view(-1).view(_INT[t.element_size()])
+        return word_view(t.view(-1))
 
     def read(self, name: str, index: np.ndarray) -> np.ndarray:
         flat = self._flat(name)
@@ -118,8 +116,7 @@ class TensorWeights:
         out = []
         for name, (idx, words) in changes.items():
             flat = self._flat(name)
-            signed = words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words
-            out.append((flat, torch.from_numpy(idx).to(flat.device), torch.from_numpy(signed).to(flat.device)))
+            out.append((flat, torch.from_numpy(idx).to(flat.device), word_tensor(words).to(flat.device)))
         return out
 
     def commit(self, prepared: object) -> None:

@@ -45,7 +45,7 @@ from actor.vllm_kernels import WorkerTensors, worker_tensors
 from actor.vllm_weights import OPS, Runner, unpack
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import torch_dtype
+from aurora_store.tensors import torch_dtype, word_tensor
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def word_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
             f"{spec.name!r} is {spec.dtype}: vLLM's sparse checkpoint patches carry floating tensors only"
         )
     w = np.require(words, requirements=["C", "W"])  # torch wants a writable array (a copy only when it is not)
-    return torch.from_numpy(w.view(f"<i{w.dtype.itemsize}") if w.dtype.itemsize > 1 else w).view(dt).reshape(-1)
+    return word_tensor(w).view(dt).reshape(-1)
 
 
 def patch_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:

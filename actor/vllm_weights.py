@@ -27,9 +27,7 @@ from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
 from aurora_store.codec.base import Lookup
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import torch_dtype
-
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import torch_dtype, word_tensor, word_view
 
 Runner = Callable[[str, tuple[Any, ...]], list[Any]]
 """``runner(op, args)``: run worker op ``op`` with ``args`` on every TP rank; one result per rank."""
@@ -44,12 +42,7 @@ Params = WorkerTensors
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """Signed-integer torch view of little-endian words (copied only when read-only)."""
     a = np.asarray(a)
-    a = a.view(f"<i{a.dtype.itemsize}") if a.dtype.itemsize > 1 else a.view(np.uint8)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def _ints(p: torch.Tensor) -> torch.Tensor:
-    return p.detach().view(_INT[p.element_size()])
+    return word_tensor(a if a.flags.writeable else a.copy())
 
 
 def op_describe(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
@@ -62,7 +55,7 @@ def op_gather(rank: int, params: Params, stash: dict[str, Any], plan: list[list[
     """Words at ``(param, flat positions)`` for this rank's entries of ``plan``."""
     out = []
     for name, idx in plan[rank]:
-        flat = _ints(params[name]).view(-1)
+        flat = word_view(params[name]).view(-1)
         got = flat[_tensor(idx).to(flat.device)].cpu().numpy()
         out.append(got.view(f"<u{got.dtype.itemsize}"))
     return rank, out
@@ -72,7 +65,7 @@ def op_stage(rank: int, params: Params, stash: dict[str, Any], token: str, plan:
     """Copy this rank's ``(param, positions, words)`` to the parameters' device, under ``token``."""
     staged = []
     for name, idx, words in plan[rank]:
-        flat = _ints(params[name]).view(-1)
+        flat = word_view(params[name]).view(-1)
         staged.append((name, flat, _tensor(idx).to(flat.device), _tensor(words).to(flat.device)))
     stash[token] = staged
     return rank, None
@@ -114,7 +107,7 @@ def op_write(rank: int, params: Params, stash: dict[str, Any], batch: list[list[
         for target, name, dim, start, length, words, shape in batch:
             if target not in (-1, rank):
                 continue
-            dst = _ints(params[name])
+            dst = word_view(params[name])
             if dst.dim():
                 dst = dst.narrow(dim, start, length)
             if words is None:
@@ -130,7 +123,7 @@ def op_dump(rank: int, params: Params, stash: dict[str, Any], plan: list[list[st
     """Words of this rank's listed parameters (an O(model) copy: audits only)."""
     out = {}
     for name in plan[rank]:
-        got = _ints(params[name]).reshape(-1).cpu().numpy()
+        got = word_view(params[name]).reshape(-1).cpu().numpy()
         out[name] = got.view(f"<u{got.dtype.itemsize}")
     return rank, out
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import WORDS
 
 
 class Collectives:
@@ -59,7 +59,7 @@ class Collectives:
             works.append(dist.isend(t, dst=self.ranks[r], group=self.group))
             keep.append(t)
         for r, out in recvs:
-            t = torch.empty(out.size, dtype=_SIGNED[out.itemsize], device=self.device)
+            t = torch.empty(out.size, dtype=WORDS[out.itemsize], device=self.device)
             works.append(dist.irecv(t, src=self.ranks[r], group=self.group))
             landing.append((t, out))
         for work in works:
