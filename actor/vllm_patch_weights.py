@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from actor.vllm_transfer import patch_values
-from aurora_store.codec.base import Lookup
+from aurora_store.codec import words as host
+from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 
@@ -92,17 +93,12 @@ class VllmPatchWeights:
         self.words = {name: np.array(w, copy=True) for name, w in flat.items()}
         self._written()
 
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
         return self.words[self._spec(name).name][np.asarray(index)]
 
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The lookup runs on the host, over the words this engine holds there."""
-        return None
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        return self.words[self._spec(name).name][lo:hi]
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """The host pass, over the host copy."""
+        return host.locate(self.words[self._spec(name).name][lo:hi], lookup, over)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         self._check()

@@ -24,7 +24,8 @@ import torch
 
 from actor.vllm_kernels import WorkerTensors, worker_tensors
 from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
-from aurora_store.codec.base import Lookup
+from aurora_store.codec import words as host
+from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import torch_dtype, word_tensor, word_view
@@ -300,7 +301,7 @@ class VllmWeights:
         self.layout = layout
         self._written()
 
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
         layout = self._need()
         width = layout.rule(name).spec.width
         pieces = layout.pieces(name, index, write=False)
@@ -317,17 +318,10 @@ class VllmWeights:
             seen[p.rank] += 1
         return out
 
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The lookup runs on the host, from :meth:`read_range` (a device lookup through the
-        workers is not built)."""
-        return None
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """A gather of every position of the range through the workers (O(range) over the RPC:
-        the device-side class walk that would avoid it is not built)."""
-        return self.read(name, np.arange(lo, hi, dtype=np.int64))
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """The host pass, over a gather of every position of the range through the workers (O(range)
+        over the RPC: the device-side class walk that would avoid it is not built)."""
+        return host.locate(self.at(name, np.arange(lo, hi, dtype=np.int64)), lookup, over)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         layout = self._need()

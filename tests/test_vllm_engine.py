@@ -171,7 +171,7 @@ def test_mapped_engine_holds_every_version_bit_exact(mapped: Any, chain: tuple[R
         assert_engine_holds(mapped, run, v, layout)
         assert up.live_digest() == run.manifest(v).weights_digest
         if v == 2:
-            assert mapped.live.read(NAN_TENSOR, np.array([5, 6])).tolist() == [NAN, NEG_ZERO]
+            assert mapped.live.at(NAN_TENSOR, np.array([5, 6])).tolist() == [NAN, NEG_ZERO]
 
 
 @pytest.fixture(scope="module")

@@ -141,10 +141,10 @@ def test_read_returns_hf_words_at_every_position_in_any_order(tp: int) -> None:
     rng = np.random.default_rng(0)
     for name, t in sd.items():
         want = words_of(sd, name)
-        assert np.array_equal(live.read(name, np.arange(t.numel())), want)
+        assert np.array_equal(live.at(name, np.arange(t.numel())), want)
         perm = rng.permutation(t.numel())
-        assert np.array_equal(live.read(name, perm), want[perm])
-    assert live.read("model.norm.weight", np.zeros(0, np.int64)).shape == (0,)
+        assert np.array_equal(live.at(name, perm), want[perm])
+    assert live.at("model.norm.weight", np.zeros(0, np.int64)).shape == (0,)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -183,14 +183,14 @@ def test_sparse_changes_land_where_vllm_would_load_them(
     rng = np.random.default_rng(probe_seed)
     for name in changes:
         probe = np.sort(rng.choice(want[name].numel(), size=min(30, want[name].numel()), replace=False))
-        assert np.array_equal(live.read(name, probe), words_of(want, name)[probe])
+        assert np.array_equal(live.at(name, probe), words_of(want, name)[probe])
 
 
 def test_tied_embeddings_share_one_parameter() -> None:
     live, ranks, sd = loaded(2, tied=True)
     assert "lm_head.weight" not in ranks[0] and same(ranks, fuse(sd, 2, tied=True))
     idx = np.array([0, 63, 64, 97])
-    assert np.array_equal(live.read("lm_head.weight", idx), words_of(sd, "model.embed_tokens.weight")[idx])
+    assert np.array_equal(live.at("lm_head.weight", idx), words_of(sd, "model.embed_tokens.weight")[idx])
     words = np.array([1, 2, 3, 4], dtype="<u2")
     live.commit(live.prepare({"lm_head.weight": (idx, words), "model.embed_tokens.weight": (idx, words)}))
     _, snap = live.snapshot()
@@ -258,11 +258,11 @@ def test_hostile_positions_and_names_are_refused() -> None:
     numel = sd[name].numel()
     for bad in (np.array([numel]), np.array([-1]), np.array([0.5]), np.zeros((2, 2), np.int64)):
         with pytest.raises(LayoutError):
-            live.read(name, bad)
+            live.at(name, bad)
         with pytest.raises(LayoutError):
             live.prepare({name: (bad, np.zeros(bad.shape, "<u2"))})
     with pytest.raises(LayoutError, match="not in this model"):
-        live.read("model.layers.9.mlp.up_proj.weight", np.array([0]))
+        live.at("model.layers.9.mlp.up_proj.weight", np.array([0]))
     with pytest.raises(LayoutError, match="word"):
         live.prepare({name: (np.array([0, 1]), np.array([1, 2], dtype="<u4"))})
     with pytest.raises(LayoutError, match="word"):
@@ -308,7 +308,7 @@ def test_load_refuses_mismatched_engine_params_without_writing() -> None:
             live.load(specs, words)
         assert same(ranks, before)
         with pytest.raises(StoreError, match="load"):
-            live.read("model.norm.weight", np.array([0]))
+            live.at("model.norm.weight", np.array([0]))
     live = VllmWeights(GEOM, ranks=garbage_like(fuse(sd, 2)))
     with pytest.raises(LayoutError, match="words"):
         live.load(specs, {**words, "model.norm.weight": words["model.norm.weight"][:3]})

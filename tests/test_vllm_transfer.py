@@ -211,7 +211,7 @@ def test_a_loader_that_fails_half_way_leaves_the_engine_refusing_writes() -> Non
     change = {"model.norm.weight": (np.array([1]), np.array([0x4040], dtype="<u2"))}
     with pytest.raises(NotImplementedError):
         live.commit(live.prepare(change))
-    assert live.read("model.norm.weight", np.array([1]))[0] == 0x3F80, "the host copy did not move"
+    assert live.at("model.norm.weight", np.array([1]))[0] == 0x3F80, "the host copy did not move"
     with pytest.raises(StoreError, match="unknown state.*restart"):
         live.prepare(change)
 
