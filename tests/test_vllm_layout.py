@@ -2,7 +2,7 @@
 
 The reference is :func:`fuse`, written here the way vLLM's weight loaders fill their
 parameters (QKVParallelLinear, MergedColumnParallelLinear, RowParallelLinear,
-VocabParallelEmbedding), independently of :mod:`actor.vllm_layout`'s arithmetic.
+VocabParallelEmbedding), independently of :mod:`actor.engines.vllm.layout`'s arithmetic.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aurora_store
+from actor.engines.vllm.engine import completions, prompt_seeds
+from actor.engines.vllm.layout import Geometry, VllmLayout
+from actor.engines.vllm.weights import OPS, LocalRunner, Runner, VllmWeights, pack, unpack
 from actor.updater import Updater
-from actor.vllm_engine import completions, prompt_seeds
-from actor.vllm_layout import Geometry, VllmLayout
-from actor.vllm_weights import OPS, LocalRunner, Runner, VllmWeights, pack, unpack
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import build_model, tiny_config
@@ -366,7 +366,7 @@ def _vllm_and_cuda() -> bool:
 @pytest.mark.skipif(not _vllm_and_cuda(), reason="needs vllm and a CUDA GPU")
 @pytest.mark.parametrize("transfer", ["native", "extension"])
 def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, transfer: str) -> None:
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
     cfg = tiny_config(98, hidden=128, layers=2, heads=2, kv_heads=1)  # head_dim 64: every attention backend
@@ -377,7 +377,7 @@ def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, tra
         run.publish(sd)
         sd = step(sd, i, lr=1e-3)
     out = replay(run, 0, str(tmp_path / "v0"))
-    from actor.vllm_transfer import unavailable
+    from actor.engines.vllm.transfer import unavailable
 
     if transfer == "native" and unavailable() is not None:
         pytest.skip(f"this vLLM has no weight-transfer API: {unavailable()}")

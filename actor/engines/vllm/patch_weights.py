@@ -1,11 +1,11 @@
 """Live weights for vLLM layouts this project does not map: vLLM's own loaders place every change.
 
-Where :class:`~actor.vllm_layout.VllmLayout` refuses a model (MoE experts, or anything else it
+Where :class:`~actor.engines.vllm.layout.VllmLayout` refuses a model (MoE experts, or anything else it
 does not know how vLLM fuses and shards), the actor cannot address vLLM's parameters itself.
 :class:`VllmPatchWeights` keeps the version's words in host memory under HF names (reads for
 decoding deltas, snapshots for audits) and sends each change to the workers as sparse patches in
 checkpoint coordinates, which the ``aurora`` weight-transfer backend hands to the model's own
-``load_weights`` (:mod:`actor.vllm_transfer`). A load writes every tensor whole (so the engine
+``load_weights`` (:mod:`actor.engines.vllm.transfer`). A load writes every tensor whole (so the engine
 holds exactly the version, whatever it loaded or made of it); a delta goes as sparse patches.
 Costs and limits are vLLM's: the host copy is one model in RAM, a sparse patch costs O(whole
 tensor) per rank, NaN values are refused before anything is staged, and a loader that fails
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from actor.vllm_transfer import patch_values
+from actor.engines.vllm.transfer import patch_values
 from aurora_store.codec import words as host
 from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError

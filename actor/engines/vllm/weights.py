@@ -1,7 +1,7 @@
 """Live weights held in vLLM's own parameters: fused, possibly tensor-parallel, written in place.
 
 :class:`VllmWeights` serves the :class:`~actor.live.LiveWeights` protocol under HF names and
-translates every position through :class:`~actor.vllm_layout.VllmLayout`; nothing but the
+translates every position through :class:`~actor.engines.vllm.layout.VllmLayout`; nothing but the
 changed elements ever moves. The tensors are touched only by the small worker ops below,
 which a *runner* executes on every TP rank: :class:`LocalRunner` loops over rank dicts in
 this process (tests; tp=1 with the model in hand), and on vLLM ``LLM.collective_rpc(
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from actor.vllm_kernels import WorkerTensors, worker_tensors
-from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
+from actor.engines.vllm.kernels import WorkerTensors, worker_tensors
+from actor.engines.vllm.layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
 from aurora_store.codec import words as host
 from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
@@ -180,7 +180,7 @@ def unpack(obj: Any) -> Any:
 
 
 class AuroraWorkerExtension:
-    """Mixed into vLLM's workers (``worker_extension_cls="actor.vllm_weights.AuroraWorkerExtension"``);
+    """Mixed into vLLM's workers (``worker_extension_cls="actor.engines.vllm.weights.AuroraWorkerExtension"``);
     reached by ``LLM.collective_rpc("aurora_op", args=(op, *pack(args)))``."""
 
     def aurora_op(self, op: str, *args: Any) -> Any:
