@@ -136,7 +136,7 @@ def test_load_fills_every_rank_bit_exact_and_zeroes_vocab_padding(tp: int) -> No
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_read_returns_hf_words_at_every_position_in_any_order(tp: int) -> None:
+def test_at_returns_hf_words_at_every_position_in_any_order(tp: int) -> None:
     live, _, sd = loaded(tp)
     rng = np.random.default_rng(0)
     for name, t in sd.items():
