@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from actor.config import EngineConfig
-from actor.engine import Engine
-from actor.torch_engine import TorchEngine
+from actor.engines.base import Engine
+from actor.engines.torch import TorchEngine
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
@@ -87,8 +87,8 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
         model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
     # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
-    # written to what vLLM computes from (actor/vllm_engine.py)
-    from actor.vllm_engine import VllmEngine
+    # written to what vLLM computes from (actor/engines/vllm/engine.py)
+    from actor.engines.vllm.engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
     out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")

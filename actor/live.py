@@ -1,8 +1,8 @@
 """Live weights as the updater sees them: HF names, read and written as raw words in place.
 
-The updater never touches an engine's tensors directly. It reads the words at given flat
-positions of an HF-named tensor (to decode a delta against its parent), and at a safe point
-writes staged words back in place. :class:`TensorWeights` serves a plain mapping of HF
+The updater never touches an engine's tensors directly. It reads them as
+:class:`~aurora_store.codec.base.Words` (to decode a delta against its parent), and at a safe
+point writes staged words back in place. :class:`TensorWeights` serves a plain mapping of HF
 names to torch tensors (the torch engine's parameters, or tensors of its own); the vLLM
 engine serves its fused, possibly tensor-parallel parameters through the same protocol.
 """
@@ -15,34 +15,19 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from aurora_store import device
-from aurora_store.codec.base import Lookup
+from aurora_store.codec.base import Words
+from aurora_store.device import TensorWords
 from aurora_store.errors import LayoutError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import from_words, to_words, torch_dtype
-
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import from_words, to_words, torch_dtype, word_tensor
 
 
-class LiveWeights(Protocol):
-    """What the updater needs from an engine's weights."""
+class LiveWeights(Words, Protocol):
+    """What the updater needs from an engine's weights: their :class:`~aurora_store.codec.base.Words`
+    (to decode and stage deltas against) and the writes below."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
         """Overwrite every tensor with ``words`` (bootstrap, or a staged full version)."""
-
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
-        """Little-endian words of tensor ``name`` at sorted flat positions ``index``."""
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Little-endian words of tensor ``name`` at flat positions ``[lo, hi)`` (the classed codec
-        reads a block's whole range; a host tensor gives a view, a device one a copy of the range)."""
-
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """A classed block's positions over ``[lo, hi)`` of tensor ``name``, looked up where the
-        weights live with ``staged`` (range-relative positions, words) laid over them; None when
-        this engine looks up on the host (from :meth:`read_range`)."""
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         """Everything a write needs (device copies of positions and words); may fail."""
@@ -57,7 +42,7 @@ class LiveWeights(Protocol):
         """Specs and words of every tensor (an O(model) copy; audits and tests only)."""
 
 
-class TensorWeights:
+class TensorWeights(TensorWords):
     """Live weights held as a mapping of HF names to torch tensors, on any device."""
 
     def __init__(
@@ -67,11 +52,8 @@ class TensorWeights:
         device: str | torch.device = "cpu",
         lookup_on_device: bool | None = None,
     ) -> None:
-        self.tensors: dict[str, torch.Tensor] = tensors if tensors is not None else {}
+        super().__init__(tensors, lookup_on_device=lookup_on_device)
         self.device = torch.device(device)
-        self.lookup_on_device = lookup_on_device
-        """Classed lookups with torch ops where the tensors live: None (the default) on an
-        accelerator only; True also on CPU tensors (tests); False never."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
         if not self.tensors:  # no engine tensors given: own them
@@ -87,39 +69,11 @@ class TensorWeights:
             for s in specs:
                 self.tensors[s.name].copy_(from_words(s, words[s.name]))
 
-    def _flat(self, name: str) -> torch.Tensor:
-        t = self.tensors[name]
-        return t.view(-1).view(_INT[t.element_size()])
-
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
-        flat = self._flat(name)
-        got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
-        return got.view(f"<u{got.dtype.itemsize}")
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        got = self._flat(name)[lo:hi].cpu().numpy()
-        return got.view(f"<u{got.dtype.itemsize}")
-
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """On an accelerator, the lookup runs there: only ranks go and positions come back. Host
-        tensors take the host pass (the compiled one is the faster)."""
-        flat = self._flat(name)
-        if not (flat.device.type != "cpu" if self.lookup_on_device is None else self.lookup_on_device):
-            return None
-        words = flat[lo:hi]
-        if staged is not None:  # the staged version's classes: a device copy of the range, staged words written in
-            words = words.clone()
-            device.write(words, staged[0], staged[1])
-        return device.locate(words, lookup)
-
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         out = []
         for name, (idx, words) in changes.items():
-            flat = self._flat(name)
-            signed = words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words
-            out.append((flat, torch.from_numpy(idx).to(flat.device), torch.from_numpy(signed).to(flat.device)))
+            flat = self.flat(name)
+            out.append((flat, torch.from_numpy(idx).to(flat.device), word_tensor(words).to(flat.device)))
         return out
 
     def commit(self, prepared: object) -> None:

@@ -4,46 +4,30 @@ Decoded deltas are merged per tensor into sorted positions and their new words, 
 staging costs memory in proportion to the changed elements (the union over the staged
 versions), never a second copy of the model. Each staged version's weight digest is
 checked against its manifest before the next one is staged; nothing touches the live
-weights until :meth:`Staging` is applied. No torch here: live weights are read through
-:class:`LiveWords` (words at positions, a range's words, or a classed lookup where they live),
-with the staged words laid over them.
+weights until :meth:`Staging` is applied. No torch here: a staging is the
+:class:`~aurora_store.codec.base.Words` of its version, the staged words laid over the live
+weights' own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from aurora_store.codec import classes
-from aurora_store.codec.base import Lookup
+from aurora_store.codec.base import Lookup, Overlay, Words
+from aurora_store.codec.words import HostWords
 from aurora_store.errors import ChainError
-from aurora_store.format.blocks import DecodedBlock
-from aurora_store.format.digest import Digest, tensor_keys
+from aurora_store.format.blocks import DecodedBlock, check
+from aurora_store.format.digest import Digest
 from aurora_store.format.manifest import Manifest
-
-
-class LiveWords(Protocol):
-    """What staging reads of the live weights."""
-
-    def read(self, name: str, index: np.ndarray) -> np.ndarray: ...
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray: ...
-
-    def locate(
-        self,
-        name: str,
-        lo: int,
-        hi: int,
-        lookup: Lookup,
-        staged: tuple[np.ndarray, np.ndarray] | None,
-    ) -> tuple[np.ndarray, np.ndarray] | None: ...
 
 
 @dataclass(slots=True)
 class Staging:
-    """Changes from ``base_version`` up to ``version``, verified, not yet applied."""
+    """Changes from ``base_version`` up to ``version``, verified, not yet applied: the
+    :class:`~aurora_store.codec.base.Words` at ``version`` (staged where changed, else ``live``'s
+    or the staged full version's), which the next delta is decoded against."""
 
     base_version: int
     base_hash: str
@@ -54,6 +38,8 @@ class Staging:
     """name -> (sorted flat positions, new words)."""
     full: dict[str, np.ndarray] | None = None
     """When the cheapest path went through a full version: every tensor's words."""
+    live: Words = field(kw_only=True)
+    """The live weights, at ``base_version``."""
 
     @property
     def nbytes(self) -> int:
@@ -64,9 +50,12 @@ class Staging:
     def changed(self) -> int:
         return sum(int(i.size) for i, _ in self.changes.values())
 
-    def words_at(self, live: LiveWords, name: str, index: np.ndarray) -> np.ndarray:
-        """Words at ``index`` as of the staged version (staged where changed, else live or full)."""
-        base = self.full[name][index] if self.full is not None else live.read(name, index)
+    def _under(self) -> Words:
+        """The words the staged changes lie over: the staged full version's, else the live ones."""
+        return self.live if self.full is None else HostWords(self.full)
+
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
+        base = self._under().at(name, index)
         staged = self.changes.get(name)
         if staged is not None and staged[0].size:
             idx, vals = staged
@@ -78,73 +67,27 @@ class Staging:
             base[hit] = vals[pos[hit]]
         return base
 
-    def words_range(self, live: LiveWords, name: str, lo: int, hi: int) -> np.ndarray:
-        """Words at flat positions ``[lo, hi)`` as of the staged version."""
-        base = self.full[name][lo:hi] if self.full is not None else live.read_range(name, lo, hi)
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """Run where the words under the staging live (on a device, when the live weights look up
+        there), with the staged words of the range (and ``over``) laid over them."""
+        mine = None
         staged = self.changes.get(name)
         if staged is not None and staged[0].size:
             idx, vals = staged
             a, b = np.searchsorted(idx, [lo, hi])
-            if b > a:
-                base = base.copy()
-                base[idx[a:b] - lo] = vals[a:b]
-        return base
+            mine = (idx[a:b] - lo, vals[a:b]) if b > a else None
+        if over is not None:
+            mine = over if mine is None else _merge(mine, over[0], over[1])
+        return self._under().locate(name, lo, hi, lookup, mine)
 
-    def locate(self, live: LiveWords, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        """A classed block's positions over ``[lo, hi)`` as of the staged version: where the live
-        weights are, when they can look it up there (a device), else on the host."""
-        staged = None
-        if self.full is None and name in self.changes and self.changes[name][0].size:
-            idx, vals = self.changes[name]
-            a, b = np.searchsorted(idx, [lo, hi])
-            staged = (idx[a:b] - lo, vals[a:b]) if b > a else None
-        got = None if self.full is not None else live.locate(name, lo, hi, lookup, staged)
-        if got is not None:
-            return got
-        words = self.words_range(live, name, lo, hi)
-        return classes.locate(words, lookup)
-
-    def view(self, live: LiveWords) -> StagedWords:
-        """The staged version's words, as a delta decoder reads its parent."""
-        return StagedWords(self, live)
-
-    def add_version(self, m: Manifest, blocks: list[DecodedBlock], live: LiveWords) -> None:
+    def add_version(self, m: Manifest, blocks: list[DecodedBlock]) -> None:
         """Stage one more delta (``m``, decoded against this staging): all or nothing."""
         if m.parent is None or (m.parent.version, m.parent.version_hash) != (self.version, self.version_hash):
             raise ChainError(f"version {m.version} does not follow staged version {self.version}")
-        digest = self.digest.copy()
-        updates: list[tuple[str, np.ndarray, np.ndarray]] = []
-        specs = {t.name: t for t in m.tensors}
-        for blk in blocks:
-            old = self.words_at(live, blk.name, blk.index)
-            new = blk.new_words(old)
-            s = specs[blk.name]
-            digest.update(tensor_keys(s.name, s.dtype, s.shape), blk.index, old, new)
-            updates.append((blk.name, blk.index, new))
-        if digest.hex() != m.weights_digest:
-            raise ChainError(
-                f"version {m.version}: staged weights digest {digest.hex()}, manifest says {m.weights_digest}"
-            )
-        for name, index, new in updates:
+        done = check(m, blocks, self, self.digest)
+        for name, index, new in done.writes:
             self.changes[name] = _merge(self.changes.get(name), index, new)
-        self.version, self.version_hash, self.digest = m.version, m.version_hash, digest
-
-
-@dataclass(frozen=True, slots=True)
-class StagedWords:
-    """:class:`~aurora_store.format.blocks.OldWords` of a staging over live weights."""
-
-    staging: Staging
-    live: LiveWords
-
-    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
-        return self.staging.words_at(self.live, name, index)
-
-    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        return self.staging.words_range(self.live, name, lo, hi)
-
-    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        return self.staging.locate(self.live, name, lo, hi, lookup)
+        self.version, self.version_hash, self.digest = done.version, done.version_hash, done.digest
 
 
 def _merge(

@@ -172,6 +172,7 @@ class Updater:
                     self.held.version,
                     self.held.version_hash,
                     self._digest.copy(),
+                    live=self.live,
                 )
             work = Staging(
                 staged.base_version,
@@ -181,6 +182,7 @@ class Updater:
                 staged.digest.copy(),
                 dict(staged.changes),
                 staged.full,
+                live=self.live,
             )
             try:
                 plan = (
@@ -209,9 +211,8 @@ class Updater:
             work.version, work.version_hash, work.digest = m.version, m.version_hash, state.digest
             return
 
-        old = work.view(self.live)
-        blocks = self._with_fallback(m, lambda run: run.reader.decode_delta(m, old))
-        work.add_version(m, blocks, self.live)
+        blocks = self._with_fallback(m, lambda run: run.reader.decode_delta(m, work))
+        work.add_version(m, blocks)
 
     def _with_fallback(self, m: Manifest, fn: Callable[[Run], T]) -> T:
         """Run ``fn`` on the region's bucket; on a corrupt or missing object, report it, retry once,

@@ -33,7 +33,7 @@ import torch
 
 from actor import assemble
 from actor.config import WorkerConfig
-from actor.engine import Completion
+from actor.engines.base import Completion
 from actor.metrics import ActorMetrics
 from actor.outbox import Outbox
 from actor.rewards import RewardPool

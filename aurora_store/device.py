@@ -3,8 +3,8 @@
 A GPU publisher compares the BF16 bits it publishes with the bits it last published where both
 live; only the changed positions and their words (about 1% of the model) cross to the host for
 coding. A GPU actor turns a classed block's (class, rank) pairs into positions against its live
-weights the same way (its staged words are then scattered in place at the safe point:
-``actor.live.TensorWeights``). Every function here
+weights the same way (:class:`TensorWords`; its staged words are then scattered in place at the
+safe point: ``actor.live.TensorWeights``). Every function here
 gives exactly the arrays the host passes in :mod:`aurora_store.codec.classes` give (the tests
 check it on CPU tensors).
 
@@ -19,10 +19,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aurora_store.codec.base import Exponent, Lookup
+from aurora_store.codec import words as host
+from aurora_store.codec.base import Exponent, Lookup, Overlay
 from aurora_store.codec.classes import Extracted
 from aurora_store.errors import CorruptError, StoreError
-from aurora_store.tensors import word_tensor
+from aurora_store.tensors import word_tensor, word_view
 
 CHUNK = 1 << 26
 """Elements sorted at once: the sort's index tensor is 8 bytes an element (512 MiB a chunk)."""
@@ -124,3 +125,36 @@ def locate(old: torch.Tensor, lookup: Lookup, *, chunk: int = CHUNK) -> tuple[np
     src = torch.cat(found_src)
     back = torch.argsort(pos)
     return pos[back].cpu().numpy(), src[back].cpu().numpy()
+
+
+class TensorWords:
+    """Words at a version held as torch tensors by HF name, on any device: the device implementation of
+    :class:`~aurora_store.codec.base.Words`. Only the positions asked for (or a lookup's ranks and
+    positions) cross to the host."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, *, lookup_on_device: bool | None = None) -> None:
+        self.tensors: dict[str, torch.Tensor] = tensors if tensors is not None else {}
+        self.lookup_on_device = lookup_on_device
+        """Classed lookups with torch ops where the tensors live: None (the default) on an
+        accelerator only; True also on CPU tensors (tests); False never (the host pass)."""
+
+    def flat(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` as a flat word tensor (:func:`aurora_store.tensors.word_view`), sharing its memory."""
+        return word_view(self.tensors[name].view(-1))
+
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
+        flat = self.flat(name)
+        got = flat[torch.from_numpy(index).to(flat.device)].cpu().numpy()
+        return got.view(f"<u{got.dtype.itemsize}")
+
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """On an accelerator the lookup runs there: only ranks go and positions come back. Host
+        tensors take the host pass (the compiled one is the faster)."""
+        words = self.flat(name)[lo:hi]
+        if not (words.device.type != "cpu" if self.lookup_on_device is None else self.lookup_on_device):
+            got = words.cpu().numpy()
+            return host.locate(got.view(f"<u{got.dtype.itemsize}"), lookup, over)
+        if over is not None and over[0].size:  # the overlaid words' classes: a device copy of the range
+            words = words.clone()
+            write(words, over[0], over[1])
+        return locate(words, lookup)

@@ -29,13 +29,23 @@ for _n, _t in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
     if hasattr(torch, _t):
         _TO_NAME[getattr(torch, _t)] = _n
 _FROM_NAME = {v: k for k, v in _TO_NAME.items()}
-_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+WORDS: dict[int, torch.dtype] = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""The torch dtype that holds an element's bit pattern, by its width in bytes: the one table of the
+project. Wider words are signed because torch's uint16/32/64 lack most ops (indexing, scatter,
+comparisons on every backend); a one-byte word is ``uint8``, which torch supports fully and which
+is exactly the host's ``<u1`` word, so a one-byte word needs no reinterpretation either way (bool,
+int8, uint8 and FP8 tensors alike) and never sign-extends under a shift."""
+
+
+def word_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit patterns as the word tensor of its width (:data:`WORDS`), sharing its memory."""
+    return t.detach().view(WORDS[t.element_size()])
 
 
 def word_views(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, torch.Tensor]]:
-    """Specs (sorted by name) and flat views of a state dict's bit patterns, each a signed integer
-    tensor of its element's width on the tensor's own device (``uint8`` for bool); no copy for
-    contiguous tensors."""
+    """Specs (sorted by name) and flat views of a state dict's bit patterns, each the word tensor
+    of its element's width (:data:`WORDS`) on the tensor's own device; no copy for contiguous
+    tensors."""
     if not isinstance(state_dict, Mapping):
         raise StoreError(f"state_dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
     specs = []
@@ -50,7 +60,7 @@ def word_views(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec
         if dt is None:
             raise UnsupportedError(f"{name!r}: dtype {t.dtype} is not supported (known: {sorted(_FROM_NAME)})")
         flat = t.detach().contiguous().reshape(-1)
-        views[name] = flat.view(torch.uint8) if t.dtype == torch.bool else flat.view(_SIGNED[flat.element_size()])
+        views[name] = word_view(flat)
         specs.append(TensorSpec(name, dt, tuple(int(s) for s in t.shape)))
     specs.sort(key=lambda s: s.name)
     return tuple(specs), views
@@ -64,9 +74,8 @@ def host_words(view: torch.Tensor) -> np.ndarray:
 
 
 def word_tensor(words: np.ndarray) -> torch.Tensor:
-    """A host word array as the word tensor :func:`word_views` makes (signed of its width, ``uint8``
-    for one-byte words), sharing its memory."""
-    return torch.from_numpy(words.view(f"<i{words.dtype.itemsize}") if words.dtype.itemsize > 1 else words)
+    """A host word array as the word tensor :func:`word_views` makes (:data:`WORDS`), sharing its memory."""
+    return torch.from_numpy(words.view(f"<i{words.dtype.itemsize}" if words.dtype.itemsize > 1 else "<u1"))
 
 
 def to_words(state_dict: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
@@ -86,6 +95,4 @@ def torch_dtype(spec: TensorSpec) -> torch.dtype:
 
 def from_words(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
     """A torch tensor sharing memory with ``words`` (flat little-endian words)."""
-    dt = torch_dtype(spec)
-    signed = torch.from_numpy(words.view(f"<i{words.dtype.itemsize}"))
-    return signed.view(dt).reshape(spec.shape)
+    return word_tensor(words).view(torch_dtype(spec)).reshape(spec.shape)

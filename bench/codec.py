@@ -28,7 +28,8 @@ from rich.table import Table
 
 from aurora_store import codec
 from aurora_store.codec import classes, kernels, sparse
-from aurora_store.codec.base import ArrayParent, Decoded, Encoded
+from aurora_store.codec.base import Decoded, Encoded
+from aurora_store.codec.words import block_of
 from aurora_store.format import dtypes
 from aurora_store.format.delta import code_block
 from aurora_store.options import option, positive
@@ -110,7 +111,7 @@ def decode(blocks: Coded, parent: Arrays) -> dict[str, Decoded]:
         c = codec.get(codec_name)
         assert c is not None
         t = parent[name]
-        out[name] = c.decode(b.payload, b.header, BF16.span(t.size), ArrayParent(t), name)
+        out[name] = c.decode(b.payload, b.header, BF16.span(t.size), block_of(t), name)
     return out
 
 

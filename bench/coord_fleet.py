@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from actor.config import RolloutConfig, SyncConfig, WorkerConfig
-from actor.engine import Completion
+from actor.engines.base import Completion
 from actor.updater import Updater
 from actor.worker import Worker
 from aurora_store.rl.sampling import SamplingConfig

@@ -136,8 +136,8 @@ def _ms(seconds: list[float]) -> dict[str, Any]:
 def measure_model(name: str, cfg: Config, work: Path) -> dict[str, Any]:
     """One model: publish the chain, then the pauses, the reloads and a restart on one engine."""
     import aurora_store
+    from actor.engines.vllm.engine import VllmEngine
     from actor.updater import Updater
-    from actor.vllm_engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
     state, files = _weights(name, cfg.seed)

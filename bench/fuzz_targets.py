@@ -117,6 +117,7 @@ def segment(seed: int) -> Target[SegCase]:
     import zstandard
 
     from aurora_store.bucket.limits import Limits
+    from aurora_store.codec.words import HostWords
     from aurora_store.format.blocks import apply_blocks, decode_block
     from aurora_store.format.manifest_parser import parse_manifest
 
@@ -155,13 +156,14 @@ def segment(seed: int) -> Target[SegCase]:
         if any(len(d) != s.size for d, s in zip(datas, m.segments, strict=True)):
             return "size_refused"  # the reader's GET of exactly seg.size bytes fails
         url = f"memory://aurora-fuzz/{m.segments[case.seg].key}"
+        old = HostWords(p.parent.words)
         if case.block is not None:
             seg = m.segments[case.seg]
             if case.block < len(seg.blocks):
-                decode_block(m, seg, case.block, memoryview(case.data), url, cap, p.parent)
+                decode_block(m, seg, case.block, memoryview(case.data), url, cap, old)
             return None
         todo = [(s, memoryview(d), b) for s, d in zip(m.segments, datas, strict=True) for b in range(len(s.blocks))]
-        apply_blocks(p.parent.copy(), m, [decode_block(m, s, b, d, url, cap, p.parent) for s, d, b in todo])
+        apply_blocks(p.parent.copy(), m, [decode_block(m, s, b, d, url, cap, old) for s, d, b in todo])
         return None
 
     def show(case: SegCase) -> str:

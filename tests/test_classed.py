@@ -20,7 +20,8 @@ from hypothesis.extra import numpy as hnp
 
 from aurora_store import codec
 from aurora_store.codec import classed, classes, frames, kernels, rice, sparse
-from aurora_store.codec.base import ArrayParent, Encoded, Exponent, Span
+from aurora_store.codec.base import Encoded, Exponent, Span
+from aurora_store.codec.words import block_of
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.format import dtypes
 from aurora_store.format.delta import DeltaBuilder, code_block
@@ -56,7 +57,7 @@ def code(old: np.ndarray, new: np.ndarray, dt: dtypes.DType = BF16) -> Encoded:
 def decode(enc: Encoded, old: np.ndarray, dt: dtypes.DType = BF16, payload: bytes | None = None, **over: Any) -> Any:
     header = dataclasses.replace(enc.header, **over)
     data = enc.payload if payload is None else payload
-    return classed.decode(data, header, dt.span(old.size), ArrayParent(old), "blk")
+    return classed.decode(data, header, dt.span(old.size), block_of(old), "blk")
 
 
 def roundtrip(old: np.ndarray, new: np.ndarray, dt: dtypes.DType = BF16) -> Encoded:
@@ -210,7 +211,7 @@ def test_builder_codes_a_tensor_in_many_blocks_each_ranked_from_its_own_start() 
         c = codec.get(blk.codec)
         assert c is not None
         payload = bytes(data[blk.offset : blk.offset + blk.length])
-        parent = ArrayParent(old[blk.start : blk.stop])
+        parent = block_of(old[blk.start : blk.stop])
         got = c.decode(payload, blk.header, BF16.span(blk.stop - blk.start), parent, "b")
         sparse.apply(out, blk.start, got.positions, got.delta)
     assert np.array_equal(out, new)
@@ -338,7 +339,7 @@ def test_a_rank_past_its_class_in_the_parent_is_corrupt(block: tuple[Encoded, np
 def test_a_parent_short_of_the_ranks_is_refused(block: tuple[Encoded, np.ndarray]) -> None:
     enc, old = block
     with pytest.raises(CorruptError, match="rank"):
-        classed.decode(enc.payload, enc.header, BF16.span(old.size), ArrayParent(old[: old.size // 2]), "blk")
+        classed.decode(enc.payload, enc.header, BF16.span(old.size), block_of(old[: old.size // 2]), "blk")
 
 
 @given(st.binary(max_size=300), st.integers(1, 5), st.integers(1, 3), st.integers(0, 80), st.booleans())
@@ -350,7 +351,7 @@ def test_garbage_never_crashes(payload: bytes, count: int, n_cls: int, cut: int,
     old = np.arange(64, dtype=np.uint16) * np.uint16(997)
     try:
         with kernels.disabled() if plain else contextlib.nullcontext():
-            got = classed.decode(payload, header, Span(64, 2, Exponent(7, 8)), ArrayParent(old), "fuzz")
+            got = classed.decode(payload, header, Span(64, 2, Exponent(7, 8)), block_of(old), "fuzz")
     except StoreError:
         return
     # what decodes is a real change of the parent, and coding it again gives it back bit-exact

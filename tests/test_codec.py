@@ -15,7 +15,8 @@ from hypothesis.extra import numpy as hnp
 
 from aurora_store import codec
 from aurora_store.codec import dense, frames, sparse
-from aurora_store.codec.base import ArrayParent, Encoded, Exponent, Span
+from aurora_store.codec.base import Encoded, Exponent, Span
+from aurora_store.codec.words import block_of
 from aurora_store.errors import CorruptError, LimitError, StoreError
 
 SPECIAL16 = [0x0000, 0x8000, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x3F80, 0x7F7F]
@@ -29,7 +30,7 @@ def roundtrip(old: np.ndarray, new: np.ndarray) -> Encoded:
     pos = sparse.changed_positions(old, new)
     exp = EXPONENT[old.dtype.itemsize]
     blk = sparse.encode(pos, old[pos], new[pos], exp)
-    got = sparse.decode(blk.payload, blk.header, Span(old.size, old.dtype.itemsize, exp), ArrayParent(old), "t")
+    got = sparse.decode(blk.payload, blk.header, Span(old.size, old.dtype.itemsize, exp), block_of(old), "t")
     assert got.delta is not None and got.words is None
     out = old.copy()
     sparse.apply(out, 0, got.positions, got.delta)
@@ -120,7 +121,7 @@ def test_symbol_streams_split_by_exponent() -> None:
 def _decode(blk: Encoded, span: int = 100, payload: bytes | None = None, **over: Any) -> None:
     """Decode ``blk`` with some header fields overridden (as a hostile manifest could)."""
     header = dataclasses.replace(blk.header, **over)
-    parent = ArrayParent(np.arange(100, dtype=np.uint16))
+    parent = block_of(np.arange(100, dtype=np.uint16))
     sparse.decode(blk.payload if payload is None else payload, header, Span(span, 2, EXPONENT[2]), parent, "blk")
 
 
@@ -197,7 +198,7 @@ def test_dense_round_trip(words: np.ndarray) -> None:
     assert enc.header.count == words.size
     if words.size:  # an empty range has no block
         got = codec.get("dense").decode(
-            enc.payload, enc.header, Span(words.size, 8, Exponent(0, 0)), ArrayParent(words), "d"
+            enc.payload, enc.header, Span(words.size, 8, Exponent(0, 0)), block_of(words), "d"
         )
         assert np.array_equal(got.words, words) and np.array_equal(got.positions, np.arange(words.size))
 
@@ -211,7 +212,7 @@ def test_sparse_decode_never_crashes_on_garbage(payload: bytes, count: int, esca
     header = sparse.SparseHeader(count, 4, escapes, cut * 4, (a, b - a, c - b, len(payload) - c))
     parent = np.arange(64, dtype=np.uint16)
     try:
-        got = sparse.decode(payload, header, Span(64, 2, EXPONENT[2]), ArrayParent(parent), "fuzz")
+        got = sparse.decode(payload, header, Span(64, 2, EXPONENT[2]), block_of(parent), "fuzz")
     except StoreError:
         return
     # what decodes is a real change of the parent, and coding it again gives it back bit-exact

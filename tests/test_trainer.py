@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actor.torch_engine import TorchEngine
+from actor.engines.torch import TorchEngine
 from aurora_store.bucket.run import open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.jobs import JobBoard

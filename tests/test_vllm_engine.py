@@ -3,7 +3,7 @@
 A chain of versions (fulls; deltas coded sparse and classed; a NaN and a -0.0 among the changed
 words) is applied to real engines with the ``aurora`` weight-transfer backend, and checked three
 ways: the engine's parameters read back from its worker equal ``replay`` of each version laid
-out by :class:`~actor.vllm_layout.VllmLayout`, bit for bit; greedy and sampled tokens (and their
+out by :class:`~actor.engines.vllm.layout.VllmLayout`, bit for bit; greedy and sampled tokens (and their
 log-probabilities) equal those of a vanilla vLLM engine started from the replay; and a prompt
 cached under one version is never answered from that cache after the next is applied. Engines
 start once per module (each start is ~20-30 s on 2 cores).
@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import aurora_store
+from actor.engines.vllm.layout import Geometry, VllmLayout, narrow
 from actor.updater import Updater
-from actor.vllm_layout import Geometry, VllmLayout, narrow
 from aurora_store.bucket.replay import replay
 from aurora_store.bucket.run import Run
 from aurora_store.errors import LayoutError
@@ -120,7 +120,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Run, Path]
 
 @pytest.fixture(scope="module")
 def mapped(chain: tuple[Run, Path]) -> Iterator[Any]:
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
 
     run, d = chain
     out = replay(run, 0, str(d / "engine-v0")).out
@@ -171,7 +171,7 @@ def test_mapped_engine_holds_every_version_bit_exact(mapped: Any, chain: tuple[R
         assert_engine_holds(mapped, run, v, layout)
         assert up.live_digest() == run.manifest(v).weights_digest
         if v == 2:
-            assert mapped.live.read(NAN_TENSOR, np.array([5, 6])).tolist() == [NAN, NEG_ZERO]
+            assert mapped.live.at(NAN_TENSOR, np.array([5, 6])).tolist() == [NAN, NEG_ZERO]
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +263,7 @@ def test_sampled_logprobs_are_after_temperature(mapped: Any, chain: tuple[Run, P
 
 @pytest.fixture(scope="module")
 def patched(chain: tuple[Run, Path]) -> Iterator[Any]:
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
 
     run, d = chain
     out = replay(run, 0, str(d / "patches-v0")).out
@@ -304,7 +304,7 @@ def test_patches_mode_holds_every_version_through_vllms_loaders(
 def test_tensor_parallel_2_holds_every_version_bit_exact(chain: tuple[Run, Path]) -> None:
     """Two tensor-parallel ranks on the CPU build (each bound to its own core): every rank's shard
     of every version bit-exact, and tokens equal a vanilla two-rank engine's on the last version."""
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
 
     run, d = chain
     engine = VllmEngine(replay(run, 0, str(d / "tp2-v0")).out, max_model_len=512, tensor_parallel_size=2)
@@ -343,7 +343,7 @@ def test_moe_model_follows_a_chain_through_checkpoint_patches(tmp_path: Path) ->
     """A tiny Qwen3-MoE: the layout is not mapped here (experts), so versions go to vLLM's own
     loaders as checkpoint patches; on the CPU build vLLM prepacks the experts after loading, and
     the engine's tokens after each delta equal a vanilla engine's started from that version."""
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
 
     run = publish_chain(f"file://{tmp_path}/run", MOE, seed=1, nan=False)
     engine = VllmEngine(replay(run, 0, str(tmp_path / "v0")).out, max_model_len=512)
@@ -370,7 +370,7 @@ def test_a_layout_the_actor_cannot_map_is_refused_when_the_engine_comes_up(tmp_p
     """Forced to write in place (``native``), an MoE model's experts have no mapping: the engine is
     refused with one LayoutError once vLLM has loaded it (the actor then ends), and its processes
     are shut down; before, the first bootstrap failed and was retried forever."""
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
 
     run = publish_chain(f"file://{tmp_path}/run", MOE, seed=2, nan=False)
     with pytest.raises(LayoutError, match="do not match|mismatched|not laid out|experts"):

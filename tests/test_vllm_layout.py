@@ -2,7 +2,7 @@
 
 The reference is :func:`fuse`, written here the way vLLM's weight loaders fill their
 parameters (QKVParallelLinear, MergedColumnParallelLinear, RowParallelLinear,
-VocabParallelEmbedding), independently of :mod:`actor.vllm_layout`'s arithmetic.
+VocabParallelEmbedding), independently of :mod:`actor.engines.vllm.layout`'s arithmetic.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aurora_store
+from actor.engines.vllm.engine import completions, prompt_seeds
+from actor.engines.vllm.layout import Geometry, VllmLayout
+from actor.engines.vllm.weights import OPS, LocalRunner, Runner, VllmWeights, pack, unpack
 from actor.updater import Updater
-from actor.vllm_engine import completions, prompt_seeds
-from actor.vllm_layout import Geometry, VllmLayout
-from actor.vllm_weights import OPS, LocalRunner, Runner, VllmWeights, pack, unpack
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import build_model, tiny_config
@@ -136,15 +136,15 @@ def test_load_fills_every_rank_bit_exact_and_zeroes_vocab_padding(tp: int) -> No
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_read_returns_hf_words_at_every_position_in_any_order(tp: int) -> None:
+def test_at_returns_hf_words_at_every_position_in_any_order(tp: int) -> None:
     live, _, sd = loaded(tp)
     rng = np.random.default_rng(0)
     for name, t in sd.items():
         want = words_of(sd, name)
-        assert np.array_equal(live.read(name, np.arange(t.numel())), want)
+        assert np.array_equal(live.at(name, np.arange(t.numel())), want)
         perm = rng.permutation(t.numel())
-        assert np.array_equal(live.read(name, perm), want[perm])
-    assert live.read("model.norm.weight", np.zeros(0, np.int64)).shape == (0,)
+        assert np.array_equal(live.at(name, perm), want[perm])
+    assert live.at("model.norm.weight", np.zeros(0, np.int64)).shape == (0,)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -183,14 +183,14 @@ def test_sparse_changes_land_where_vllm_would_load_them(
     rng = np.random.default_rng(probe_seed)
     for name in changes:
         probe = np.sort(rng.choice(want[name].numel(), size=min(30, want[name].numel()), replace=False))
-        assert np.array_equal(live.read(name, probe), words_of(want, name)[probe])
+        assert np.array_equal(live.at(name, probe), words_of(want, name)[probe])
 
 
 def test_tied_embeddings_share_one_parameter() -> None:
     live, ranks, sd = loaded(2, tied=True)
     assert "lm_head.weight" not in ranks[0] and same(ranks, fuse(sd, 2, tied=True))
     idx = np.array([0, 63, 64, 97])
-    assert np.array_equal(live.read("lm_head.weight", idx), words_of(sd, "model.embed_tokens.weight")[idx])
+    assert np.array_equal(live.at("lm_head.weight", idx), words_of(sd, "model.embed_tokens.weight")[idx])
     words = np.array([1, 2, 3, 4], dtype="<u2")
     live.commit(live.prepare({"lm_head.weight": (idx, words), "model.embed_tokens.weight": (idx, words)}))
     _, snap = live.snapshot()
@@ -258,11 +258,11 @@ def test_hostile_positions_and_names_are_refused() -> None:
     numel = sd[name].numel()
     for bad in (np.array([numel]), np.array([-1]), np.array([0.5]), np.zeros((2, 2), np.int64)):
         with pytest.raises(LayoutError):
-            live.read(name, bad)
+            live.at(name, bad)
         with pytest.raises(LayoutError):
             live.prepare({name: (bad, np.zeros(bad.shape, "<u2"))})
     with pytest.raises(LayoutError, match="not in this model"):
-        live.read("model.layers.9.mlp.up_proj.weight", np.array([0]))
+        live.at("model.layers.9.mlp.up_proj.weight", np.array([0]))
     with pytest.raises(LayoutError, match="word"):
         live.prepare({name: (np.array([0, 1]), np.array([1, 2], dtype="<u4"))})
     with pytest.raises(LayoutError, match="word"):
@@ -308,7 +308,7 @@ def test_load_refuses_mismatched_engine_params_without_writing() -> None:
             live.load(specs, words)
         assert same(ranks, before)
         with pytest.raises(StoreError, match="load"):
-            live.read("model.norm.weight", np.array([0]))
+            live.at("model.norm.weight", np.array([0]))
     live = VllmWeights(GEOM, ranks=garbage_like(fuse(sd, 2)))
     with pytest.raises(LayoutError, match="words"):
         live.load(specs, {**words, "model.norm.weight": words["model.norm.weight"][:3]})
@@ -366,7 +366,7 @@ def _vllm_and_cuda() -> bool:
 @pytest.mark.skipif(not _vllm_and_cuda(), reason="needs vllm and a CUDA GPU")
 @pytest.mark.parametrize("transfer", ["native", "extension"])
 def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, transfer: str) -> None:
-    from actor.vllm_engine import VllmEngine
+    from actor.engines.vllm.engine import VllmEngine
     from aurora_store.bucket.replay import replay
 
     cfg = tiny_config(98, hidden=128, layers=2, heads=2, kv_heads=1)  # head_dim 64: every attention backend
@@ -377,7 +377,7 @@ def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, tra
         run.publish(sd)
         sd = step(sd, i, lr=1e-3)
     out = replay(run, 0, str(tmp_path / "v0"))
-    from actor.vllm_transfer import unavailable
+    from actor.engines.vllm.transfer import unavailable
 
     if transfer == "native" and unavailable() is not None:
         pytest.skip(f"this vLLM has no weight-transfer API: {unavailable()}")

@@ -1,6 +1,6 @@
 """The aurora weight-transfer backend on CPU: both of its modes, on real tensors, without vLLM.
 
-``mapped``: the worker-side :class:`~actor.vllm_transfer.TransferCore` receives the writes that
+``mapped``: the worker-side :class:`~actor.engines.vllm.transfer.TransferCore` receives the writes that
 vLLM's ``update_weights`` would carry (packed as they cross its msgpack channel) into vLLM-layout
 parameters, which must end bit-exact at every version. ``patches``: vLLM's own
 ``load_checkpoint_weight_patches`` cannot run here, so :func:`vllm_loader_stand_in` writes each
@@ -21,11 +21,18 @@ import pytest
 import torch
 
 import aurora_store
+from actor.engines.vllm.engine import choose_transfer, model_specs
+from actor.engines.vllm.patch_weights import VllmPatchWeights
+from actor.engines.vllm.transfer import (
+    AuroraUpdateInfo,
+    TransferCore,
+    patch_values,
+    register,
+    split_runner,
+    unavailable,
+)
+from actor.engines.vllm.weights import VllmWeights, pack
 from actor.updater import Updater
-from actor.vllm_engine import choose_transfer, model_specs
-from actor.vllm_patch_weights import VllmPatchWeights
-from actor.vllm_transfer import AuroraUpdateInfo, TransferCore, patch_values, register, split_runner, unavailable
-from actor.vllm_weights import VllmWeights, pack
 from aurora_store.bucket.replay import replay
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
@@ -211,7 +218,7 @@ def test_a_loader_that_fails_half_way_leaves_the_engine_refusing_writes() -> Non
     change = {"model.norm.weight": (np.array([1]), np.array([0x4040], dtype="<u2"))}
     with pytest.raises(NotImplementedError):
         live.commit(live.prepare(change))
-    assert live.read("model.norm.weight", np.array([1]))[0] == 0x3F80, "the host copy did not move"
+    assert live.at("model.norm.weight", np.array([1]))[0] == 0x3F80, "the host copy did not move"
     with pytest.raises(StoreError, match="unknown state.*restart"):
         live.prepare(change)
 

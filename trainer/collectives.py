@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import WORDS, word_tensor
 
 
 class TorchCollective:
@@ -56,11 +56,11 @@ class TorchCollective:
         landing: list[tuple[torch.Tensor, np.ndarray]] = []
         for r, words in sends:
             arr = words if words.flags.writeable and words.flags.c_contiguous else np.array(words)
-            t = torch.from_numpy(arr.view(f"<i{arr.itemsize}")).to(self.device)
+            t = word_tensor(arr).to(self.device)
             works.append(dist.isend(t, dst=self.ranks[r], group=self.group))
             keep.append(t)
         for r, out in recvs:
-            t = torch.empty(out.size, dtype=_SIGNED[out.itemsize], device=self.device)
+            t = torch.empty(out.size, dtype=WORDS[out.itemsize], device=self.device)
             works.append(dist.irecv(t, src=self.ranks[r], group=self.group))
             landing.append((t, out))
         for work in works:

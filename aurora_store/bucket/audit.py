@@ -20,6 +20,7 @@ import numpy as np
 
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.retention import records
+from aurora_store.codec.words import HostWords
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format.blocks import changed_by
 from aurora_store.format.keys import manifest_key
@@ -222,7 +223,7 @@ def _check_contents(
                 pass
             row.status = UNVERIFIED
             return None
-        blocks = reader.decode_delta(m, state)
+        blocks = reader.decode_delta(m, HostWords(state.words))
         changed = changed_by(state, blocks)
         reader.apply_delta(state, m, blocks)
         if changed != m.stats.changed:

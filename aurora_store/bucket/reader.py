@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from aurora_store.bucket.limits import Limits
+from aurora_store.codec.words import HostWords
 from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import signing
-from aurora_store.format.blocks import DecodedBlock, OldWords, apply_blocks, decode_block
+from aurora_store.format.blocks import DecodedBlock, apply_blocks, decode_block
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import check_index, read_shard
 from aurora_store.format.keys import FILES_DIR, VERSIONS_DIR, committed_version, manifest_key
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from aurora_store.bucket.objectstore import ObjectStore
+    from aurora_store.codec.base import Words
 
 T = TypeVar("T")
 
@@ -271,7 +273,7 @@ class Reader:
     # ------------------------------------------------------------ deltas
 
     def decode_delta(
-        self, m: Manifest, old: OldWords, on_segment: Callable[[Segment], None] | None = None
+        self, m: Manifest, old: Words, on_segment: Callable[[Segment], None] | None = None
     ) -> list[DecodedBlock]:
         """Fetch, verify and decode every segment of a delta (in parallel); nothing is applied.
 
@@ -313,6 +315,6 @@ class Reader:
         if state.specs != m.tensors:
             raise ChainError(f"version {m.version}: tensor table differs from version {state.version}", url=url)
         if blocks is None:
-            blocks = self.decode_delta(m, state)
+            blocks = self.decode_delta(m, HostWords(state.words))
         with about(url):
             apply_blocks(state, m, blocks)

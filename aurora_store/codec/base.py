@@ -79,39 +79,42 @@ class Lookup:
     """The block, for errors."""
 
 
-class Parent(Protocol):
-    """The words a reader holds before this version, over one block's range."""
+Overlay = tuple[np.ndarray, np.ndarray]
+"""Words laid over a range before a lookup: (range-relative positions, their words)."""
 
-    def at(self, positions: np.ndarray) -> np.ndarray:
-        """Words at block-relative positions (sorted, unique)."""
+
+class Words(Protocol):
+    """The words of named flat tensors at one version, wherever they live (host arrays, device
+    tensors, staged changes over either): what a delta is decoded against and applied to. One
+    protocol from the codec up to the live engine weights; implementations are
+    :class:`aurora_store.codec.words.HostWords`, :class:`aurora_store.device.TensorWords`,
+    ``actor.staging.Staging`` and each engine's live weights."""
+
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Little-endian words of tensor ``name`` at flat positions ``index`` (sorted, unique)."""
         ...
 
-    def words(self) -> np.ndarray:
-        """Every word of the block's range, in order."""
-        ...
-
-    def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        """The classed codec's lookup over the range (see ``aurora_store.codec.classes.locate``),
-        wherever the parent's words live."""
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """The classed codec's lookup (:func:`aurora_store.codec.classes.locate`) over flat positions
+        ``[lo, hi)`` of tensor ``name`` with ``over`` laid over that range, run where the words live."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
-class ArrayParent:
-    """A :class:`Parent` over a flat word array holding exactly the block's range."""
+class BlockWords:
+    """The parent words over one block's range ``[start, stop)`` of tensor ``name``, as a codec reads
+    them: positions are block-relative."""
 
-    array: np.ndarray
+    words: Words
+    name: str
+    start: int
+    stop: int
 
     def at(self, positions: np.ndarray) -> np.ndarray:
-        return self.array[positions]
-
-    def words(self) -> np.ndarray:
-        return self.array
+        return self.words.at(self.name, positions + self.start)
 
     def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        from aurora_store.codec import classes
-
-        return classes.locate(self.array, lookup)
+        return self.words.locate(self.name, self.start, self.stop, lookup)
 
 
 class Codec(ABC):
@@ -136,7 +139,7 @@ class Codec(ABC):
         """Bytes decoding would allocate: checked against a cap before any decompression."""
 
     @abstractmethod
-    def decode(self, payload: bytes | memoryview, header: Any, span: Span, parent: Parent, what: str) -> Decoded:
+    def decode(self, payload: bytes | memoryview, header: Any, span: Span, parent: BlockWords, what: str) -> Decoded:
         """Decode one block; every length is checked before anything is allocated."""
 
 

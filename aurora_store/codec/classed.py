@@ -32,12 +32,12 @@ import numpy as np
 
 from aurora_store.codec import frames, kernels, rice
 from aurora_store.codec.base import (
+    BlockWords,
     Codec,
     Decoded,
     Encoded,
     Exponent,
     Lookup,
-    Parent,
     Span,
     entries,
     int_field,
@@ -150,7 +150,7 @@ def _table(raw: bytes, n: int, n_cls: int, count: int, what: str) -> tuple[np.nd
     return present, counts, ks
 
 
-def decode(payload: bytes | memoryview, header: ClassedHeader, span: Span, parent: Parent, what: str) -> Decoded:
+def decode(payload: bytes | memoryview, header: ClassedHeader, span: Span, parent: BlockWords, what: str) -> Decoded:
     """Decode a block into ascending positions relative to its start and wrapping word deltas.
 
     Classes every parent word of the block's range (``parent.locate``, on the host or where the
@@ -222,7 +222,7 @@ class ClassedCodec(Codec):
         return header.classes * _TABLE_ENTRY + header.count * 25 + header.escapes * span.width
 
     def decode(
-        self, payload: bytes | memoryview, header: ClassedHeader, span: Span, parent: Parent, what: str
+        self, payload: bytes | memoryview, header: ClassedHeader, span: Span, parent: BlockWords, what: str
     ) -> Decoded:
         return decode(payload, header, span, parent, what)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames
-from aurora_store.codec.base import Codec, Decoded, Encoded, Parent, Span, int_field
+from aurora_store.codec.base import BlockWords, Codec, Decoded, Encoded, Span, int_field
 from aurora_store.errors import CorruptError
 
 NAME = "dense"
@@ -53,7 +53,7 @@ class DenseCodec(Codec):
         return header.count * span.width
 
     def decode(
-        self, payload: bytes | memoryview, header: DenseHeader, span: Span, parent: Parent, what: str
+        self, payload: bytes | memoryview, header: DenseHeader, span: Span, parent: BlockWords, what: str
     ) -> Decoded:
         return Decoded(np.arange(span.elements, dtype=np.int64), None, decode(payload, header, span, what))
 

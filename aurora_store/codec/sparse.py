@@ -27,7 +27,17 @@ from typing import Any
 import numpy as np
 
 from aurora_store.codec import frames
-from aurora_store.codec.base import Codec, Decoded, Encoded, Exponent, Parent, Span, entries, int_field, stream_lengths
+from aurora_store.codec.base import (
+    BlockWords,
+    Codec,
+    Decoded,
+    Encoded,
+    Exponent,
+    Span,
+    entries,
+    int_field,
+    stream_lengths,
+)
 from aurora_store.errors import CorruptError
 
 ESCAPE = 15
@@ -160,7 +170,7 @@ def unpack_symbols(raw: bytes, n: int, what: str) -> np.ndarray:
     return sym[:n]
 
 
-def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, parent: Parent, what: str) -> Decoded:
+def decode(payload: bytes | memoryview, header: SparseHeader, span: Span, parent: BlockWords, what: str) -> Decoded:
     """Decode a block into positions relative to its start and wrapping word deltas.
 
     ``parent.at(positions)`` returns the old words at block-relative positions (the reader's
@@ -249,7 +259,7 @@ class SparseCodec(Codec):
         return header.count * (header.gap_width + 1) + header.escapes * span.width
 
     def decode(
-        self, payload: bytes | memoryview, header: SparseHeader, span: Span, parent: Parent, what: str
+        self, payload: bytes | memoryview, header: SparseHeader, span: Span, parent: BlockWords, what: str
     ) -> Decoded:
         return decode(payload, header, span, parent, what)
 

@@ -10,52 +10,17 @@ matches the manifest, so a failed apply changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from aurora_store import codec
-from aurora_store.codec.base import Lookup
+from aurora_store.codec.base import BlockWords, Words
+from aurora_store.codec.words import HostWords
 from aurora_store.errors import ChainError, CorruptError, LimitError
 from aurora_store.format import dtypes
+from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import Manifest, Segment
 from aurora_store.format.weights import WeightState
-
-
-class OldWords(Protocol):
-    """The words a reader holds before the version being decoded."""
-
-    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
-        """Words of tensor ``name`` at sorted flat positions ``index``."""
-        ...
-
-    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Words of tensor ``name`` at flat positions ``[lo, hi)`` (a view where it can be)."""
-        ...
-
-    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        """The classed codec's lookup over flat positions ``[lo, hi)`` of tensor ``name``
-        (``aurora_store.codec.classes.locate``), wherever those words live."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class _BlockParent:
-    """A codec's view of :class:`OldWords` over one block's range."""
-
-    old: OldWords
-    name: str
-    start: int
-    stop: int
-
-    def at(self, positions: np.ndarray) -> np.ndarray:
-        return self.old.old_at(self.name, positions + self.start)
-
-    def words(self) -> np.ndarray:
-        return self.old.old_range(self.name, self.start, self.stop)
-
-    def locate(self, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        return self.old.old_locate(self.name, self.start, self.stop, lookup)
 
 
 @dataclass(slots=True)
@@ -77,7 +42,7 @@ class DecodedBlock:
 
 
 def decode_block(
-    m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, max_decoded_bytes: int, old: OldWords
+    m: Manifest, seg: Segment, b_i: int, data: memoryview, url: str, max_decoded_bytes: int, old: Words
 ) -> DecodedBlock:
     """Block ``b_i`` of segment ``seg`` (whose verified bytes are ``data``) of delta ``m``."""
     b = seg.blocks[b_i]
@@ -91,7 +56,7 @@ def decode_block(
     if expands > max_decoded_bytes:
         raise LimitError(f"{what}: would decode to {expands} bytes, over the cap of {max_decoded_bytes}")
     got = c.decode(
-        data[b.offset : b.offset + b.length], b.header, span, _BlockParent(old, spec.name, b.start, b.stop), what
+        data[b.offset : b.offset + b.length], b.header, span, BlockWords(old, spec.name, b.start, b.stop), what
     )
     return DecodedBlock(spec.name, got.positions + b.start, got.delta, got.words)
 
@@ -105,19 +70,41 @@ def changed_by(state: WeightState, blocks: list[DecodedBlock]) -> int:
     return n
 
 
-def apply_blocks(state: WeightState, m: Manifest, blocks: list[DecodedBlock]) -> None:
-    """Check the digest the blocks would produce, then write them: all or nothing."""
-    digest = state.digest.copy()
-    news = []
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A version's decoded blocks with the words each writes, after their digest matched the manifest."""
+
+    version: int
+    version_hash: str
+    digest: Digest
+    """The weights digest at the version."""
+    writes: list[tuple[str, np.ndarray, np.ndarray]]
+    """(tensor, flat positions, new words) of each block."""
+
+
+def check(m: Manifest, blocks: list[DecodedBlock], old: Words, digest: Digest) -> Checked:
+    """The first half of an all-or-nothing apply: the words ``blocks`` write over ``old`` (words at
+    ``m``'s parent, whose weights digest is ``digest``) and the digest they produce, checked against
+    ``m``'s; ChainError if it differs. Nothing is written: the caller writes :attr:`Checked.writes`."""
+    specs = {t.name: t for t in m.tensors}
+    digest = digest.copy()
+    writes = []
     for blk in blocks:
-        old = state.words[blk.name][blk.index]
-        new = blk.new_words(old)
-        digest.update(state.keys(blk.name), blk.index, old, new)
-        news.append(new)
+        was = old.at(blk.name, blk.index)
+        new = blk.new_words(was)
+        s = specs[blk.name]
+        digest.update(tensor_keys(s.name, s.dtype, s.shape), blk.index, was, new)
+        writes.append((blk.name, blk.index, new))
     if digest.hex() != m.weights_digest:
         raise ChainError(
             f"version {m.version}: applying it gives weights digest {digest.hex()}, manifest says {m.weights_digest}"
         )
-    for blk, new in zip(blocks, news, strict=True):
-        state.words[blk.name][blk.index] = new
-    state.version, state.version_hash, state.digest = m.version, m.version_hash, digest
+    return Checked(m.version, m.version_hash, digest, writes)
+
+
+def apply_blocks(state: WeightState, m: Manifest, blocks: list[DecodedBlock]) -> None:
+    """Move host weights ``state`` to version ``m``: :func:`check`, then write; all or nothing."""
+    done = check(m, blocks, HostWords(state.words), state.digest)
+    for name, index, new in done.writes:
+        state.words[name][index] = new
+    state.version, state.version_hash, state.digest = done.version, done.version_hash, done.digest

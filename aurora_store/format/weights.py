@@ -6,15 +6,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aurora_store.codec import classes
-from aurora_store.codec.base import Lookup
 from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import TensorSpec
 
 
 @dataclass(slots=True)
 class WeightState:
-    """Bit patterns of every tensor at one version, with that version's identity."""
+    """Bit patterns of every tensor at one version, with that version's identity (read as
+    :class:`~aurora_store.codec.base.Words` through :class:`~aurora_store.codec.words.HostWords`)."""
 
     specs: tuple[TensorSpec, ...]
     words: dict[str, np.ndarray]
@@ -32,18 +31,6 @@ class WeightState:
 
     def spec(self, name: str) -> TensorSpec:
         return self._by_name[name]
-
-    def old_at(self, name: str, index: np.ndarray) -> np.ndarray:
-        """Words of tensor ``name`` at flat ``index`` (what a delta decoder reads)."""
-        return self.words[name][index]
-
-    def old_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Words of tensor ``name`` at flat positions ``[lo, hi)``: a view."""
-        return self.words[name][lo:hi]
-
-    def old_locate(self, name: str, lo: int, hi: int, lookup: Lookup) -> tuple[np.ndarray, np.ndarray]:
-        """The classed codec's lookup over ``[lo, hi)`` of tensor ``name`` (host words)."""
-        return classes.locate(self.words[name][lo:hi], lookup)
 
     def copy(self) -> WeightState:
         return WeightState(

@@ -1,11 +1,11 @@
 """Live weights for vLLM layouts this project does not map: vLLM's own loaders place every change.
 
-Where :class:`~actor.vllm_layout.VllmLayout` refuses a model (MoE experts, or anything else it
+Where :class:`~actor.engines.vllm.layout.VllmLayout` refuses a model (MoE experts, or anything else it
 does not know how vLLM fuses and shards), the actor cannot address vLLM's parameters itself.
 :class:`VllmPatchWeights` keeps the version's words in host memory under HF names (reads for
 decoding deltas, snapshots for audits) and sends each change to the workers as sparse patches in
 checkpoint coordinates, which the ``aurora`` weight-transfer backend hands to the model's own
-``load_weights`` (:mod:`actor.vllm_transfer`). A load writes every tensor whole (so the engine
+``load_weights`` (:mod:`actor.engines.vllm.transfer`). A load writes every tensor whole (so the engine
 holds exactly the version, whatever it loaded or made of it); a delta goes as sparse patches.
 Costs and limits are vLLM's: the host copy is one model in RAM, a sparse patch costs O(whole
 tensor) per rank, NaN values are refused before anything is staged, and a loader that fails
@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from actor.vllm_transfer import patch_values
-from aurora_store.codec.base import Lookup
+from actor.engines.vllm.transfer import patch_values
+from aurora_store.codec import words as host
+from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 
@@ -92,17 +93,12 @@ class VllmPatchWeights:
         self.words = {name: np.array(w, copy=True) for name, w in flat.items()}
         self._written()
 
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
         return self.words[self._spec(name).name][np.asarray(index)]
 
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The lookup runs on the host, over the words this engine holds there."""
-        return None
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        return self.words[self._spec(name).name][lo:hi]
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """The host pass, over the host copy."""
+        return host.locate(self.words[self._spec(name).name][lo:hi], lookup, over)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         self._check()

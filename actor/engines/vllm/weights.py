@@ -1,7 +1,7 @@
 """Live weights held in vLLM's own parameters: fused, possibly tensor-parallel, written in place.
 
 :class:`VllmWeights` serves the :class:`~actor.live.LiveWeights` protocol under HF names and
-translates every position through :class:`~actor.vllm_layout.VllmLayout`; nothing but the
+translates every position through :class:`~actor.engines.vllm.layout.VllmLayout`; nothing but the
 changed elements ever moves. The tensors are touched only by the small worker ops below,
 which a *runner* executes on every TP rank: :class:`LocalRunner` loops over rank dicts in
 this process (tests; tp=1 with the model in hand), and on vLLM ``LLM.collective_rpc(
@@ -22,14 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from actor.vllm_kernels import WorkerTensors, worker_tensors
-from actor.vllm_layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
-from aurora_store.codec.base import Lookup
+from actor.engines.vllm.kernels import WorkerTensors, worker_tensors
+from actor.engines.vllm.layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
+from aurora_store.codec import words as host
+from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import torch_dtype
-
-_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from aurora_store.tensors import torch_dtype, word_tensor, word_view
 
 Runner = Callable[[str, tuple[Any, ...]], list[Any]]
 """``runner(op, args)``: run worker op ``op`` with ``args`` on every TP rank; one result per rank."""
@@ -44,12 +43,7 @@ Params = WorkerTensors
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """Signed-integer torch view of little-endian words (copied only when read-only)."""
     a = np.asarray(a)
-    a = a.view(f"<i{a.dtype.itemsize}") if a.dtype.itemsize > 1 else a.view(np.uint8)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def _ints(p: torch.Tensor) -> torch.Tensor:
-    return p.detach().view(_INT[p.element_size()])
+    return word_tensor(a if a.flags.writeable else a.copy())
 
 
 def op_describe(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, dict[str, list[Any]]]:
@@ -62,7 +56,7 @@ def op_gather(rank: int, params: Params, stash: dict[str, Any], plan: list[list[
     """Words at ``(param, flat positions)`` for this rank's entries of ``plan``."""
     out = []
     for name, idx in plan[rank]:
-        flat = _ints(params[name]).view(-1)
+        flat = word_view(params[name]).view(-1)
         got = flat[_tensor(idx).to(flat.device)].cpu().numpy()
         out.append(got.view(f"<u{got.dtype.itemsize}"))
     return rank, out
@@ -72,7 +66,7 @@ def op_stage(rank: int, params: Params, stash: dict[str, Any], token: str, plan:
     """Copy this rank's ``(param, positions, words)`` to the parameters' device, under ``token``."""
     staged = []
     for name, idx, words in plan[rank]:
-        flat = _ints(params[name]).view(-1)
+        flat = word_view(params[name]).view(-1)
         staged.append((name, flat, _tensor(idx).to(flat.device), _tensor(words).to(flat.device)))
     stash[token] = staged
     return rank, None
@@ -114,7 +108,7 @@ def op_write(rank: int, params: Params, stash: dict[str, Any], batch: list[list[
         for target, name, dim, start, length, words, shape in batch:
             if target not in (-1, rank):
                 continue
-            dst = _ints(params[name])
+            dst = word_view(params[name])
             if dst.dim():
                 dst = dst.narrow(dim, start, length)
             if words is None:
@@ -130,7 +124,7 @@ def op_dump(rank: int, params: Params, stash: dict[str, Any], plan: list[list[st
     """Words of this rank's listed parameters (an O(model) copy: audits only)."""
     out = {}
     for name in plan[rank]:
-        got = _ints(params[name]).reshape(-1).cpu().numpy()
+        got = word_view(params[name]).reshape(-1).cpu().numpy()
         out[name] = got.view(f"<u{got.dtype.itemsize}")
     return rank, out
 
@@ -186,7 +180,7 @@ def unpack(obj: Any) -> Any:
 
 
 class AuroraWorkerExtension:
-    """Mixed into vLLM's workers (``worker_extension_cls="actor.vllm_weights.AuroraWorkerExtension"``);
+    """Mixed into vLLM's workers (``worker_extension_cls="actor.engines.vllm.weights.AuroraWorkerExtension"``);
     reached by ``LLM.collective_rpc("aurora_op", args=(op, *pack(args)))``."""
 
     def aurora_op(self, op: str, *args: Any) -> Any:
@@ -307,7 +301,7 @@ class VllmWeights:
         self.layout = layout
         self._written()
 
-    def read(self, name: str, index: np.ndarray) -> np.ndarray:
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
         layout = self._need()
         width = layout.rule(name).spec.width
         pieces = layout.pieces(name, index, write=False)
@@ -324,17 +318,10 @@ class VllmWeights:
             seen[p.rank] += 1
         return out
 
-    def locate(
-        self, name: str, lo: int, hi: int, lookup: Lookup, staged: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The lookup runs on the host, from :meth:`read_range` (a device lookup through the
-        workers is not built)."""
-        return None
-
-    def read_range(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """A gather of every position of the range through the workers (O(range) over the RPC:
-        the device-side class walk that would avoid it is not built)."""
-        return self.read(name, np.arange(lo, hi, dtype=np.int64))
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        """The host pass, over a gather of every position of the range through the workers (O(range)
+        over the RPC: the device-side class walk that would avoid it is not built)."""
+        return host.locate(self.at(name, np.arange(lo, hi, dtype=np.int64)), lookup, over)
 
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         layout = self._need()

@@ -2,20 +2,20 @@
 
 The engine loads a local model directory (an ``aurora replay`` output) and exposes its
 parameters as live weights under HF names. Where the installed vLLM offers its weight-transfer
-API, every write goes through it, to the ``aurora`` backend (:mod:`actor.vllm_transfer`), so vLLM
+API, every write goes through it, to the ``aurora`` backend (:mod:`actor.engines.vllm.transfer`), so vLLM
 knows each update and tracks the weight version; older vLLMs are written through
-:class:`~actor.vllm_weights.AuroraWorkerExtension` (``worker_extension_cls``), reached by
+:class:`~actor.engines.vllm.weights.AuroraWorkerExtension` (``worker_extension_cls``), reached by
 ``LLM.collective_rpc("aurora_op", ...)``, which also serves reads in every mode. Layouts mapped
-here (:class:`~actor.vllm_layout.VllmLayout`: dense Qwen/Llama-style models, any TP) are written
+here (:class:`~actor.engines.vllm.layout.VllmLayout`: dense Qwen/Llama-style models, any TP) are written
 as the changed BF16 words, straight into the fused, TP-sharded parameters
-(:class:`~actor.vllm_weights.VllmWeights`); layouts not mapped here (MoE) are handed to vLLM's
-own loaders as checkpoint patches (:class:`~actor.vllm_patch_weights.VllmPatchWeights`), which
+(:class:`~actor.engines.vllm.weights.VllmWeights`); layouts not mapped here (MoE) are handed to vLLM's
+own loaders as checkpoint patches (:class:`~actor.engines.vllm.patch_weights.VllmPatchWeights`), which
 needs the weight-transfer API. Which of the two is decided from what vLLM made of the model once it
 has loaded it (its parameters' names, shapes and dtypes), not from the checkpoint alone. Arrays
-cross as bytes (:func:`~actor.vllm_weights.pack`), needing neither vLLM's array encoding nor its
+cross as bytes (:func:`~actor.engines.vllm.weights.pack`), needing neither vLLM's array encoding nor its
 pickle fallback. Where vLLM derived what it computes from the loaded weights (its CPU build repacks
 every linear layer and the MoE experts), the workers rebuild that after every write
-(:mod:`actor.vllm_kernels`).
+(:mod:`actor.engines.vllm.kernels`).
 
 KV blocks computed under the old weights would be reused by prefix caching, so it is off by
 default and, when enabled, reset after every write, the reset's refusal being an error. CUDA
@@ -29,7 +29,7 @@ through generation against a vanilla engine started from the same version (token
 log-probabilities); the prefix cache never serving KV blocks of an older version; tensor
 parallelism over 2 CPU ranks; a Qwen3-MoE through checkpoint patches; ``logprobs_mode=
 "processed_logprobs"`` giving log-probabilities after temperature, as
-:class:`~actor.engine.Completion` requires. Unverified without a GPU: CUDA kernels, NCCL between
+:class:`~actor.engines.base.Completion` requires. Unverified without a GPU: CUDA kernels, NCCL between
 ranks, CUDA graphs, and vLLM 0.33 (no CPU build of it is published). ``LLM`` is not thread-safe,
 so generation and every weight op hold one lock: staging's reads of parent words wait for the
 running batch, while fetching and verifying segments still overlap it.
@@ -45,18 +45,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actor import vllm_transfer
-from actor.engine import Completion
-from actor.vllm_layout import Geometry, VllmLayout
-from actor.vllm_patch_weights import VllmPatchWeights
-from actor.vllm_weights import VllmWeights, pack, unpack
+from actor.engines.base import Completion
+from actor.engines.vllm import transfer as vllm_transfer
+from actor.engines.vllm.layout import Geometry, VllmLayout
+from actor.engines.vllm.patch_weights import VllmPatchWeights
+from actor.engines.vllm.weights import VllmWeights, pack, unpack
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
 
 if TYPE_CHECKING:
     from vllm import LLM
 
-EXTENSION = "actor.vllm_weights.AuroraWorkerExtension"
+EXTENSION = "actor.engines.vllm.weights.AuroraWorkerExtension"
 TRANSFER_CHOICES = ("auto", "native", "extension", "patches")
 _SEED_MASK = (1 << 63) - 1
 _RESET_TRIES = 50
@@ -180,7 +180,7 @@ def completions(outputs: Sequence[Any], samples: int) -> list[list[Completion]]:
 
 
 class VllmEngine:
-    """An :class:`~actor.engine.Engine` on ``vllm.LLM`` for the model directory ``model_dir``."""
+    """An :class:`~actor.engines.base.Engine` on ``vllm.LLM`` for the model directory ``model_dir``."""
 
     def __init__(
         self,

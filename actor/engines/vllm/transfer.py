@@ -1,6 +1,6 @@
 """The ``aurora`` backend of vLLM's weight-transfer API: versions applied by vLLM's own RL entry points.
 
-vLLM (0.33.0, read from its source; see ../shared/VLLM.md) lets a backend registered by name
+vLLM (0.33.0, read from its source: ``vllm/distributed/weight_transfer/``) lets a backend registered by name
 (``WeightTransferEngineFactory``) receive weight updates on every worker: ``LLM(...,
 weight_transfer_config={"backend": "aurora"})``, then per version ``start_weight_update()``,
 ``update_weights({"update_info": ...})``, ``finish_weight_update()``. The actor process still
@@ -8,10 +8,10 @@ fetches, verifies and decodes each version from its region's bucket (one downloa
 per GPU); what reaches the workers is only the changed words, in one of two modes:
 
 - ``mapped``: positions already translated into vLLM's fused, tensor-parallel parameters by
-  :class:`~actor.vllm_layout.VllmLayout`; the worker scatters them in place (the worker ops of
-  :mod:`actor.vllm_weights`): O(changed) per rank, bit-exact for every bit pattern.
+  :class:`~actor.engines.vllm.layout.VllmLayout`; the worker scatters them in place (the worker ops of
+  :mod:`actor.engines.vllm.weights`): O(changed) per rank, bit-exact for every bit pattern.
 - ``patches``: for layouts this project does not map (MoE experts, anything
-  :class:`~actor.vllm_layout.VllmLayout` refuses), patches in checkpoint (HF) coordinates that
+  :class:`~actor.engines.vllm.layout.VllmLayout` refuses), patches in checkpoint (HF) coordinates that
   vLLM's ``load_checkpoint_weight_patches`` hands to the model's own ``load_weights``, so vLLM's
   loaders place them: whole tensors for a load, sparse ones for a delta. A sparse patch costs
   O(whole tensor) per rank (a NaN-filled staging copy), NaN values cannot be sent (NaN means
@@ -41,18 +41,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from actor.vllm_kernels import WorkerTensors, worker_tensors
-from actor.vllm_weights import OPS, Runner, unpack
+from actor.engines.vllm.kernels import WorkerTensors, worker_tensors
+from actor.engines.vllm.weights import OPS, Runner, unpack
 from aurora_store.errors import LayoutError, StoreError, UnsupportedError
 from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import torch_dtype
+from aurora_store.tensors import torch_dtype, word_tensor
 
 log = logging.getLogger(__name__)
 
 BACKEND = "aurora"
 MODES = ("mapped", "patches")
 WRITE_OPS = ("stage", "commit", "drop", "write")
-"""Worker ops of :mod:`actor.vllm_weights` that write; reads still go through the worker extension."""
+"""Worker ops of :mod:`actor.engines.vllm.weights` that write; reads still go through the worker extension."""
 PATCH_OPS = ("patch_stage", "patch_commit", "patch_drop")
 
 
@@ -65,11 +65,11 @@ class AuroraInitInfo:
 class AuroraUpdateInfo:
     op: str
     args: list[Any] = field(default_factory=list)
-    """The op's arguments, packed by :func:`actor.vllm_weights.pack` (lists, strings, bytes)."""
+    """The op's arguments, packed by :func:`actor.engines.vllm.weights.pack` (lists, strings, bytes)."""
 
 
 def split_runner(tp: int, push: Callable[..., None], read: Runner) -> Runner:
-    """A :data:`~actor.vllm_weights.Runner` whose writes go to ``push(op, *args)`` (one weight
+    """A :data:`~actor.engines.vllm.weights.Runner` whose writes go to ``push(op, *args)`` (one weight
     update through vLLM's API, answered by no rank) and whose other ops go to ``read``."""
 
     def run(op: str, args: tuple[Any, ...]) -> list[Any]:
@@ -89,7 +89,7 @@ def word_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
             f"{spec.name!r} is {spec.dtype}: vLLM's sparse checkpoint patches carry floating tensors only"
         )
     w = np.require(words, requirements=["C", "W"])  # torch wants a writable array (a copy only when it is not)
-    return torch.from_numpy(w.view(f"<i{w.dtype.itemsize}") if w.dtype.itemsize > 1 else w).view(dt).reshape(-1)
+    return word_tensor(w).view(dt).reshape(-1)
 
 
 def patch_values(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:

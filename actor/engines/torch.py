@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from actor.engine import Completion
+from actor.engines.base import Completion
 from actor.live import TensorWeights
 from aurora_store.rl.tokenizers import EOS
 
