@@ -5,7 +5,7 @@ Each layer has one family: :class:`StoreError` for artifacts and buckets (here),
 vocabulary (:mod:`aurora_store.rl.tasks`). All are :class:`AuroraError`, which is what a
 command line catches. Each message names the object involved and what was expected; an
 error about one object also carries its URL in :attr:`StoreError.url`. Backend exceptions
-are translated into this family by :mod:`aurora_store.bucket.objectstore` alone.
+are translated into this family by :func:`aurora_store.storage.base.translated` alone.
 """
 
 from __future__ import annotations

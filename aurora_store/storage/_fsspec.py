@@ -25,8 +25,9 @@ ATOMIC_CREATE: dict[str, str] = {
     "(tests/test_objectstore.py races writers against a moto server)",
     "s3a": "the same s3fs filesystem as s3",
     "gs": "gcsfs passes mode='create' to its simple and resumable uploads as ifGenerationMatch=0: GCS "
-    "creates the object only if no live generation exists, in one request (gcsfs core.py _pipe_file; "
-    "not installed in the test environment, so not exercised here)",
+    "creates the object only if no live generation exists, in one request, and gcsfs raises "
+    "FileExistsError on its 412 (gcsfs core.py _pipe_file, retry.py validate_response; gcsfs is not "
+    "installed in the test environment, so this is read from its source, not exercised)",
     "gcs": "the same gcsfs filesystem as gs",
 }
 """fsspec protocols whose ``mode="create"`` is one atomic conditional create, and why."""
