@@ -147,6 +147,18 @@ class StoreTests:
         assert store.list_keys("versions") == [f"{d}/00000-x.safetensors"]
         assert sorted(os.listdir(store.path(d))) == ["00000-x.safetensors"], "no temporary file is left"
 
+    def test_a_killed_writers_temporary_is_swept_and_a_live_ones_kept(self, store: ObjectStore) -> None:
+        staged = store.stage("versions/0000000001")
+        if staged is None:
+            assert store.sweep_temporaries(idle_s=0) == 0, "whole-object puts leave nothing to sweep"
+            return
+        staged.write(b"half")  # its writer is killed here
+        assert store.sweep_temporaries(idle_s=3600) == 0, "written to within the hour: a live writer's"
+        assert store.sweep_temporaries(idle_s=-1) == 1
+        with pytest.raises(MissingError):  # never a silent success: its bytes are gone
+            staged.link("versions/0000000001/x")
+        assert store.list_keys("versions") == []
+
     def test_every_backend_creates_atomically(self, store: ObjectStore) -> None:
         assert store.capabilities.atomic_create, "a store is never opened on a backend that cannot"
 
