@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 ATOMIC_CREATE: dict[str, str] = {
     "s3": "s3fs sends mode='create' as PutObject with If-None-Match: * (and completes multipart "
     "uploads with it): S3 checks and writes in one request and answers 412 if the key exists "
-    "(tests/test_objectstore.py races writers against a moto server)",
+    "(tests/test_objectstore.py races writers against a moto server). An S3-compatible endpoint "
+    "must honour If-None-Match on PUT; one that ignores it is not detected here",
     "s3a": "the same s3fs filesystem as s3",
     "gs": "gcsfs passes mode='create' to its simple and resumable uploads as ifGenerationMatch=0: GCS "
     "creates the object only if no live generation exists, in one request, and gcsfs raises "
