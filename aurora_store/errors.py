@@ -7,7 +7,7 @@ data sets and run specs (:mod:`aurora_store.rl.errors`), ``MetricsError`` for se
 (:mod:`aurora_store.metrics`), :class:`ConfigError` for config files and :class:`PayloadError`
 for rollout-result payloads (both here). Each message names the object involved and what was expected; an
 error about one object also carries its URL in :attr:`StoreError.url`. Backend exceptions
-are translated into this family by :mod:`aurora_store.bucket.objectstore` alone.
+are translated into this family by :func:`aurora_store.storage.base.translated` alone.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Session services for the tests: a real moto S3 server on a free port, and store roots.
+"""Session services for the tests: a real moto S3 server on a free port, a real Redis, and store roots.
 
 Every test that needs a store gets a fresh, unique root on memory://, file:// or s3://
 (the last through s3fs over HTTP to the moto server), so backends share one test suite.
@@ -7,8 +7,6 @@ Every test that needs a store gets a fresh, unique root on memory://, file:// or
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 
 from aurora_store.testing.moto import S3Server, start_moto
-from aurora_store.testing.processes import free_port, wait_until_answers
+from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,46 +66,15 @@ def mem_uri() -> str:
     return f"memory://aurora-tests/{uuid.uuid4().hex}/run"
 
 
-@dataclass
-class RedisServer:
-    """A real ``redis-server`` on a free port, that a test can kill and restart (state lost)."""
-
-    port: int
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.skip("redis-server is not installed")
-        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
-        probe = redis.Redis(port=self.port, socket_timeout=1)
-        wait_until_answers(probe.ping, self.process, "redis-server", errors=(redis.RedisError,), timeout=20)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
-
-    def restart(self) -> None:
-        """Kill and start again on the same port: every key is gone."""
-        self.kill()
-        self.start()
-
-
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(free_port())
-    server.start()
-    yield server
-    server.kill()
+    """A real ``redis-server`` on a free port, that a test can kill and restart (state lost)."""
+    try:
+        server = RedisServer()
+    except RedisUnavailable:
+        pytest.skip("redis-server is not installed")
+    with server.start():
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from aurora_store.format.weights import full_digest
 from aurora_store.tensors import to_words
 from aurora_store.testing.damage import overwrite
 from aurora_store.testing.processes import wait_for
-from tests.conftest import RedisServer
+from aurora_store.testing.redis_server import RedisServer
 from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]

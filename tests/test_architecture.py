@@ -25,6 +25,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.metrics": 0.5,
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
+    "aurora_store.storage": 2.8,  # backends under bucket's ObjectStore
     "aurora_store.bucket": 3,
     "aurora_store.coord": 3,
     "aurora_store.rl": 3,

@@ -14,7 +14,7 @@ from aurora_store.coord.embedded import EmbeddedRedis
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.format.manifest import Segment
 from aurora_store.testing.processes import free_port, wait_for, wait_until_answers
-from tests.conftest import RedisServer
+from aurora_store.testing.redis_server import RedisServer
 
 
 @pytest.fixture(params=["redis-server", "embedded"])

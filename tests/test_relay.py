@@ -23,8 +23,8 @@ from aurora_store.errors import MissingError
 from aurora_store.format.keys import manifest_key
 from aurora_store.testing.damage import overwrite
 from aurora_store.testing.processes import wait_for
+from aurora_store.testing.redis_server import RedisServer
 from relay.worker import Relay
-from tests.conftest import RedisServer
 from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]

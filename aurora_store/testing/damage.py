@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 
+from fsspec.implementations.local import LocalFileSystem
+
 from aurora_store.bucket.objectstore import ObjectStore
 
 
 def overwrite(store: ObjectStore, key: str, data: bytes) -> None:
     """Write ``data`` under ``key`` unconditionally (a corrupted or replaced object)."""
-    if store.is_local:
+    if isinstance(store.fs, LocalFileSystem):  # the one filesystem here with real directories
         os.makedirs(os.path.dirname(store.path(key)), exist_ok=True)
     store.fs.pipe_file(store.path(key), data)
 

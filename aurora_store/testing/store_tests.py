@@ -2,13 +2,15 @@
 
 Subclass :class:`StoreTests` in a test module, name the subclass ``Test...`` and give it a
 ``store`` fixture that yields a fresh, empty :class:`~aurora_store.bucket.objectstore.ObjectStore`;
-pytest then runs every contract check below against that backend.
+pytest then runs every contract check below against that store's backend, through the backend
+interface (:mod:`aurora_store.storage`), including what its declared capabilities promise.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -121,7 +123,7 @@ class StoreTests:
         d = "versions/0000000001"
         staged = store.stage(d)
         if staged is None:
-            assert not store.is_local, "a local store writes shards while they are hashed"
+            assert not store.capabilities.staged_write, "a backend that stages writes shards while they are hashed"
             return
         for piece in (b"abc", memoryview(b"defg"), b""):
             staged.write(piece)
@@ -144,6 +146,34 @@ class StoreTests:
             dropped.write(b"late")
         assert store.list_keys("versions") == [f"{d}/00000-x.safetensors"]
         assert sorted(os.listdir(store.path(d))) == ["00000-x.safetensors"], "no temporary file is left"
+
+    def test_a_killed_writers_temporary_is_swept_and_a_live_ones_kept(self, store: ObjectStore) -> None:
+        staged = store.stage("versions/0000000001")
+        if staged is None:
+            assert store.sweep_temporaries(idle_s=0) == 0, "whole-object puts leave nothing to sweep"
+            return
+        staged.write(b"half")  # its writer is killed here
+        assert store.sweep_temporaries(idle_s=3600) == 0, "written to within the hour: a live writer's"
+        assert store.sweep_temporaries(idle_s=-1) == 1
+        with pytest.raises(MissingError):  # never a silent success: its bytes are gone
+            staged.link("versions/0000000001/x")
+        assert store.list_keys("versions") == []
+
+    def test_every_backend_creates_atomically(self, store: ObjectStore) -> None:
+        assert store.capabilities.atomic_create, "a store is never opened on a backend that cannot"
+
+    def test_listing_reports_when_objects_were_written(self, store: ObjectStore) -> None:
+        before = time.time()
+        store.put_if_absent("results/a.bin", b"12345")
+        store.put_if_absent(f"results/{TMP_PREFIX}x", b"1")
+        listed = store.list_modified("results")
+        assert [(key, size) for key, size, _ in listed] == [("results/a.bin", 5)]
+        assert store.list_modified("nothing/here") == []
+        (_, _, modified), slack = listed[0], 120  # clocks of a remote store's servers drift a little
+        if store.capabilities.mtime:
+            assert modified is not None and before - slack <= modified <= time.time() + slack
+        else:
+            assert modified is None
 
     def test_map_keeps_order(self, store: ObjectStore) -> None:
         keys = [f"m/{i:03d}" for i in range(40)]

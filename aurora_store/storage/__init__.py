@@ -1,0 +1,54 @@
+"""Storage backends: one abstract :class:`Backend` with declared :class:`Capabilities`, one module
+per kind of storage, and :func:`open_backend`, the one place a URI picks its backend.
+
+- ``file://`` -> :mod:`~aurora_store.storage._local` (``link(2)`` create-only, staged writes, ``preadv``)
+- ``memory://`` -> :mod:`~aurora_store.storage._memory` (check-and-set under a process-wide lock)
+- any other fsspec protocol -> :mod:`~aurora_store.storage._fsspec`, only where its ``mode="create"``
+  is known to be atomic (S3, GCS) or declared so with :func:`trust_atomic_create`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from aurora_store.errors import UnsupportedError
+from aurora_store.redact import redact
+from aurora_store.storage._fsspec import ATOMIC_CREATE, FsspecBackend, trust_atomic_create
+from aurora_store.storage._local import LocalBackend, StagedWrite
+from aurora_store.storage._memory import MemoryBackend
+from aurora_store.storage.base import Backend, Capabilities, Meter, translated
+
+__all__ = [
+    "ATOMIC_CREATE",
+    "Backend",
+    "Capabilities",
+    "FsspecBackend",
+    "LocalBackend",
+    "MemoryBackend",
+    "Meter",
+    "StagedWrite",
+    "open_backend",
+    "translated",
+    "trust_atomic_create",
+]
+
+_BY_FILESYSTEM: dict[type, type[Backend]] = {LocalFileSystem: LocalBackend, MemoryFileSystem: MemoryBackend}
+"""Filesystems whose create-only this package does itself. By exact type: a subclass may change
+what ``exists`` or ``pipe_file`` mean, so it is an fsspec backend like any other."""
+
+
+def open_backend(uri: str, storage_options: dict[str, Any] | None = None, *, meter: Meter | None = None) -> Backend:
+    """The backend for ``uri`` (a non-empty fsspec URI), opened with ``storage_options``; an
+    :class:`~aurora_store.errors.UnsupportedError` for a URI fsspec cannot open or a protocol
+    that cannot create objects atomically."""
+    shown = redact(uri.rstrip("/"))
+    try:
+        fs, root = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
+    except (ValueError, ImportError, TypeError) as exc:
+        raise UnsupportedError(f"cannot open store {shown!r}: {redact(str(exc))}") from None
+    backend = _BY_FILESYSTEM.get(type(fs), FsspecBackend)
+    return backend(fs, root, shown, meter if meter is not None else Meter())
