@@ -20,9 +20,9 @@ import numpy as np
 
 from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError
 from aurora_store.format.keys import TMP_PREFIX
-from aurora_store.storage import Capabilities, Meter, StagedWrite, open_backend, translated
+from aurora_store.storage import Capabilities, Meter, Staged, StagedWrite, open_backend, translated
 
-__all__ = ["ObjectStore", "RangeRequest", "StagedWrite"]
+__all__ = ["ObjectStore", "RangeRequest", "Staged", "StagedWrite"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class ObjectStore:
         data: bytes | memoryview,
         *,
         verify: Callable[[bytes], bool],
-        staged: StagedWrite | None = None,
+        staged: Staged | None = None,
     ) -> bool:
         """Put-if-absent that tolerates an identical object already there (a retried write).
 
@@ -113,7 +113,7 @@ class ObjectStore:
             )
         return False
 
-    def stage(self, directory: str) -> StagedWrite | None:
+    def stage(self, directory: str) -> Staged | None:
         """Start writing an object of ``directory`` whose key is not known yet, or None where the
         backend can only put whole objects (then put the bytes once the key is known)."""
         if not self.capabilities.staged_write:

@@ -21,7 +21,7 @@ import numpy as np
 
 from aurora_store import codec
 from aurora_store.bucket.announce import Announcements
-from aurora_store.bucket.objectstore import ObjectStore, StagedWrite
+from aurora_store.bucket.objectstore import ObjectStore, Staged
 from aurora_store.bucket.plan import PublishPlan, Tip
 from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
@@ -208,7 +208,7 @@ class Uploads:
         if self._held is not None:
             self._held = []
 
-    def submit(self, obj: SealedObject, staged: StagedWrite | None = None) -> None:
+    def submit(self, obj: SealedObject, staged: Staged | None = None) -> None:
         """Upload ``obj`` (whose bytes are already in ``staged``, when given)."""
         if self._held is not None:
             if staged is not None:
@@ -221,7 +221,7 @@ class Uploads:
         self._entries.append(obj.entry)
         self._pending.append(self._store.pool.submit(self._upload, obj, staged))
 
-    def _upload(self, obj: SealedObject, staged: StagedWrite | None) -> None:
+    def _upload(self, obj: SealedObject, staged: Staged | None) -> None:
         """Put one object (put-if-absent; a retry with the same bytes is a success), then announce it."""
         try:
             sha = obj.entry.sha256

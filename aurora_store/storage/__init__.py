@@ -20,7 +20,7 @@ from aurora_store.redact import redact
 from aurora_store.storage._fsspec import ATOMIC_CREATE, FsspecBackend, trust_atomic_create
 from aurora_store.storage._local import LocalBackend, StagedWrite
 from aurora_store.storage._memory import MemoryBackend
-from aurora_store.storage.base import Backend, Capabilities, Meter, translated
+from aurora_store.storage.base import Backend, Capabilities, Meter, Staged, translated
 
 __all__ = [
     "ATOMIC_CREATE",
@@ -30,6 +30,7 @@ __all__ = [
     "LocalBackend",
     "MemoryBackend",
     "Meter",
+    "Staged",
     "StagedWrite",
     "open_backend",
     "translated",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aurora_store.errors import ConflictError, MissingError, StoreError, UnsupportedError
 
@@ -25,7 +25,20 @@ if TYPE_CHECKING:
 
     from fsspec import AbstractFileSystem
 
-    from aurora_store.storage._local import StagedWrite
+
+class Staged(Protocol):
+    """An object being written before its key is known (its bytes are hashed as they are written);
+    what :meth:`Backend.stage` starts on a ``staged_write`` backend."""
+
+    def write(self, piece: bytes | memoryview) -> None: ...
+
+    def link(self, key: str) -> bool:
+        """Make the bytes written the object ``key`` unless it exists; True if this call made it."""
+        ...
+
+    def discard(self) -> None:
+        """Forget the bytes written (a no-op once linked)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +101,7 @@ class Backend(ABC):
     def create(self, key: str, data: bytes | memoryview) -> bool:
         """Write ``data`` under ``key`` unless the key exists, as one atomic step; True if written."""
 
-    def stage(self, directory: str, url: str) -> StagedWrite:
+    def stage(self, directory: str, url: str) -> Staged:
         """Start an object of ``directory`` whose key is not known yet (``staged_write`` backends)."""
         raise UnsupportedError(f"{url}: {type(self).__name__} cannot stage a write")
 
