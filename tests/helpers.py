@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -71,3 +73,17 @@ def readme_commands(section: str) -> list[list[str]]:
             if argv and argv[0] == "aurora":
                 out.append(argv)
     return out
+
+
+def decoded_change(old: Any, got: Any, count: int) -> Any:
+    """What a block decoded from hostile bytes (``got``) did to ``old``: checked to be ``count`` real
+    changes at exactly the positions it names; the new words, for the caller to code again."""
+    import numpy as np
+
+    from aurora_store.codec import sparse
+
+    assert got.delta is not None and len(got.positions) == len(got.delta) == count
+    new = old.copy()
+    sparse.apply(new, 0, got.positions, got.delta)
+    assert np.array_equal(got.positions, np.flatnonzero(old != new))
+    return new

@@ -255,7 +255,25 @@ def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) 
     assert bits_equal(run.materialize(0), _bf16({k: v.detach() for k, v in model.state_dict().items()}))
 
 
-# ---------------------------------------------------------------- two gloo ranks
+# ---------------------------------------------------------------- gloo ranks under torchrun
+
+
+def _torchrun(tmp_path: Path, uri: str, *, ranks: int, extract: str) -> Path:
+    """This file's :func:`worker` on ``ranks`` gloo ranks under torchrun; the folder of their dumps."""
+    out = tmp_path / "dumps"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    proc = subprocess.run(
+        [*cmd, str(Path(__file__)), uri, str(out), extract],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return out
 
 
 @pytest.mark.slow
@@ -274,19 +292,7 @@ def test_two_fsdp2_ranks_publish_what_one_process_publishes(tmp_path: Path, extr
     from trainer.publication import ModelPublisher
 
     uri = f"file://{tmp_path}/sharded"
-    out = tmp_path / "dumps"
-    out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(Path(__file__)), uri, str(out), extract],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    out = _torchrun(tmp_path, uri, ranks=2, extract=extract)
 
     logs = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     sharded = aurora_store.open_run(uri, verify_key=_key().public_key())
@@ -336,19 +342,7 @@ def test_one_torch_rank_writes_object_for_object_what_the_local_collective_write
     from trainer.publication import ModelPublisher
 
     uri = f"file://{tmp_path}/gloo"
-    out = tmp_path / "dumps"
-    out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
-    proc = subprocess.run(
-        [*cmd, str(Path(__file__)), uri, str(out), "auto"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    _torchrun(tmp_path, uri, ranks=1, extract="auto")
     gloo = aurora_store.open_run(uri, verify_key=_key().public_key())
     local = aurora_store.open_run(f"file://{tmp_path}/local", signing_key=_key(), **CONFIG)  # type: ignore[arg-type]
     net = Net()
