@@ -141,7 +141,7 @@ class Updater:
             raise StoreError("this updater's live weights are an engine's own layout, not HF-named tensors")
         return self.live.tensors
 
-    def plan(self, target: int) -> list[Manifest]:
+    def route(self, target: int) -> list[Manifest]:
         """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch)."""
         assert self.held is not None
         reader = self.run.reader
@@ -186,7 +186,7 @@ class Updater:
             )
             try:
                 plan = (
-                    self.plan(target)
+                    self.route(target)
                     if staged.version == self.held.version
                     else [self.run.reader.manifest(v) for v in range(staged.version + 1, target + 1)]
                 )

@@ -55,7 +55,7 @@ def gc(run: Run, args: argparse.Namespace) -> int:
         run.store.require_run()
     p = retention.plan(
         run,
-        retention.Policy(
+        retention.RetentionPolicy(
             keep_last=args.keep_last, keep_fulls=args.keep_fulls, keep_states=args.keep_states, holds=holds
         ),
     )
@@ -126,9 +126,9 @@ def _show(
     results: object,
     results_deleted: int | None,
 ) -> None:
-    from aurora_store.bucket.gc import Plan
+    from aurora_store.bucket.gc import RetentionPlan
 
-    assert isinstance(p, Plan)
+    assert isinstance(p, RetentionPlan)
     print(
         f"gc {p.uri}: {len(p.committed)} committed versions: keep {len(p.kept)}, retire {len(p.retire)} "
         f"({p.freed_bytes:,} bytes); {len(p.states_deleted)} trainer state(s) to delete"

@@ -86,7 +86,7 @@ def measure(cfg: Config) -> dict[str, Any]:
         if (info.version + 1) % cfg.gc_every == 0:
             holds = {"actor a1 in eu": max(0, info.version - cfg.actor_lag)}
             t = time.perf_counter()
-            plan = gc.plan(run, gc.Policy(keep_last=cfg.keep_last, keep_fulls=cfg.keep_fulls, holds=holds))
+            plan = gc.plan(run, gc.RetentionPolicy(keep_last=cfg.keep_last, keep_fulls=cfg.keep_fulls, holds=holds))
             plan_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             gc.apply(run, plan)

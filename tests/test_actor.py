@@ -83,7 +83,7 @@ def test_catch_up_takes_the_cheapest_path(tmp_path: Path) -> None:
     hist = publish(run, 8, lr=3e-3)  # big steps: a full copy is cheaper than a long chain
     up = Updater(run, region="eu")
     up.bootstrap(1)
-    plan = up.plan(7)
+    plan = up.route(7)
     chain = [run.manifest(v) for v in range(2, 8)]
     last_full = max(m.version for m in chain if m.kind == "full")
     assert [m.version for m in plan] == list(range(last_full, 8))
@@ -93,7 +93,7 @@ def test_catch_up_takes_the_cheapest_path(tmp_path: Path) -> None:
     assert bits_equal(up.weights, hist[7])
     up2 = Updater(run, region="eu")
     up2.bootstrap(last_full)
-    assert [m.version for m in up2.plan(7)] == list(range(last_full + 1, 8))  # only deltas after a full
+    assert [m.version for m in up2.route(7)] == list(range(last_full + 1, 8))  # only deltas after a full
 
 
 def test_failed_staging_leaves_live_weights_alone(tmp_path: Path, redis_server: RedisServer) -> None:

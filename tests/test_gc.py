@@ -72,7 +72,7 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     for s in (5, 9, 13):  # three saved trainer states
         run.state.put(s, "tensors.safetensors", b"x" * 10)
         run.state.commit(s, json.dumps({"version": s}).encode())
-    p = gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
     # 0: identity; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
     # 9, 13: kept states; chains: 10 and 11 and 9 need 8
     assert sorted(p.kept) == [0, 8, 9, 10, 11, 12, 13]
@@ -80,7 +80,7 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     assert "which actor a in eu holds" in p.kept[10] and "in the chain of version" in p.kept[8]
     assert sorted(p.states_deleted) == [5] and p.states_kept == [9, 13]
     before = sorted(run.store.list_keys(""))
-    assert gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1)).retire  # planning twice deletes nothing
+    assert gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1)).retire  # planning twice deletes nothing
     assert sorted(run.store.list_keys("")) == before
 
     counts = gc.apply(run, p)
@@ -99,7 +99,7 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
 
     later = _publish(fresh, 3, seed=1)  # the run goes on; a second gc merges the records
     weights.update(later)
-    p2 = gc.plan(fresh, gc.Policy(keep_last=2, keep_fulls=1, keep_states=1))
+    p2 = gc.plan(fresh, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=1))
     gc.apply(fresh, p2)
     keys, retired, _ = records(fresh.store)
     assert len(keys) == 1, "one record holds every retired version; the older one is gone"
@@ -110,7 +110,7 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
 def test_a_gap_gc_did_not_make_still_fails_the_audit(tmp_path: Path) -> None:
     run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
     _publish(run, 10)
-    gc.apply(run, gc.plan(run, gc.Policy(keep_last=2, keep_fulls=1)))
+    gc.apply(run, gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1)))
     assert run.versions() == [0, 8, 9]
     damage.delete(run.store, manifest_key(8))  # lost, not retired: 9 is a delta on it
     result = audit(aurora_store.open_run((tmp_path / "r").as_uri()))
@@ -125,7 +125,7 @@ def test_an_interrupted_gc_is_finished_by_the_next(tmp_path: Path) -> None:
     damage.delete(run.store, manifest_key(2))
     left = [k for k in run.store.list_keys("versions/0000000002")]
     assert left, "version 2's objects are still there"
-    p = gc.plan(run, gc.Policy(keep_last=1, keep_fulls=1))
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1))
     assert 2 in p.leftovers and 1 in p.retire and 3 in p.retire
     gc.apply(run, p)
     assert run.store.list_keys("versions/0000000002") == []
@@ -141,7 +141,7 @@ def test_a_record_never_deletes_a_version_being_published(tmp_path: Path) -> Non
     run.store.put_if_absent(in_flight, b"segment bytes")
     key, data = retention.encode(Retired() | [5], 1_700_000_000_000)  # a forged (or confused) record
     run.store.put_if_absent(key, data)
-    p = gc.plan(run, gc.Policy(keep_last=1, keep_fulls=1))
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1))
     assert 5 not in p.leftovers
     gc.apply(run, p)
     assert run.store.exists(in_flight)
@@ -152,7 +152,7 @@ def test_gc_refuses_to_delete_around_an_unreadable_manifest(tmp_path: Path) -> N
     _publish(run, 6)
     damage.overwrite(run.store, manifest_key(5), b"{not json")
     fresh = aurora_store.open_run((tmp_path / "r").as_uri())
-    p = gc.plan(fresh, gc.Policy(keep_last=1, keep_fulls=1))
+    p = gc.plan(fresh, gc.RetentionPolicy(keep_last=1, keep_fulls=1))
     assert p.unreadable
     with pytest.raises(Exception, match="could not be read"):
         gc.apply(fresh, p)

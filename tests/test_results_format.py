@@ -516,7 +516,7 @@ def test_results_are_not_versions_to_readers_audit_gc_or_relays(tmp_path: Path) 
         run.publish({"w": w})
     key, _sha = put_payload(run.store, _payload())
     assert run.versions() == [0, 1, 2, 3] and audit(run).ok
-    p = gc.plan(run, gc.Policy(keep_last=1, keep_fulls=1, holds={}))
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, holds={}))
     assert p.retire == [1] and all(key not in keys for keys in (*p.objects.values(), *p.leftovers.values()))
     gc.apply(run, p)
     assert run.store.exists(key) and audit(aurora_store.open_run(home)).ok

@@ -67,7 +67,7 @@ class RewardConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class RolloutConfig:
+class StepConfig:
     """What each step asks of the actors."""
 
     prompts: int = 32
@@ -182,7 +182,7 @@ class TrainerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: StepConfig = field(default_factory=StepConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Recorded in the run (aurora_run.json): actors sample as it says."""
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)

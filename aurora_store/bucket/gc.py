@@ -48,7 +48,7 @@ log = logging.getLogger("aurora.gc")
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class RetentionPolicy:
     """What to keep."""
 
     keep_last: int
@@ -64,7 +64,7 @@ class Policy:
 
 
 @dataclass(slots=True)
-class Plan:
+class RetentionPlan:
     """What a gc would do to one run."""
 
     uri: str
@@ -104,7 +104,7 @@ class Plan:
         }
 
 
-def plan(run: Run, policy: Policy) -> Plan:
+def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
     """What a gc of ``run`` under ``policy`` would delete, and why every other version stays."""
     store, reader = run.store, run.reader
     if policy.keep_last < 1 or policy.keep_fulls < 1 or policy.keep_states < 1:
@@ -153,7 +153,9 @@ def plan(run: Run, policy: Policy) -> Plan:
             m = manifests.get(m.parent.version)
     by_version = _under(store, VERSIONS_DIR)
     retire = [v for v in committed if v not in kept]
-    p = Plan(store.uri, committed, kept, retire, retired, records=record_keys, bad_records=bad, unreadable=unreadable)
+    p = RetentionPlan(
+        store.uri, committed, kept, retire, retired, records=record_keys, bad_records=bad, unreadable=unreadable
+    )
     committed_set = set(committed)
     latest = committed[-1] if committed else -1
     for v, keys in by_version.items():
@@ -173,7 +175,7 @@ def plan(run: Run, policy: Policy) -> Plan:
     return p
 
 
-def apply(run: Run, p: Plan, *, now_ms: int | None = None) -> dict[str, int]:
+def apply(run: Run, p: RetentionPlan, *, now_ms: int | None = None) -> dict[str, int]:
     """Carry out plan ``p``: record, then delete (see the module's docstring for the order). Returns counts."""
     store = run.store
     if p.unreadable:

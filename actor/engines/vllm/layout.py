@@ -83,7 +83,7 @@ class Piece:
 
 
 @dataclass(frozen=True, slots=True)
-class Region:
+class Slab:
     """A slab copied between an HF tensor and a rank's parameter (``length`` along ``dim``)."""
 
     rank: int
@@ -234,31 +234,31 @@ class VllmLayout:
                 out.append(Piece(r, rule.param, local[sel], sel))
         return out
 
-    def regions(self, name: str, *, write: bool) -> list[Region]:
+    def regions(self, name: str, *, write: bool) -> list[Slab]:
         """The slabs of HF ``name`` on each rank (replicated: every rank to write, rank 0 to read)."""
         rule = self.rule(name)
         shape = rule.spec.shape
         if rule.dim is None:
             dim, length = (0, shape[0]) if shape else (0, 1)
-            return [Region(r, rule.param, dim, 0, 0, length) for r in range(self.tp_size if write else 1)]
+            return [Slab(r, rule.param, dim, 0, 0, length) for r in range(self.tp_size if write else 1)]
         out = []
         for r in range(self.tp_size):
             start = r * rule.chunk
             length = min(rule.chunk, shape[rule.dim] - start)
             if length > 0:
-                out.append(Region(r, rule.param, rule.dim, start, rule.offset, length))
+                out.append(Slab(r, rule.param, rule.dim, start, rule.offset, length))
         return out
 
-    def padding(self) -> list[Region]:
+    def padding(self) -> list[Slab]:
         """Rows of padded vocabulary parameters that hold no token (vLLM zeroes them)."""
-        out: list[Region] = []
+        out: list[Slab] = []
         for rule in self.rules.values():
             if _VOCAB.search(rule.spec.name) is None:
                 continue
             for r in range(self.tp_size):
                 valid = max(0, min(rule.chunk, rule.spec.shape[0] - r * rule.chunk))
                 if valid < rule.chunk and not any(p.rank == r and p.param == rule.param for p in out):
-                    out.append(Region(r, rule.param, 0, -1, valid, rule.chunk - valid))
+                    out.append(Slab(r, rule.param, 0, -1, valid, rule.chunk - valid))
         return out
 
 
