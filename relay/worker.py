@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aurora_store.bucket.limits import Limits
@@ -35,23 +34,10 @@ from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
 from aurora_store.format.retention import Retired
 from relay.metrics import RelayMetrics
+from relay.stats import RelayStats
 
 log = logging.getLogger("aurora.relay")
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class RelayStats:
-    copied: int = 0
-    """Objects copied source -> destination (the cross-region transfers)."""
-    skipped: int = 0
-    """Objects found already at the destination and verified there."""
-    bytes: int = 0
-    """Bytes copied across regions."""
-    versions: list[int] = field(default_factory=list)
-    """Versions this relay committed at the destination."""
-    rejected: dict[str, int] = field(default_factory=dict)
-    """What this relay refused (bad announcements, versions that fail their checks), by error kind."""
 
 
 class Relay:
