@@ -259,7 +259,7 @@ class Updater:
             self._staged = self._prepared = None
             if self.coord is not None:
                 with contextlib.suppress(CoordinationError):
-                    self.coord.update_worker(self.worker_id, version=staged.version, version_hash=staged.version_hash)
+                    self.coord.workers.update(self.worker_id, version=staged.version, version_hash=staged.version_hash)
             return self.held
 
     # ------------------------------------------------------------ checks

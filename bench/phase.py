@@ -248,7 +248,7 @@ def bind_follow(a: Actor, stop: threading.Event, tracker: Tracker, reload: bool)
 def await_relays(coord: Coordinator, count: int, tracker: Tracker, timeout_s: float = 60.0) -> None:
     """Until every relay has registered (it then reads the event stream from that point on)."""
     deadline = time.monotonic() + timeout_s
-    while sum(w["role"] == "relay" for w in coord.workers().values()) < count:
+    while sum(w["role"] == "relay" for w in coord.workers.registrations().values()) < count:
         tracker.check()
         if time.monotonic() > deadline:
             raise BenchError(f"relays did not start within {timeout_s:.0f} s")

@@ -232,7 +232,7 @@ class Relay:
         if coord is None:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
         info = {"source": self.source.uri, "dest": self.dest.uri}
-        wid = self._starting(stop, lambda: coord.register("relay", self.dest_region, info=info))
+        wid = self._starting(stop, lambda: coord.workers.register("relay", self.dest_region, info=info))
         after = self._starting(stop, lambda: coord.last_event_id(self.source_region))
         if stop.is_set():
             self.close()
@@ -250,15 +250,15 @@ class Relay:
                         coord.rebuild(self.dest_region, self.dst)
                     except StoreError as exc:  # a damaged latest manifest: refused, counted, retried next scan
                         self.reject("rebuild", exc)
-                    coord.register(
+                    coord.workers.register(
                         "relay",
                         self.dest_region,
                         worker_id=wid,
                         info={"source": self.source.uri, "dest": self.dest.uri},
                     )
                     last_scan, need_scan = time.monotonic(), False
-                coord.heartbeat(wid)
-                if coord.state_lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
+                coord.workers.heartbeat(wid)
+                if coord.epoch.lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
                     need_scan = True
                     continue
                 events = coord.events(self.source_region, after, block_ms=block_ms)
@@ -277,7 +277,7 @@ class Relay:
                 except StoreError as exc:  # a bad announcement or a bad object: counted, never fatal
                     self.reject(f"event {e.id}", exc)
                     need_scan = True
-        coord.unregister(wid)
+        coord.workers.unregister(wid)
         self.close()
 
     def _starting(self, stop: threading.Event, fn: Callable[[], T]) -> T:

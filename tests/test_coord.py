@@ -54,12 +54,12 @@ def test_announcements_wake_waiting_workers(redis_url: str) -> None:
 
 def test_workers_register_heartbeat_and_expire(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    a = c.register("actor", "eu", ttl_s=0.3, info={"gpu": "A10"})
-    b = c.register("relay", "eu", ttl_s=30)
-    c.update_worker(a, version=7)
-    assert c.workers()[a] == {**c.workers()[a], "role": "actor", "gpu": "A10", "version": 7}
-    wait_for(lambda: a not in c.workers(), "the heartbeat to expire", 10)
-    assert b in c.workers() and a in c.workers(alive_only=False)
+    a = c.workers.register("actor", "eu", ttl_s=0.3, info={"gpu": "A10"})
+    b = c.workers.register("relay", "eu", ttl_s=30)
+    c.workers.update(a, version=7)
+    assert c.workers.registrations()[a] == {**c.workers.registrations()[a], "role": "actor", "gpu": "A10", "version": 7}
+    wait_for(lambda: a not in c.workers.registrations(), "the heartbeat to expire", 10)
+    assert b in c.workers.registrations() and a in c.workers.registrations(alive_only=False)
     c.report(b, "eu", 7, "s3://x/versions/0000000007/a.seg", "sha256 mismatch")
     assert [r["object"] for r in c.reports()] == ["s3://x/versions/0000000007/a.seg"]
 
@@ -96,24 +96,24 @@ def test_the_roster_reads_only_what_changed(redis_url: str) -> None:
     from aurora_store.coord.roster import Roster
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    ids = [c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30) for i in range(50)]
+    ids = [c.workers.register("actor", "eu", worker_id=f"a{i}", ttl_s=30) for i in range(50)]
     roster = Roster(c)
     first = roster.refresh()
     assert first.reloaded and first.joined == set(ids) and roster.round_trips == 1
     quiet = roster.refresh()
     assert not (quiet.joined or quiet.gone or quiet.reloaded) and roster.round_trips == 2
-    c.update_worker("a3", version=7)
+    c.workers.update("a3", version=7)
     assert roster.refresh().joined == set() and roster.docs["a3"]["version"] == 7, "an update is read, alone"
-    short = c.register("actor", "eu", worker_id="short", ttl_s=0.2)
+    short = c.workers.register("actor", "eu", worker_id="short", ttl_s=0.2)
     assert roster.refresh().joined == {short}
     wait_for(lambda: short in roster.refresh().gone or short not in roster.docs, "its heartbeat to expire", 10)
     n = roster.round_trips
-    assert c.heartbeat(short, 30) is False, "a late beat brings it back (Redis kept its state)"
+    assert c.workers.heartbeat(short, 30) is False, "a late beat brings it back (Redis kept its state)"
     assert roster.refresh().joined == {short}
-    c.unregister("a0")
+    c.workers.unregister("a0")
     assert roster.refresh().gone == {"a0"}
     c.r.hset(c.key("workers"), "a5", "{not json")
-    c.update_worker("a6", version=1)  # marks a6 changed; a5's damage is seen when a5 changes
+    c.workers.update("a6", version=1)  # marks a6 changed; a5's damage is seen when a5 changes
     c.r.zadd(c.key("roster"), {"a5": 10**9})
     assert "a5" in roster.refresh().gone and c.skipped.counts["registration_not_json"] == 1
     assert roster.round_trips == n + 3, "one round trip a refresh"
@@ -124,11 +124,11 @@ def test_the_roster_reloads_when_redis_loses_its_state(redis_url: str) -> None:
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
     for i in range(5):
-        c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30)
+        c.workers.register("actor", "eu", worker_id=f"a{i}", ttl_s=30)
     roster = Roster(c)
     roster.refresh()
     c.r.flushall()
-    c.register("actor", "eu", worker_id="b", ttl_s=30)
+    c.workers.register("actor", "eu", worker_id="b", ttl_s=30)
     got = roster.refresh()
     assert got.reloaded and set(roster.docs) == {"b"} and got.gone == {f"a{i}" for i in range(5)}
 
@@ -137,14 +137,14 @@ def test_a_beat_says_when_the_registration_is_gone(redis_url: str) -> None:
     from aurora_store.coord.roster import Roster
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    a = c.register("actor", "eu", ttl_s=0.1)
-    assert c.heartbeat(a, 0.1) is False
+    a = c.workers.register("actor", "eu", ttl_s=0.1)
+    assert c.workers.heartbeat(a, 0.1) is False
     roster = Roster(c, prune_after_s=0.1)
     wait_for(lambda: a in roster.refresh().pruned, "the worker, dead 0.1 s past its beat, to be pruned", 10)
-    assert c.workers(alive_only=False) == {}
-    assert c.heartbeat(a, 30) is True and c.state_lost(), "the worker learns its state is gone"
-    c.register("actor", "eu", worker_id=a, ttl_s=30)
-    assert c.heartbeat(a, 30) is False and a in c.workers()
+    assert c.workers.registrations(alive_only=False) == {}
+    assert c.workers.heartbeat(a, 30) is True and c.epoch.lost(), "the worker learns its state is gone"
+    c.workers.register("actor", "eu", worker_id=a, ttl_s=30)
+    assert c.workers.heartbeat(a, 30) is False and a in c.workers.registrations()
 
 
 def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:

@@ -242,8 +242,8 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     assert other.returncode == 1 and "is --run-id right?" in other.stderr
     assert run.versions() == list(range(10))
 
-    wid = coord.register("actor", "eu", worker_id="a1", ttl_s=60)
-    coord.update_worker(wid, version=5, version_hash="0" * 64)
+    wid = coord.workers.register("actor", "eu", worker_id="a1", ttl_s=60)
+    coord.workers.update(wid, version=5, version_hash="0" * 64)
     coord.r.hset(coord.key("workers"), "ghost", "{not json")
     coord.r.zadd(coord.key("alive"), {"ghost": int((time.time() + 600) * 1000)})  # alive: its expiry, in ms
     refused = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1")

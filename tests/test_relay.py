@@ -223,7 +223,7 @@ def test_live_relays_cut_through_and_two_tiers(
     watcher.stop.set()
     watcher.join()
     assert watcher.checks > 0 and not watcher.violations
-    workers = coord.workers()
+    workers = coord.workers.registrations()
     assert sorted(w["region"] for w in workers.values() if w["role"] == "relay") == ["ap", "eu"]
 
 
@@ -375,7 +375,9 @@ def test_relay_survives_hostile_events_and_a_flushall(
         "eu's version rebuilt after FLUSHALL, without waiting for the 600 s rescan",
         timeout=30,
     )
-    wait_for(lambda: any(w["role"] == "relay" for w in coord.workers().values()), "the relay registered again")
+    wait_for(
+        lambda: any(w["role"] == "relay" for w in coord.workers.registrations().values()), "the relay registered again"
+    )
     assert relay.proc.poll() is None, relay.stop()
     err = relay.stop()
     assert "Traceback" not in err and "skipped" in err and "lost its state" in err, err[-2000:]

@@ -23,7 +23,8 @@ Keys:
 - ``reports`` (stream): objects a worker found corrupt or missing.
 - ``epoch`` (string): a random id written by the first role to find it missing. A role that
   finds another id (or none) than the one it last saw knows that Redis lost its state without
-  a disconnect (``FLUSHALL``, a failover to an empty replica) and rebuilds what it keeps there.
+  a disconnect (``FLUSHALL``, a failover to an empty replica) and rebuilds what it keeps there
+  (:class:`aurora_store.coord.epoch.Epoch`, :attr:`Coordinator.epoch`).
 
 Everything read back is hostile input (:mod:`aurora_store.coord.wire`): a bad entry is counted
 in :attr:`Coordinator.skipped` by reason, logged once a minute per reason, and skipped.
@@ -33,18 +34,15 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from aurora_store.coord import wire
-from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.epoch import Epoch
+from aurora_store.coord.keyspace import Keyspace
 from aurora_store.coord.workers import Workers
-from aurora_store.redact import redact
 
 if TYPE_CHECKING:
     from aurora_store.bucket.reader import Reader
@@ -69,14 +67,6 @@ end
 return 1
 """
 
-# KEYS: epoch.  ARGV: a new random id.  Returns the epoch, written now if it was missing.
-_EPOCH = """
-local e = redis.call('GET', KEYS[1])
-if e then return e end
-redis.call('SET', KEYS[1], ARGV[1])
-return ARGV[1]
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class RegionVersion:
@@ -96,74 +86,26 @@ class Event:
     fields: dict[str, str]
 
 
-class Coordinator(Workers):
-    """All Redis state of one run."""
+class Coordinator:
+    """All Redis state of one run: region versions and their events here; the worker registry and the
+    epoch in the objects it holds, which share its :class:`~aurora_store.coord.keyspace.Keyspace`."""
 
     def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
-        if not run_id or any(c in run_id for c in " {}\n"):
-            raise CoordinationError(f"run id must be a non-empty name without spaces or braces, got {run_id!r}")
-        self.url = url
-        self.run_id = run_id
-        self.base = f"{prefix}:{run_id}"
-        try:
-            self.r = redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                encoding_errors="replace",  # bytes that are not UTF-8 (anyone may write them) reach the parsers
-                socket_timeout=30,
-                health_check_interval=60,  # above --check-s: a connection used on schedule never pays a PING
-            )
-        except ValueError as exc:
-            raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
-        self._commit = self.r.register_script(_COMMIT)
-        self._epoch = self.r.register_script(_EPOCH)
-        self._workers_scripts()
-        self.epoch: str | None = None
-        """The epoch this coordinator last saw (None before the first check)."""
-        self._lost = False
-        self._docs: dict[str, dict[str, Any]] = {}
-        """The registrations this coordinator wrote, by worker id (merged into by :meth:`update_worker`)."""
-        self.skipped = wire.Tally(log, f"Redis entries of run {run_id}")
+        self.keys = Keyspace(url, run_id, prefix=prefix)
+        """The run's keys, clients and calls (shared with the job board and the roster)."""
+        self.url, self.run_id, self.base = url, run_id, self.keys.base
+        self.r = self.keys.r
+        self.skipped = self.keys.skipped
         """Entries read from Redis that failed their checks, by reason."""
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.base, *parts))
-
-    def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        """``fn(*args, **kw)`` on this coordinator's Redis; a Redis failure is a CoordinationError
-        (the password never in its message)."""
-        try:
-            return fn(*args, **kw)
-        except redis.RedisError as exc:
-            raise CoordinationError(f"Redis at {redact(self.url)}: {type(exc).__name__}: {redact(str(exc))}") from None
+        self.key, self.call = self.keys.key, self.keys.call
+        self.epoch = Epoch(self.keys)
+        """Whether Redis lost its state (:meth:`Epoch.check`, :meth:`Epoch.lost`)."""
+        self.workers = Workers(self.keys, self.epoch)
+        """Registrations, heartbeats and liveness."""
+        self._commit = self.r.register_script(_COMMIT)
 
     def ping(self) -> None:
         self.call(self.r.ping)
-
-    # ------------------------------------------------------------ epoch
-
-    def check_epoch(self) -> bool:
-        """Read (or start) Redis's epoch; True if Redis lost its state since this coordinator's last
-        check. Also sets the flag :meth:`state_lost` reports."""
-        return self._saw(self.call(self._epoch, keys=[self.key("epoch")], args=[secrets.token_hex(8)]))
-
-    def state_lost(self) -> bool:
-        """Whether Redis lost its state since the last call (seen by any check or heartbeat); clears it."""
-        lost, self._lost = self._lost, False
-        return lost
-
-    def _saw(self, epoch: Any) -> bool:
-        if not isinstance(epoch, str):
-            self.skipped.skip("bad_epoch", repr(epoch)[:40])
-            return False
-        lost = self.epoch is not None and epoch != self.epoch
-        if lost:
-            log.warning(
-                "Redis at %s lost its state (epoch %s, was %s): rebuilding", redact(self.url), epoch, self.epoch
-            )
-            self._lost = True
-        self.epoch = epoch
-        return lost
 
     # ------------------------------------------------------------ versions
 
@@ -254,14 +196,14 @@ class Coordinator(Workers):
         unknown, a damaged region). One pass over every worker and region: for gc, not for a loop."""
         held: dict[str, int] = {}
         unreadable: list[str] = []
-        alive = self.alive()
+        alive = self.workers.alive()
         for wid, doc in self.call(self.r.hgetall, self.key("workers")).items():
             if wid not in alive:
                 continue  # gone: it bootstraps from the latest version when it comes back
             try:
                 parsed = wire.json_object(doc, "registration")
                 if parsed.get("role") == "actor" and "version" in parsed:
-                    v = parsed["version"]  # a JSON number: what update_worker wrote
+                    v = parsed["version"]  # a JSON number: what workers.update wrote
                     v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
                     held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
             except wire.BadEntry as exc:
@@ -306,7 +248,7 @@ class Coordinator(Workers):
         return out
 
     def close(self) -> None:
-        self.r.close()
+        self.keys.close()
 
 
 class RegionAnnouncer:
