@@ -91,6 +91,8 @@ class Worker:
         """Set by the heartbeat when this actor's state in Redis is gone."""
         self.broken: str | None = None
         """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
+        self.rewards: RewardPool | None = None
+        """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
     @property
     def refused(self) -> bool:
@@ -319,10 +321,12 @@ class Worker:
             )
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
+        rewards = self.rewards
+        assert rewards is not None, "setup() starts the reward pool"
         for (lease, prompt), comps in zip(batch, outs, strict=True):
             rows, failures = [], Counter[str]()
             for c in comps:
-                reward, failure = self.rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
+                reward, failure = rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
                 if failure is not None:
                     failures[failure] += 1
                 rows.append((c.token_ids, c.logprobs, c.finish_reason, reward))
@@ -385,6 +389,14 @@ class Worker:
         with contextlib.suppress(CoordinationError):
             self.coord.workers.unregister(self.wid)
 
+    def close(self) -> None:
+        """End what this actor started: the reward process, and its Redis clients."""
+        if self.rewards is not None:
+            self.rewards.close()
+            self.rewards = None
+        self.board.close()
+        self.coord.close()
+
 
 def run(cfg: WorkerConfig) -> int:
     """Serve as an actor until SIGTERM or SIGINT."""
@@ -394,8 +406,11 @@ def run(cfg: WorkerConfig) -> int:
     w.metrics.m.serve(cfg.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.halt())
-    w.setup()
-    w.loop()
+    try:
+        w.setup()
+        w.loop()
+    finally:
+        w.close()
     if w.broken is not None:
         return 4
     return 3 if w.refused else 0
