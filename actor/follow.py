@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
             if not registered:  # first time, and again after Redis lost its state
                 coord.workers.register("actor", args.region, worker_id=args.worker_id)
                 _report(coord, args.worker_id, held)
-                after, registered = coord.last_event_id(args.region), True
+                after, registered = coord.regions.last_event_id(args.region), True
             if coord.workers.heartbeat(args.worker_id):  # its state in Redis is gone: register again
                 registered = False
                 continue
-            events = coord.events(args.region, after, block_ms=500)
+            events = coord.regions.events(args.region, after, block_ms=500)
             if events:
                 after = events[-1].id
         except CoordinationError:

@@ -97,7 +97,7 @@ class Updater:
         """The region's committed version: from Redis, else from the bucket."""
         if self.coord is not None:
             try:
-                rv = self.coord.region_version(self.region)
+                rv = self.coord.regions.version(self.region)
                 if rv is not None:
                     return rv.version
             except CoordinationError as exc:

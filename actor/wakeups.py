@@ -47,7 +47,7 @@ class Wakeups:
         self._commits = threading.Condition()
         self._seq = 0
         self.inbox = board.inbox(worker_id)
-        self.commits = coord.commits_key(region)
+        self.commits = coord.regions.commits_key(region)
         self.notices = board.notices.key(worker_id)
         self._after = {self.inbox: "0-0", self.commits: "$", self.notices: f"{int(time.time() * 1000)}-0"}
         self.round_trips = 0

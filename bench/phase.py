@@ -93,9 +93,9 @@ def follow(
     name: str, up: Updater, coord: Coordinator, region: str, stop: threading.Event, tracker: Tracker, reload: bool
 ) -> None:
     """An actor's sync loop: wake on the region's events, load what is newer, report when applied."""
-    after = coord.last_event_id(region)
+    after = coord.regions.last_event_id(region)
     while not stop.is_set():
-        events = coord.events(region, after, block_ms=BLOCK_MS)
+        events = coord.regions.events(region, after, block_ms=BLOCK_MS)
         if events:
             after = events[-1].id
         latest = up.latest()

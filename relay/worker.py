@@ -192,7 +192,7 @@ class Relay:
     def _advance(self, m: Manifest) -> None:
         self.metrics.region_at(m.version)
         if self.coord is not None:
-            self.coord.commit(self.dest_region, m.version, m.version_hash, m.kind)
+            self.coord.regions.commit(self.dest_region, m.version, m.version_hash, m.kind)
 
     def backfill(self) -> list[int]:
         """Copy every committed source version the destination lacks, in order; returns them (first
@@ -233,7 +233,7 @@ class Relay:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
         info = {"source": self.source.uri, "dest": self.dest.uri}
         wid = self._starting(stop, lambda: coord.workers.register("relay", self.dest_region, info=info))
-        after = self._starting(stop, lambda: coord.last_event_id(self.source_region))
+        after = self._starting(stop, lambda: coord.regions.last_event_id(self.source_region))
         if stop.is_set():
             self.close()
             return
@@ -246,8 +246,8 @@ class Relay:
                     # the buckets are the truth, and Redis is rebuilt from them
                     self._backfill_safely()
                     try:
-                        coord.rebuild(self.source_region, self.src)
-                        coord.rebuild(self.dest_region, self.dst)
+                        coord.regions.rebuild(self.source_region, self.src)
+                        coord.regions.rebuild(self.dest_region, self.dst)
                     except StoreError as exc:  # a damaged latest manifest: refused, counted, retried next scan
                         self.reject("rebuild", exc)
                     coord.workers.register(
@@ -261,7 +261,7 @@ class Relay:
                 if coord.epoch.lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
                     need_scan = True
                     continue
-                events = coord.events(self.source_region, after, block_ms=block_ms)
+                events = coord.regions.events(self.source_region, after, block_ms=block_ms)
             except CoordinationError as exc:
                 log.warning("relay %s: %s; retrying", self.dest_region, exc)
                 need_scan = True

@@ -29,13 +29,13 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_versions_advance_atomically_and_never_back(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    assert c.region_version("eu") is None
-    assert c.commit("eu", 3, "a" * 64, "delta")
-    assert not c.commit("eu", 2, "b" * 64, "delta")  # stale: ignored, no event
-    assert not c.commit("eu", 3, "c" * 64, "delta")
-    rv = c.region_version("eu")
+    assert c.regions.version("eu") is None
+    assert c.regions.commit("eu", 3, "a" * 64, "delta")
+    assert not c.regions.commit("eu", 2, "b" * 64, "delta")  # stale: ignored, no event
+    assert not c.regions.commit("eu", 3, "c" * 64, "delta")
+    rv = c.regions.version("eu")
     assert rv is not None and (rv.version, rv.version_hash) == (3, "a" * 64)
-    events = c.events("eu", "0-0", block_ms=10)
+    events = c.regions.events("eu", "0-0", block_ms=10)
     assert [(e.type, e.version) for e in events] == [("commit", 3)]
 
 
@@ -43,11 +43,11 @@ def test_announcements_wake_waiting_workers(redis_url: str) -> None:
     import threading
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    after = c.last_event_id("home")
+    after = c.regions.last_event_id("home")
     seg = Segment("versions/0000000004/00000-" + "0" * 32 + ".seg", 123, "f" * 64)
-    threading.Timer(0.2, c.announce_segment, args=("home", 4, seg)).start()
+    threading.Timer(0.2, c.regions.announce, args=("home", 4, seg)).start()
     t0 = time.monotonic()
-    events = c.events("home", after, block_ms=5000)
+    events = c.regions.events("home", after, block_ms=5000)
     assert time.monotonic() - t0 < 4, "a blocked reader wakes on the announcement, not on its timeout"
     assert [(e.type, e.version, e.fields["key"], e.fields["size"]) for e in events] == [("segment", 4, seg.key, "123")]
 
@@ -74,7 +74,7 @@ def test_password_protected_redis() -> None:
     try:
         ok = Coordinator(f"redis://:s3cret@127.0.0.1:{port}/0", "exp")
         wait_until_answers(ok.ping, proc, "redis-server", errors=(CoordinationError,), timeout=20)
-        assert ok.commit("home", 0, "a" * 64, "full")
+        assert ok.regions.commit("home", 0, "a" * 64, "full")
         with pytest.raises(CoordinationError) as err:
             Coordinator(f"redis://:wrong@127.0.0.1:{port}/0", "exp").ping()
         assert "wrong" not in str(err.value), "passwords never appear in errors"
@@ -153,10 +153,10 @@ def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
     seg = Segment("versions/0000000001/00000-" + "0" * 32 + ".seg", 1, "f" * 64)
     for _ in range(5):
-        c.announce_segment("eu", 1, seg)  # segments go to the relays' stream only
-    threading.Timer(0.2, c.commit, args=("eu", 1, "a" * 64, "delta")).start()
+        c.regions.announce("eu", 1, seg)  # segments go to the relays' stream only
+    threading.Timer(0.2, c.regions.commit, args=("eu", 1, "a" * 64, "delta")).start()
     t0 = time.monotonic()
-    got = c.read_streams({c.commits_key("eu"): "0-0"}, block_ms=5000)
+    got = c.read_streams({c.regions.commits_key("eu"): "0-0"}, block_ms=5000)
     assert time.monotonic() - t0 < 4, "woken by the commit, not by the timeout"
     (entries,) = got.values()
     assert [(f["type"], f["version"]) for _, f in entries] == [("commit", "1")]

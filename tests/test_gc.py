@@ -449,14 +449,14 @@ def test_gc_while_the_trainer_publishes_and_a_relay_copies(tmp_path: Path, redis
     threads = [threading.Thread(target=publish), threading.Thread(target=collect, args=(home,))]
     threads.append(threading.Thread(target=collect, args=(eu,)))
     try:
-        wait_for(lambda: Coordinator(redis_server.url, "c").region_version("eu") is not None, what="the relay starts")
+        wait_for(lambda: Coordinator(redis_server.url, "c").regions.version("eu") is not None, what="the relay starts")
         for t in threads:
             t.start()
         threads[0].join(timeout=240)
         assert not threads[0].is_alive(), "the publisher finished"
         latest = max(weights)
         wait_for(
-            lambda: (rv := coord.region_version("eu")) is not None and rv.version == latest,
+            lambda: (rv := coord.regions.version("eu")) is not None and rv.version == latest,
             timeout=60,
             what=f"eu reaches version {latest}:\n{(tmp_path / 'relay.log').read_text()[-2000:]}",
         )

@@ -338,7 +338,8 @@ def test_the_actor_reads_attachments_only_as_the_manifest_vouches_for_them(tmp_p
 
 
 def test_damaged_registrations_region_versions_and_events_are_counted_and_skipped(redis_server: Any) -> None:
-    from aurora_store.coord.coordinator import Coordinator, RegionVersion
+    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.regions import RegionVersion
 
     coord = Coordinator(redis_server.url, f"h-{uuid.uuid4().hex[:6]}")
     coord.workers.register("actor", "home", worker_id="good")
@@ -347,15 +348,17 @@ def test_damaged_registrations_region_versions_and_events_are_counted_and_skippe
         coord.workers.heartbeat(wid)
     assert set(coord.workers.registrations()) == {"good"}
     coord.r.hset(coord.key("region", "eu"), mapping={"version": "xyz", "version_hash": "0" * 64, "kind": "full"})
-    assert coord.region_version("eu") is None
-    assert coord.commit("eu", 3, "3" * 64, "full"), "a damaged entry is replaced, not a script error (chaos run)"
-    assert coord.region_version("eu") == RegionVersion(3, "3" * 64, "full")
+    assert coord.regions.version("eu") is None
+    assert coord.regions.commit("eu", 3, "3" * 64, "full"), (
+        "a damaged entry is replaced, not a script error (chaos run)"
+    )
+    assert coord.regions.version("eu") == RegionVersion(3, "3" * 64, "full")
     coord.r.hset(coord.key("region", "ap"), mapping={"version": "3", "version_hash": "h", "kind": "full"})
-    assert coord.region_version("ap") is None
+    assert coord.regions.version("ap") is None
     coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "xyz"})
     coord.r.xadd(coord.key("events", "home"), {"type": "segment", "version": "1", "size": "abc"})
     coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "2", "version_hash": "0" * 64})
-    events = coord.events("home", "0-0", block_ms=10)
+    events = coord.regions.events("home", "0-0", block_ms=10)
     assert [e.type for e in events] == ["invalid", "invalid", "commit"] and events[2].version == 2
     counts = coord.skipped.counts
     assert counts["registration_not_json"] == 1 and counts["registration_not_object"] == 1

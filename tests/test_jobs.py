@@ -243,7 +243,7 @@ def test_bytes_that_are_not_utf8_are_hostile_input_not_a_crash(board: JobBoard) 
     (lease,) = board.take("a", max_jobs=5, block_s=0.1)
     board.results.submit(lease, actor="a", version=0, version_hash=H0, payload=bytes(range(256)))
     assert board.results.last_id() != "0-0", "the stream of binary results reads as ids"
-    assert [e.type for e in coord.events("eu", "0-0", block_ms=10)] == ["invalid"]
+    assert [e.type for e in coord.regions.events("eu", "0-0", block_ms=10)] == ["invalid"]
     assert board.notices.read("a", "0-0") == []
     assert coord.workers.registrations() == {} or all(
         isinstance(d, dict) for d in coord.workers.registrations().values()

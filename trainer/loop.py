@@ -181,7 +181,7 @@ class Trainer:
     def _announce_again(self) -> None:
         """Redis lost its state: the home region's version is set again from the bucket (relays and
         actors learn of it from there)."""
-        self.coord.rebuild(self.cfg.region, self.run.reader)
+        self.coord.regions.rebuild(self.cfg.region, self.run.reader)
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
         saved = [v for v in saved_versions(self.run) if v <= latest]

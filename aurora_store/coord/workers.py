@@ -183,6 +183,25 @@ class Workers:
         self.keys.call(self._register, keys=self._keys(), args=[worker_id, json.dumps(merged), ""])
         self._docs[worker_id] = merged
 
+    def held(self) -> tuple[dict[str, int], list[str]]:
+        """The version each live actor holds, by ``actor {id} in {region}``, and the live workers whose
+        registration could not be read (for ``aurora gc``: one pass over every worker)."""
+        held: dict[str, int] = {}
+        unreadable: list[str] = []
+        alive = self.alive()
+        for wid, doc in self.keys.call(self.keys.r.hgetall, self.keys.key("workers")).items():
+            if wid not in alive:
+                continue  # gone: it bootstraps from the latest version when it comes back
+            try:
+                parsed = wire.json_object(doc, "registration")
+                if parsed.get("role") == "actor" and "version" in parsed:
+                    v = parsed["version"]  # a JSON number: what update wrote
+                    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
+            except wire.BadEntry as exc:
+                unreadable.append(f"worker {wid!r:.80}: {exc}")
+        return held, unreadable
+
     def unregister(self, worker_id: str) -> None:
         self.keys.call(self._unregister, keys=self._keys(), args=[worker_id])
         self._docs.pop(worker_id, None)
