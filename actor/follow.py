@@ -34,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.is_set():
         try:
             if not registered:  # first time, and again after Redis lost its state
-                coord.register("actor", args.region, worker_id=args.worker_id)
+                coord.workers.register("actor", args.region, worker_id=args.worker_id)
                 _report(coord, args.worker_id, held)
-                after, registered = coord.last_event_id(args.region), True
-            if coord.heartbeat(args.worker_id):  # its state in Redis is gone: register again
+                after, registered = coord.regions.last_event_id(args.region), True
+            if coord.workers.heartbeat(args.worker_id):  # its state in Redis is gone: register again
                 registered = False
                 continue
-            events = coord.events(args.region, after, block_ms=500)
+            events = coord.regions.events(args.region, after, block_ms=500)
             if events:
                 after = events[-1].id
         except CoordinationError:
@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(CoordinationError):
                 _report(coord, args.worker_id, held)
     with contextlib.suppress(CoordinationError):
-        coord.unregister(args.worker_id)
+        coord.workers.unregister(args.worker_id)
     return 0
 
 
 def _report(coord: Coordinator, worker_id: str, held: Held) -> None:
-    coord.update_worker(worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest)
+    coord.workers.update(worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ from collections.abc import Callable
 
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.results import put_payload
-from aurora_store.coord.jobs import JobBoard, Lease
-from aurora_store.coord.results import INLINE_MAX, Notice, Ref
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.lease import Lease
+from aurora_store.coord.notices import Notice
+from aurora_store.coord.results import INLINE_MAX, Ref
 from aurora_store.errors import StoreError
 
 log = logging.getLogger("aurora.actor")
@@ -65,7 +67,7 @@ class Outbox:
                 return
             ref = Ref(self.region, key, sha, len(data))
         payload = None if ref is not None else data
-        rid = self.board.submit(
+        rid = self.board.results.submit(
             lease, actor=self.wid, version=version, version_hash=version_hash, payload=payload, ref=ref
         )
         with self._lock:

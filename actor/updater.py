@@ -97,7 +97,7 @@ class Updater:
         """The region's committed version: from Redis, else from the bucket."""
         if self.coord is not None:
             try:
-                rv = self.coord.region_version(self.region)
+                rv = self.coord.regions.version(self.region)
                 if rv is not None:
                     return rv.version
             except CoordinationError as exc:
@@ -260,7 +260,7 @@ class Updater:
             self._staged = self._prepared = None
             if self.coord is not None:
                 with contextlib.suppress(CoordinationError):
-                    self.coord.update_worker(self.worker_id, version=staged.version, version_hash=staged.version_hash)
+                    self.coord.workers.update(self.worker_id, version=staged.version, version_hash=staged.version_hash)
             return self.held
 
     # ------------------------------------------------------------ checks

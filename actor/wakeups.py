@@ -20,7 +20,7 @@ from collections.abc import Callable
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
-from aurora_store.coord.results import Notice
+from aurora_store.coord.notices import Notice
 
 log = logging.getLogger("aurora.actor")
 
@@ -47,8 +47,8 @@ class Wakeups:
         self._commits = threading.Condition()
         self._seq = 0
         self.inbox = board.inbox(worker_id)
-        self.commits = coord.commits_key(region)
-        self.notices = board.notices_key(worker_id)
+        self.commits = coord.regions.commits_key(region)
+        self.notices = board.notices.key(worker_id)
         self._after = {self.inbox: "0-0", self.commits: "$", self.notices: f"{int(time.time() * 1000)}-0"}
         self.round_trips = 0
 
@@ -98,7 +98,7 @@ class Wakeups:
                 elif key == self.commits:
                     self._bump()
                 else:
-                    self.on_notices(self.board.parse_notices(self.worker_id, entries))
+                    self.on_notices(self.board.notices.parse(self.worker_id, entries))
 
     def _last(self, key: str) -> str:
         last = self.coord.call(self.coord.r.xrevrange, key, count=1)

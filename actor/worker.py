@@ -41,7 +41,8 @@ from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, Lease
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.lease import Lease
 from aurora_store.errors import AuroraError, ChainError, LayoutError, StoreError, UnsupportedError
 from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
@@ -90,6 +91,8 @@ class Worker:
         """Set by the heartbeat when this actor's state in Redis is gone."""
         self.broken: str | None = None
         """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
+        self.rewards: RewardPool | None = None
+        """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
     @property
     def refused(self) -> bool:
@@ -129,14 +132,14 @@ class Worker:
         self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
             "register",
-            lambda: self.coord.register(
+            lambda: self.coord.workers.register(
                 "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
             ),
         )
-        rejoined = self._retrying("join", lambda: self.board.joined(self.wid))
+        rejoined = self._retrying("join", lambda: self.board.throughputs.joined(self.wid))
         if not rejoined:
             self._calibrate()
-        self.coord.update_worker(self.wid, version=held.version, version_hash=held.version_hash)
+        self.coord.workers.update(self.wid, version=held.version, version_hash=held.version_hash)
         self._applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 
@@ -177,7 +180,7 @@ class Worker:
         outs = self._sample([prompt] * self.cfg.rollout.batch, seed=0)
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for comps in outs for c in comps)
-        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
         self.metrics.calibrated(tau)
 
     def _emulate_slowdown(self, elapsed: float) -> None:
@@ -318,10 +321,12 @@ class Worker:
             )
         self._emulate_slowdown(time.perf_counter() - t0)
         tokens = 0
+        rewards = self.rewards
+        assert rewards is not None, "setup() starts the reward pool"
         for (lease, prompt), comps in zip(batch, outs, strict=True):
             rows, failures = [], Counter[str]()
             for c in comps:
-                reward, failure = self.rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
+                reward, failure = rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
                 if failure is not None:
                     failures[failure] += 1
                 rows.append((c.token_ids, c.logprobs, c.finish_reason, reward))
@@ -329,7 +334,7 @@ class Worker:
             # weights_digest: verified when these weights were applied
             data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
             self.outbox.submit(lease, held.version, held.version_hash, data)
-        tau = self.board.report_throughput(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+        tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
         self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
 
     def _heartbeat(self) -> None:
@@ -338,7 +343,7 @@ class Worker:
         no disconnect tells), the main loop registers again."""
         while not self.stop.wait(self.cfg.rollout.heartbeat_s / 3):
             try:
-                if self.coord.heartbeat(self.wid, self.cfg.rollout.heartbeat_s):
+                if self.coord.workers.heartbeat(self.wid, self.cfg.rollout.heartbeat_s):
                     self._reregister.set()
                     self.wake.kick.set()
             except CoordinationError:
@@ -346,9 +351,11 @@ class Worker:
 
     def _register_again(self) -> None:
         self._reregister.clear()
-        self.coord.register("actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s)
+        self.coord.workers.register(
+            "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
+        )
         assert self.up.held is not None
-        self.coord.update_worker(self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash)
+        self.coord.workers.update(self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash)
         self.board.rewind(self.wid)
         self.wake.rewind()
 
@@ -380,7 +387,15 @@ class Worker:
                 self.busy.clear()
                 self.stop.wait(0.5)
         with contextlib.suppress(CoordinationError):
-            self.coord.unregister(self.wid)
+            self.coord.workers.unregister(self.wid)
+
+    def close(self) -> None:
+        """End what this actor started: the reward process, and its Redis clients."""
+        if self.rewards is not None:
+            self.rewards.close()
+            self.rewards = None
+        self.board.close()
+        self.coord.close()
 
 
 def run(cfg: WorkerConfig) -> int:
@@ -391,8 +406,11 @@ def run(cfg: WorkerConfig) -> int:
     w.metrics.m.serve(cfg.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.halt())
-    w.setup()
-    w.loop()
+    try:
+        w.setup()
+        w.loop()
+    finally:
+        w.close()
     if w.broken is not None:
         return 4
     return 3 if w.refused else 0

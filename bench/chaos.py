@@ -36,7 +36,8 @@ from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.redis_server import RedisServer
-from bench.chaos_check import Bucket, summarize
+from bench.chaos_bucket import Bucket
+from bench.chaos_check import summarize
 from bench.chaos_faults import Faults, Gates, schedule
 from bench.output import Output, emit, overridden
 from bench.wan import Link

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import canonical
-from bench.chaos_check import Bucket
+from bench.chaos_bucket import Bucket
 
 # fmt: off
 KINDS = {

@@ -188,7 +188,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         sweeps = []
         for _ in range(3):
             a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
-            d._sweep()
+            d.leases.sweep()
             sweeps.append((time.perf_counter() - s0, trips.now() - n0 - 1, _delta(a, probe.read())["commands"] - 1))
         sweep_s = statistics.median(s for s, _, _ in sweeps)
 
@@ -224,7 +224,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         quiet = []  # a sweep of the whole fleet at rest: what each one costs, alive and registered
         for _ in range(5):
             n0, s0 = trips.now(), time.perf_counter()
-            d._sweep()
+            d.leases.sweep()
             quiet.append((time.perf_counter() - s0, trips.now() - n0 - 1))
         time.sleep(1.0)
         a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
@@ -291,7 +291,7 @@ def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict
     """Decode and check results as the trainer does (:class:`trainer.admission.Payloads`), on results
     the actor's own code encoded and submitted (inline or by reference, as it chooses): thread CPU
     of the decoding and checking, fetches from the bucket excluded."""
-    from aurora_store.coord.jobs import Lease
+    from aurora_store.coord.lease import Lease
     from aurora_store.format import results as payloads
 
     w = fleet.workers[0]
@@ -303,12 +303,12 @@ def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict
     t0 = time.process_time()
     data = payloads.encode(rows, failures={}, weights_digest=held.weights_digest)
     encode_s = time.process_time() - t0
-    after = board.last_result_id()
+    after = board.results.last_id()
     for _ in range(n):
         w.outbox.submit(lease, held.version, held.version_hash, data)
     got: list[Any] = []
     while len(got) < n:
-        got += board.results(got[-1].id if got else after, block_ms=100)
+        got += board.results.read(got[-1].id if got else after, block_ms=100)
     cpu0, tok0 = d.payloads.cpu_s, d.payloads.tokens
     decoded = d.payloads.decode_all(got)
     cpu = d.payloads.cpu_s - cpu0

@@ -101,9 +101,9 @@ class Fleet:
             w.vocab = vocab
             w.up = Updater(w.run, region="home", coord=w.coord, worker_id=w.wid)
             held = w.up.bootstrap()
-            w.coord.register("actor", "home", worker_id=w.wid, ttl_s=cfg.rollout.heartbeat_s)
-            w.board.report_throughput(w.wid, 1000.0, 1.0, beta=cfg.rollout.beta)  # calibrated: all alike
-            w.coord.update_worker(w.wid, version=held.version, version_hash=held.version_hash)
+            w.coord.workers.register("actor", "home", worker_id=w.wid, ttl_s=cfg.rollout.heartbeat_s)
+            w.board.throughputs.report(w.wid, 1000.0, 1.0, beta=cfg.rollout.beta)  # calibrated: all alike
+            w.coord.workers.update(w.wid, version=held.version, version_hash=held.version_hash)
             self.workers.append(w)
 
     def start(self) -> None:

@@ -158,7 +158,7 @@ class Synced:
         return [("stager", functools.partial(self._stage_loop, stop))]
 
     def _stage_loop(self, stop: threading.Event) -> None:
-        after = self.coord.last_event_id(self.region)
+        after = self.coord.regions.last_event_id(self.region)
         while not stop.is_set():
             latest = self.up.latest()
             held = self.held()
@@ -173,7 +173,7 @@ class Synced:
                     self._applied.wait(POLL_S)
                     self._applied.clear()
                 continue
-            events = self.coord.events(self.region, after, block_ms=BLOCK_MS)
+            events = self.coord.regions.events(self.region, after, block_ms=BLOCK_MS)
             if events:
                 after = events[-1].id
 

@@ -1,13 +1,14 @@
 """``aurora bench fuzz``: every parser of outside bytes under seeded mutations: crashes, hangs, peak memory.
 
-Each target (:mod:`bench.fuzz_targets`) starts from valid inputs made by the project's own writers
-and feeds mutants to the parsers a role runs on such input: byte-level mutations, and
-structure-aware JSON ones (manifests re-hashed, so they reach the checks behind the hash). Mutants
-that reach an outcome not seen before are kept and mutated further. An exception outside
-:class:`~aurora_store.errors.AuroraError`'s family is a crash; an execution over ``--timeout-s`` is a
-hang (a SIGALRM timer interrupts one stuck in Python; faulthandler's watchdog ends a worker stuck in
-native code). Each target runs in a fresh process, so its peak memory is its own and a segfault is
-a crash too. Deterministic for a seed: a crash's ``exec`` index reproduces it.
+Each target (:class:`bench.fuzz_target.Target`, built by :mod:`bench.fuzz_targets`) starts from
+valid inputs made by the project's own writers and feeds mutants to the parsers a role runs on such
+input: byte-level mutations, and structure-aware JSON ones (manifests re-hashed, so they reach the
+checks behind the hash). Mutants that reach an outcome not seen before are kept and mutated
+further. An exception outside :class:`~aurora_store.errors.AuroraError`'s family is a crash; an
+execution over ``--timeout-s`` is a hang (a SIGALRM timer interrupts one stuck in Python;
+faulthandler's watchdog ends a worker stuck in native code). Each target runs in a fresh process,
+so its peak memory is its own and a segfault is a crash too. Deterministic for a seed: a crash's
+``exec`` index reproduces it.
 """
 
 from __future__ import annotations
@@ -26,26 +27,25 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from aurora_store.errors import AuroraError
 from aurora_store.options import option, positive
+from bench.fuzz_target import Target
 from bench.output import Output, emit, overridden
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-T = TypeVar("T")
 FAMILY: tuple[type[BaseException], ...] = (AuroraError,)
 """What a parser may raise: every error family of the project (store, coordination, RL) is an AuroraError."""
 EXAMPLES = 5
 """Crashing (and hanging) inputs kept per target."""
-SHOW_BYTES = 512
 POOL = 512
 POOL_BYTES = 16 << 10
 """Mutants kept for further mutation: those that reached a new outcome, up to this size (the pool stays small)."""
@@ -65,32 +65,12 @@ class Config:
     """Targets fuzzed at once, one process each (0: one per CPU)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Target(Generic[T]):
-    """Valid inputs, how to mutate one, and the parsers to run on a mutant."""
-
-    name: str
-    seeds: Sequence[T]
-    mutate: Callable[[random.Random, T], T]
-    execute: Callable[[T], object]
-    """Raises, or returns a str labelling an outcome other than plain acceptance."""
-    show: Callable[[T], str] = field(default=lambda case: hexed(case))
-    functions: tuple[str, ...] = ()
-    """What ``execute`` calls, for the report."""
-
-
 class Hang(BaseException):
     """Raised by the timer in an execution over the limit (no ``except Exception`` swallows it)."""
 
 
 def _alarm(signum: int, frame: object) -> None:
     raise Hang("interrupted by the timer: over the time limit")
-
-
-def hexed(data: bytes) -> str:
-    """An input as hex, its first SHOW_BYTES bytes."""
-    more = f"...(+{len(data) - SHOW_BYTES} bytes)" if len(data) > SHOW_BYTES else ""
-    return bytes(data[:SHOW_BYTES]).hex() + more
 
 
 # ---------------------------------------------------------------- the engine

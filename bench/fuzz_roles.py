@@ -15,9 +15,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.fuzz import Target, hexed
 from bench.fuzz_mutate import mutate_bytes, mutate_fields, mutate_json
 from bench.fuzz_seeds import published
+from bench.fuzz_target import Target, hexed
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden"
 HF_RATE = 0.01

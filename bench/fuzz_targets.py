@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from aurora_store.format.manifest import canonical
-from bench.fuzz import Target, hexed
 from bench.fuzz_mutate import mutate_bytes, mutate_json
 from bench.fuzz_roles import attachments, redis_docs, redis_events, redis_results
 from bench.fuzz_seeds import WIDTH, Published, published, rehash
+from bench.fuzz_target import Target, hexed
 
 # ---------------------------------------------------------------- manifest
 

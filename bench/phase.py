@@ -93,9 +93,9 @@ def follow(
     name: str, up: Updater, coord: Coordinator, region: str, stop: threading.Event, tracker: Tracker, reload: bool
 ) -> None:
     """An actor's sync loop: wake on the region's events, load what is newer, report when applied."""
-    after = coord.last_event_id(region)
+    after = coord.regions.last_event_id(region)
     while not stop.is_set():
-        events = coord.events(region, after, block_ms=BLOCK_MS)
+        events = coord.regions.events(region, after, block_ms=BLOCK_MS)
         if events:
             after = events[-1].id
         latest = up.latest()
@@ -248,7 +248,7 @@ def bind_follow(a: Actor, stop: threading.Event, tracker: Tracker, reload: bool)
 def await_relays(coord: Coordinator, count: int, tracker: Tracker, timeout_s: float = 60.0) -> None:
     """Until every relay has registered (it then reads the event stream from that point on)."""
     deadline = time.monotonic() + timeout_s
-    while sum(w["role"] == "relay" for w in coord.workers().values()) < count:
+    while sum(w["role"] == "relay" for w in coord.workers.registrations().values()) < count:
         tracker.check()
         if time.monotonic() > deadline:
             raise BenchError(f"relays did not start within {timeout_s:.0f} s")

@@ -15,7 +15,7 @@ from aurora_store.metrics import Metrics, Spec
 
 if TYPE_CHECKING:
     from aurora_store.coord.coordinator import Coordinator
-    from relay.worker import RelayStats
+    from relay.stats import RelayStats
 
 REGION_VERSION = Spec(
     "aurora_relay_region_version",

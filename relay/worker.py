@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aurora_store.bucket.limits import Limits
@@ -35,23 +34,10 @@ from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
 from aurora_store.format.retention import Retired
 from relay.metrics import RelayMetrics
+from relay.stats import RelayStats
 
 log = logging.getLogger("aurora.relay")
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class RelayStats:
-    copied: int = 0
-    """Objects copied source -> destination (the cross-region transfers)."""
-    skipped: int = 0
-    """Objects found already at the destination and verified there."""
-    bytes: int = 0
-    """Bytes copied across regions."""
-    versions: list[int] = field(default_factory=list)
-    """Versions this relay committed at the destination."""
-    rejected: dict[str, int] = field(default_factory=dict)
-    """What this relay refused (bad announcements, versions that fail their checks), by error kind."""
 
 
 class Relay:
@@ -206,7 +192,7 @@ class Relay:
     def _advance(self, m: Manifest) -> None:
         self.metrics.region_at(m.version)
         if self.coord is not None:
-            self.coord.commit(self.dest_region, m.version, m.version_hash, m.kind)
+            self.coord.regions.commit(self.dest_region, m.version, m.version_hash, m.kind)
 
     def backfill(self) -> list[int]:
         """Copy every committed source version the destination lacks, in order; returns them (first
@@ -246,8 +232,8 @@ class Relay:
         if coord is None:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
         info = {"source": self.source.uri, "dest": self.dest.uri}
-        wid = self._starting(stop, lambda: coord.register("relay", self.dest_region, info=info))
-        after = self._starting(stop, lambda: coord.last_event_id(self.source_region))
+        wid = self._starting(stop, lambda: coord.workers.register("relay", self.dest_region, info=info))
+        after = self._starting(stop, lambda: coord.regions.last_event_id(self.source_region))
         if stop.is_set():
             self.close()
             return
@@ -260,22 +246,22 @@ class Relay:
                     # the buckets are the truth, and Redis is rebuilt from them
                     self._backfill_safely()
                     try:
-                        coord.rebuild(self.source_region, self.src)
-                        coord.rebuild(self.dest_region, self.dst)
+                        coord.regions.rebuild(self.source_region, self.src)
+                        coord.regions.rebuild(self.dest_region, self.dst)
                     except StoreError as exc:  # a damaged latest manifest: refused, counted, retried next scan
                         self.reject("rebuild", exc)
-                    coord.register(
+                    coord.workers.register(
                         "relay",
                         self.dest_region,
                         worker_id=wid,
                         info={"source": self.source.uri, "dest": self.dest.uri},
                     )
                     last_scan, need_scan = time.monotonic(), False
-                coord.heartbeat(wid)
-                if coord.state_lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
+                coord.workers.heartbeat(wid)
+                if coord.epoch.lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
                     need_scan = True
                     continue
-                events = coord.events(self.source_region, after, block_ms=block_ms)
+                events = coord.regions.events(self.source_region, after, block_ms=block_ms)
             except CoordinationError as exc:
                 log.warning("relay %s: %s; retrying", self.dest_region, exc)
                 need_scan = True
@@ -291,7 +277,7 @@ class Relay:
                 except StoreError as exc:  # a bad announcement or a bad object: counted, never fatal
                     self.reject(f"event {e.id}", exc)
                     need_scan = True
-        coord.unregister(wid)
+        coord.workers.unregister(wid)
         self.close()
 
     def _starting(self, stop: threading.Event, fn: Callable[[], T]) -> T:

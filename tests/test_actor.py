@@ -173,7 +173,7 @@ class FollowedRegion:
     worker_id: str
 
     def held(self) -> Any:
-        return self.coord.workers().get(self.worker_id, {}).get("version")
+        return self.coord.workers.registrations().get(self.worker_id, {}).get("version")
 
     def start(self) -> subprocess.Popen[str]:
         return subprocess.Popen(self.args, cwd=REPO, stderr=subprocess.PIPE, text=True)
@@ -218,7 +218,7 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
         hist += publish(run, 2, start=5)
         proc = region.start()
         wait_for(lambda: region.held() == 6, "the restarted actor to reach version 6")
-        info = coord.workers()["actor-1"]
+        info = coord.workers.registrations()["actor-1"]
         m = run.manifest(6)
         assert (info["version_hash"], info["digest"]) == (m.version_hash, m.weights_digest)
     finally:
@@ -236,7 +236,7 @@ def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: Red
         redis_server.restart()  # registrations, versions and events are gone
         publish(run, 2, start=2)  # the region moves on; only the bucket knows everything
         wait_for(lambda: region.held() == 3, "the actor to re-register and reach version 3 after the restart")
-        assert coord.workers()["actor-2"]["version_hash"] == run.manifest(3).version_hash
+        assert coord.workers.registrations()["actor-2"]["version_hash"] == run.manifest(3).version_hash
         assert proc.poll() is None
     finally:
         proc.kill()

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from bench.chaos_check import INVARIANTS, RegionState, check, read_admissions, scan_logs
+from bench.chaos_bucket import RegionState
+from bench.chaos_check import INVARIANTS, check, read_admissions, scan_logs
 from bench.chaos_faults import KINDS, Gates, schedule
 
 REPO = Path(__file__).resolve().parents[1]

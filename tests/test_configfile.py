@@ -349,7 +349,7 @@ rescan_s = 1.0
         )
         assert audit.returncode == 0, audit.stderr
         assert json.loads(audit.stdout)["ok"] is True
-        workers = Coordinator(redis_server.url, "cfg").workers()
+        workers = Coordinator(redis_server.url, "cfg").workers.registrations()
         assert workers["eu-host-1"]["region"] == "eu", "the actor took its id from $AURORA_WORKER_ID"
     finally:
         for p in procs.values():

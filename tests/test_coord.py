@@ -29,13 +29,13 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_versions_advance_atomically_and_never_back(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    assert c.region_version("eu") is None
-    assert c.commit("eu", 3, "a" * 64, "delta")
-    assert not c.commit("eu", 2, "b" * 64, "delta")  # stale: ignored, no event
-    assert not c.commit("eu", 3, "c" * 64, "delta")
-    rv = c.region_version("eu")
+    assert c.regions.version("eu") is None
+    assert c.regions.commit("eu", 3, "a" * 64, "delta")
+    assert not c.regions.commit("eu", 2, "b" * 64, "delta")  # stale: ignored, no event
+    assert not c.regions.commit("eu", 3, "c" * 64, "delta")
+    rv = c.regions.version("eu")
     assert rv is not None and (rv.version, rv.version_hash) == (3, "a" * 64)
-    events = c.events("eu", "0-0", block_ms=10)
+    events = c.regions.events("eu", "0-0", block_ms=10)
     assert [(e.type, e.version) for e in events] == [("commit", 3)]
 
 
@@ -43,23 +43,23 @@ def test_announcements_wake_waiting_workers(redis_url: str) -> None:
     import threading
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    after = c.last_event_id("home")
+    after = c.regions.last_event_id("home")
     seg = Segment("versions/0000000004/00000-" + "0" * 32 + ".seg", 123, "f" * 64)
-    threading.Timer(0.2, c.announce_segment, args=("home", 4, seg)).start()
+    threading.Timer(0.2, c.regions.announce, args=("home", 4, seg)).start()
     t0 = time.monotonic()
-    events = c.events("home", after, block_ms=5000)
+    events = c.regions.events("home", after, block_ms=5000)
     assert time.monotonic() - t0 < 4, "a blocked reader wakes on the announcement, not on its timeout"
     assert [(e.type, e.version, e.fields["key"], e.fields["size"]) for e in events] == [("segment", 4, seg.key, "123")]
 
 
 def test_workers_register_heartbeat_and_expire(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    a = c.register("actor", "eu", ttl_s=0.3, info={"gpu": "A10"})
-    b = c.register("relay", "eu", ttl_s=30)
-    c.update_worker(a, version=7)
-    assert c.workers()[a] == {**c.workers()[a], "role": "actor", "gpu": "A10", "version": 7}
-    wait_for(lambda: a not in c.workers(), "the heartbeat to expire", 10)
-    assert b in c.workers() and a in c.workers(alive_only=False)
+    a = c.workers.register("actor", "eu", ttl_s=0.3, info={"gpu": "A10"})
+    b = c.workers.register("relay", "eu", ttl_s=30)
+    c.workers.update(a, version=7)
+    assert c.workers.registrations()[a] == {**c.workers.registrations()[a], "role": "actor", "gpu": "A10", "version": 7}
+    wait_for(lambda: a not in c.workers.registrations(), "the heartbeat to expire", 10)
+    assert b in c.workers.registrations() and a in c.workers.registrations(alive_only=False)
     c.report(b, "eu", 7, "s3://x/versions/0000000007/a.seg", "sha256 mismatch")
     assert [r["object"] for r in c.reports()] == ["s3://x/versions/0000000007/a.seg"]
 
@@ -74,7 +74,7 @@ def test_password_protected_redis() -> None:
     try:
         ok = Coordinator(f"redis://:s3cret@127.0.0.1:{port}/0", "exp")
         wait_until_answers(ok.ping, proc, "redis-server", errors=(CoordinationError,), timeout=20)
-        assert ok.commit("home", 0, "a" * 64, "full")
+        assert ok.regions.commit("home", 0, "a" * 64, "full")
         with pytest.raises(CoordinationError) as err:
             Coordinator(f"redis://:wrong@127.0.0.1:{port}/0", "exp").ping()
         assert "wrong" not in str(err.value), "passwords never appear in errors"
@@ -96,24 +96,24 @@ def test_the_roster_reads_only_what_changed(redis_url: str) -> None:
     from aurora_store.coord.roster import Roster
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    ids = [c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30) for i in range(50)]
+    ids = [c.workers.register("actor", "eu", worker_id=f"a{i}", ttl_s=30) for i in range(50)]
     roster = Roster(c)
     first = roster.refresh()
     assert first.reloaded and first.joined == set(ids) and roster.round_trips == 1
     quiet = roster.refresh()
     assert not (quiet.joined or quiet.gone or quiet.reloaded) and roster.round_trips == 2
-    c.update_worker("a3", version=7)
+    c.workers.update("a3", version=7)
     assert roster.refresh().joined == set() and roster.docs["a3"]["version"] == 7, "an update is read, alone"
-    short = c.register("actor", "eu", worker_id="short", ttl_s=0.2)
+    short = c.workers.register("actor", "eu", worker_id="short", ttl_s=0.2)
     assert roster.refresh().joined == {short}
     wait_for(lambda: short in roster.refresh().gone or short not in roster.docs, "its heartbeat to expire", 10)
     n = roster.round_trips
-    assert c.heartbeat(short, 30) is False, "a late beat brings it back (Redis kept its state)"
+    assert c.workers.heartbeat(short, 30) is False, "a late beat brings it back (Redis kept its state)"
     assert roster.refresh().joined == {short}
-    c.unregister("a0")
+    c.workers.unregister("a0")
     assert roster.refresh().gone == {"a0"}
     c.r.hset(c.key("workers"), "a5", "{not json")
-    c.update_worker("a6", version=1)  # marks a6 changed; a5's damage is seen when a5 changes
+    c.workers.update("a6", version=1)  # marks a6 changed; a5's damage is seen when a5 changes
     c.r.zadd(c.key("roster"), {"a5": 10**9})
     assert "a5" in roster.refresh().gone and c.skipped.counts["registration_not_json"] == 1
     assert roster.round_trips == n + 3, "one round trip a refresh"
@@ -124,11 +124,11 @@ def test_the_roster_reloads_when_redis_loses_its_state(redis_url: str) -> None:
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
     for i in range(5):
-        c.register("actor", "eu", worker_id=f"a{i}", ttl_s=30)
+        c.workers.register("actor", "eu", worker_id=f"a{i}", ttl_s=30)
     roster = Roster(c)
     roster.refresh()
     c.r.flushall()
-    c.register("actor", "eu", worker_id="b", ttl_s=30)
+    c.workers.register("actor", "eu", worker_id="b", ttl_s=30)
     got = roster.refresh()
     assert got.reloaded and set(roster.docs) == {"b"} and got.gone == {f"a{i}" for i in range(5)}
 
@@ -137,14 +137,14 @@ def test_a_beat_says_when_the_registration_is_gone(redis_url: str) -> None:
     from aurora_store.coord.roster import Roster
 
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
-    a = c.register("actor", "eu", ttl_s=0.1)
-    assert c.heartbeat(a, 0.1) is False
+    a = c.workers.register("actor", "eu", ttl_s=0.1)
+    assert c.workers.heartbeat(a, 0.1) is False
     roster = Roster(c, prune_after_s=0.1)
     wait_for(lambda: a in roster.refresh().pruned, "the worker, dead 0.1 s past its beat, to be pruned", 10)
-    assert c.workers(alive_only=False) == {}
-    assert c.heartbeat(a, 30) is True and c.state_lost(), "the worker learns its state is gone"
-    c.register("actor", "eu", worker_id=a, ttl_s=30)
-    assert c.heartbeat(a, 30) is False and a in c.workers()
+    assert c.workers.registrations(alive_only=False) == {}
+    assert c.workers.heartbeat(a, 30) is True and c.epoch.lost(), "the worker learns its state is gone"
+    c.workers.register("actor", "eu", worker_id=a, ttl_s=30)
+    assert c.workers.heartbeat(a, 30) is False and a in c.workers.registrations()
 
 
 def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
@@ -153,10 +153,10 @@ def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
     seg = Segment("versions/0000000001/00000-" + "0" * 32 + ".seg", 1, "f" * 64)
     for _ in range(5):
-        c.announce_segment("eu", 1, seg)  # segments go to the relays' stream only
-    threading.Timer(0.2, c.commit, args=("eu", 1, "a" * 64, "delta")).start()
+        c.regions.announce("eu", 1, seg)  # segments go to the relays' stream only
+    threading.Timer(0.2, c.regions.commit, args=("eu", 1, "a" * 64, "delta")).start()
     t0 = time.monotonic()
-    got = c.read_streams({c.commits_key("eu"): "0-0"}, block_ms=5000)
+    got = c.read_streams({c.regions.commits_key("eu"): "0-0"}, block_ms=5000)
     assert time.monotonic() - t0 < 4, "woken by the commit, not by the timeout"
     (entries,) = got.values()
     assert [(f["type"], f["version"]) for _, f in entries] == [("commit", "1")]

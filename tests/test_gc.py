@@ -247,8 +247,8 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     assert other.returncode == 1 and "is --run-id right?" in other.stderr
     assert run.versions() == list(range(10))
 
-    wid = coord.register("actor", "eu", worker_id="a1", ttl_s=60)
-    coord.update_worker(wid, version=5, version_hash="0" * 64)
+    wid = coord.workers.register("actor", "eu", worker_id="a1", ttl_s=60)
+    coord.workers.update(wid, version=5, version_hash="0" * 64)
     coord.r.hset(coord.key("workers"), "ghost", "{not json")
     coord.r.zadd(coord.key("alive"), {"ghost": int((time.time() + 600) * 1000)})  # alive: its expiry, in ms
     refused = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1")
@@ -454,14 +454,14 @@ def test_gc_while_the_trainer_publishes_and_a_relay_copies(tmp_path: Path, redis
     threads = [threading.Thread(target=publish), threading.Thread(target=collect, args=(home,))]
     threads.append(threading.Thread(target=collect, args=(eu,)))
     try:
-        wait_for(lambda: Coordinator(redis_server.url, "c").region_version("eu") is not None, what="the relay starts")
+        wait_for(lambda: Coordinator(redis_server.url, "c").regions.version("eu") is not None, what="the relay starts")
         for t in threads:
             t.start()
         threads[0].join(timeout=240)
         assert not threads[0].is_alive(), "the publisher finished"
         latest = max(weights)
         wait_for(
-            lambda: (rv := coord.region_version("eu")) is not None and rv.version == latest,
+            lambda: (rv := coord.regions.version("eu")) is not None and rv.version == latest,
             timeout=60,
             what=f"eu reaches version {latest}:\n{(tmp_path / 'relay.log').read_text()[-2000:]}",
         )

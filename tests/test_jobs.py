@@ -11,7 +11,8 @@ import pytest
 
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
-from aurora_store.coord.jobs import JobBoard, Lease, now_ms
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.lease import Lease, now_ms
 from aurora_store.coord.results import INLINE_MAX, Ref, Result
 from aurora_store.rl.tasks import Prompt
 from aurora_store.testing.processes import wait_for
@@ -30,8 +31,8 @@ def prompt(i: int) -> dict[str, str]:
 
 
 def submit(board: JobBoard, lease: Lease, actor: str, version: int = 0, vhash: str = H0) -> Result:
-    board.submit(lease, actor=actor, version=version, version_hash=vhash, payload=b"\x00payload\xff")
-    return board.results("0-0", block_ms=10)[-1]
+    board.results.submit(lease, actor=actor, version=version, version_hash=vhash, payload=b"\x00payload\xff")
+    return board.results.read("0-0", block_ms=10)[-1]
 
 
 def test_post_take_submit_admit_once(board: JobBoard) -> None:
@@ -126,10 +127,10 @@ def test_malformed_results_are_refused(board: JobBoard, redis_server: Any) -> No
     ]
     for fields, _ in entries:
         board.rb.xadd(board.coord.key("results"), fields)
-    results = board.results("0-0", block_ms=10, count=100)
+    results = board.results.read("0-0", block_ms=10, count=100)
     assert [board.admit(r, HASHES) for r in results] == [why for _, why in entries]
     assert all(r.malformed is not None for r in results)
-    board.discard([r.id for r in results])
+    board.results.discard([r.id for r in results])
     assert board.r.xlen(board.coord.key("results")) == 0, "dropped results leave the stream"
 
 
@@ -137,22 +138,22 @@ def test_a_payload_goes_inline_or_by_reference(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0), prompt(1)], {"a": 2}, lease_s=30, tag="t")
     first, second = board.take("a", max_jobs=2, block_s=0.1)
     data = bytes(range(256)) * 4
-    board.submit(first, actor="a", version=0, version_hash=H0, payload=data)
+    board.results.submit(first, actor="a", version=0, version_hash=H0, payload=data)
     ref = Ref("eu", f"results/{'ab' * 32}.bin", "ab" * 32, 1234)
-    board.submit(second, actor="a", version=0, version_hash=H0, ref=ref)
-    inline, by_ref = board.results("0-0", block_ms=10)
+    board.results.submit(second, actor="a", version=0, version_hash=H0, ref=ref)
+    inline, by_ref = board.results.read("0-0", block_ms=10)
     assert inline.inline == data and inline.ref is None, "bytes come back exactly"
     assert by_ref.ref == ref and by_ref.inline is None
     with pytest.raises(JobError):
-        board.submit(first, actor="a", version=0, version_hash=H0, payload=data, ref=ref)
+        board.results.submit(first, actor="a", version=0, version_hash=H0, payload=data, ref=ref)
 
 
 def test_reads_of_the_results_stream_are_bounded_in_bytes(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
     (lease,) = board.take("a", max_jobs=1, block_s=0.1)
     for _ in range(200):
-        board.submit(lease, actor="a", version=0, version_hash=H0, payload=b"\x01" * INLINE_MAX)
-    got = board.results("0-0", block_ms=10)
+        board.results.submit(lease, actor="a", version=0, version_hash=H0, payload=b"\x01" * INLINE_MAX)
+    got = board.results.read("0-0", block_ms=10)
     assert 0 < sum(len(r.inline or b"") for r in got) <= 4 << 20, "one read returns at most READ_BYTES"
 
 
@@ -196,10 +197,10 @@ def test_inbox_entries_are_deleted_once_taken(board: JobBoard) -> None:
 
 def test_long_gone_actors_leave_no_keys(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
-    board.tell("a", "t:1:0", "expired")
-    board.report_throughput("a", 10, 1.0, beta=0.5)
+    board.notices.tell("a", "t:1:0", "expired")
+    board.throughputs.report("a", 10, 1.0, beta=0.5)
     board.forget_actors(["a", "bad name"])
-    assert not board.r.exists(board.inbox("a"), board.notices_key("a")) and board.throughputs()[0] == {}
+    assert not board.r.exists(board.inbox("a"), board.notices.key("a")) and board.throughputs.read()[0] == {}
 
 
 @pytest.mark.parametrize("bad", ["", "has space", "a|b", "x" * 300, "{a}"])
@@ -209,40 +210,42 @@ def test_bad_actor_ids_are_refused(board: JobBoard, bad: str) -> None:
 
 
 def test_throughput_ema_and_probation(board: JobBoard) -> None:
-    assert not board.joined("a"), "a new actor is not rejoining"
-    assert board.report_throughput("a", 100, 1.0, beta=0.5) == 100
-    assert board.report_throughput("a", 300, 1.0, beta=0.5) == 200
-    assert board.joined("a"), "an actor with a measured throughput that registers again is rejoining"
-    taus, probation = board.throughputs()
+    assert not board.throughputs.joined("a"), "a new actor is not rejoining"
+    assert board.throughputs.report("a", 100, 1.0, beta=0.5) == 100
+    assert board.throughputs.report("a", 300, 1.0, beta=0.5) == 200
+    assert board.throughputs.joined("a"), "an actor with a measured throughput that registers again is rejoining"
+    taus, probation = board.throughputs.read()
     assert taus == {"a": 200} and probation == {"a"}
-    board.report_throughput("a", 200, 1.0, beta=0.5)
-    assert board.throughputs()[1] == set(), "finishing a batch ends probation"
+    board.throughputs.report("a", 200, 1.0, beta=0.5)
+    assert board.throughputs.read()[1] == set(), "finishing a batch ends probation"
     with pytest.raises(JobError):
-        board.report_throughput("a", 10, 0.0, beta=0.5)
+        board.throughputs.report("a", 10, 0.0, beta=0.5)
 
 
 def test_a_result_too_large_is_refused_before_redis(board: JobBoard) -> None:
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
     lease = board.take("a", max_jobs=1, block_s=0.1)[0]
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash=H0, payload=b"y" * (INLINE_MAX + 1))
+        board.results.submit(lease, actor="a", version=0, version_hash=H0, payload=b"y" * (INLINE_MAX + 1))
     with pytest.raises(JobError):
-        board.submit(lease, actor="a", version=0, version_hash=H0)
-    assert board.results("0-0", block_ms=10) == []
+        board.results.submit(lease, actor="a", version=0, version_hash=H0)
+    assert board.results.read("0-0", block_ms=10) == []
 
 
 def test_bytes_that_are_not_utf8_are_hostile_input_not_a_crash(board: JobBoard) -> None:
     coord, raw = board.coord, board.rb
     raw.hset(coord.key("workers"), b"w\xff", b'{"role": "actor\xfe"}')
-    coord.heartbeat("w\ufffd", 30)
+    coord.workers.heartbeat("w\ufffd", 30)
     raw.xadd(coord.key("events", "eu"), {b"type": b"commit\xff", b"version": b"1"})
     raw.xadd(board.inbox("a"), {b"lease": b"t:1:0|\xff"})
-    raw.xadd(board.notices_key("a"), {b"reason": b"\xc3\x28"})
+    raw.xadd(board.notices.key("a"), {b"reason": b"\xc3\x28"})
     board.post(1, 0, [prompt(0)], {"a": 1}, lease_s=30, tag="t")
     (lease,) = board.take("a", max_jobs=5, block_s=0.1)
-    board.submit(lease, actor="a", version=0, version_hash=H0, payload=bytes(range(256)))
-    assert board.last_result_id() != "0-0", "the stream of binary results reads as ids"
-    assert [e.type for e in coord.events("eu", "0-0", block_ms=10)] == ["invalid"]
-    assert board.notices("a", "0-0") == []
-    assert coord.workers() == {} or all(isinstance(d, dict) for d in coord.workers().values())
+    board.results.submit(lease, actor="a", version=0, version_hash=H0, payload=bytes(range(256)))
+    assert board.results.last_id() != "0-0", "the stream of binary results reads as ids"
+    assert [e.type for e in coord.regions.events("eu", "0-0", block_ms=10)] == ["invalid"]
+    assert board.notices.read("a", "0-0") == []
+    assert coord.workers.registrations() == {} or all(
+        isinstance(d, dict) for d in coord.workers.registrations().values()
+    )
     assert coord.skipped.counts["bad_type"] == 1 and coord.skipped.counts["bad_inbox"] == 1

@@ -18,24 +18,27 @@ from aurora_store.errors import CorruptError
 
 
 def test_damaged_registrations_region_versions_and_events_are_counted_and_skipped(redis_server: Any) -> None:
-    from aurora_store.coord.coordinator import Coordinator, RegionVersion
+    from aurora_store.coord.coordinator import Coordinator
+    from aurora_store.coord.regions import RegionVersion
 
     coord = Coordinator(redis_server.url, f"h-{uuid.uuid4().hex[:6]}")
-    coord.register("actor", "home", worker_id="good")
+    coord.workers.register("actor", "home", worker_id="good")
     for wid, doc in (("bad-json", "{nope"), ("a-list", "[1]"), ("deep", "[" * 100_000), ("has space", "{}")):
         coord.r.hset(coord.key("workers"), wid, doc)
-        coord.heartbeat(wid)
-    assert set(coord.workers()) == {"good"}
+        coord.workers.heartbeat(wid)
+    assert set(coord.workers.registrations()) == {"good"}
     coord.r.hset(coord.key("region", "eu"), mapping={"version": "xyz", "version_hash": "0" * 64, "kind": "full"})
-    assert coord.region_version("eu") is None
-    assert coord.commit("eu", 3, "3" * 64, "full"), "a damaged entry is replaced, not a script error (chaos run)"
-    assert coord.region_version("eu") == RegionVersion(3, "3" * 64, "full")
+    assert coord.regions.version("eu") is None
+    assert coord.regions.commit("eu", 3, "3" * 64, "full"), (
+        "a damaged entry is replaced, not a script error (chaos run)"
+    )
+    assert coord.regions.version("eu") == RegionVersion(3, "3" * 64, "full")
     coord.r.hset(coord.key("region", "ap"), mapping={"version": "3", "version_hash": "h", "kind": "full"})
-    assert coord.region_version("ap") is None
+    assert coord.regions.version("ap") is None
     coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "xyz"})
     coord.r.xadd(coord.key("events", "home"), {"type": "segment", "version": "1", "size": "abc"})
     coord.r.xadd(coord.key("events", "home"), {"type": "commit", "version": "2", "version_hash": "0" * 64})
-    events = coord.events("home", "0-0", block_ms=10)
+    events = coord.regions.events("home", "0-0", block_ms=10)
     assert [e.type for e in events] == ["invalid", "invalid", "commit"] and events[2].version == 2
     counts = coord.skipped.counts
     assert counts["registration_not_json"] == 1 and counts["registration_not_object"] == 1
@@ -99,8 +102,8 @@ def _dispatcher(redis_url: str, group: int = 2) -> Any:
 def _one_job(d: Any) -> Any:
     from aurora_store.rl.tasks import Prompt
 
-    d.coord.register("actor", "home", worker_id="a", ttl_s=30)
-    d.coord.update_worker("a", version=0)
+    d.coord.workers.register("actor", "home", worker_id="a", ttl_s=30)
+    d.coord.workers.update("a", version=0)
     d.post(1, [Prompt("p", "1+1=", "2", (3, 4))])
     (lease,) = d.board.take("a", max_jobs=1, block_s=1)
     return lease
@@ -125,11 +128,11 @@ def test_results_that_are_garbage_or_elsewhere_are_dropped_with_the_reason_and_r
     sha = "ab" * 32
     d.board.rb.xadd(stream, {**base, "ref": f"results/{sha}.bin", "sha256": sha, "size": "9", "region": "mars"})
     d.board.rb.xadd(stream, {**base, "bin": _group(digest="e" * 32)})
-    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert len(d.collect(1)) == 1
     assert d.dropped == {"bad_payload": 1, "unknown_region": 1, "wrong_digest": 1}
     assert d.board.r.xlen(stream) == 0, "every result read left the stream"
-    notices = d.board.notices("a", "0-0")
+    notices = d.board.notices.read("a", "0-0")
     assert [n.reason for n in notices] == ["bad_payload", "unknown_region", "wrong_digest"], "told what it can fix"
 
 
@@ -139,7 +142,7 @@ def test_results_that_are_garbage_or_elsewhere_are_dropped_with_the_reason_and_r
 def test_admitted_results_and_prompts_leave_redis(redis_server: Any) -> None:
     d = _dispatcher(redis_server.url)
     lease = _one_job(d)
-    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert len(d.collect(1)) == 1
     assert d.board.r.xlen(d.board._k("results")) == 0
     assert d.board.r.hget(d.board._k("job", lease.job), "prompt") is None, "an admitted job keeps no prompt"
@@ -152,17 +155,17 @@ def test_admitted_results_and_prompts_leave_redis(redis_server: Any) -> None:
 def test_a_flushall_is_noticed_and_every_unadmitted_job_leased_again(redis_server: Any) -> None:
     d = _dispatcher(redis_server.url)
     lease = _one_job(d)
-    d.coord.check_epoch()
+    d.coord.epoch.check()
     d.coord.r.flushall()  # the lease, the inbox and the registration are gone
-    d.coord.register("actor", "home", worker_id="a", ttl_s=30)  # the actor notices too and registers again
-    d.coord.update_worker("a", version=0)
+    d.coord.workers.register("actor", "home", worker_id="a", ttl_s=30)  # the actor notices too and registers again
+    d.coord.workers.update("a", version=0)
     d._last_sweep = 0.0
     d._collect_once()
     assert d.rebuilds == 1
     (again,) = d.board.take("a", max_jobs=1, block_s=1)
     assert again.job == lease.job and again.token != lease.token
-    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # before the flush
-    d.board.submit(again, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # before the flush
+    d.board.results.submit(again, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert [r.result.token for r in d.collect(1)] == [again.token]
     assert d.dropped["unknown_job"] + d.dropped["stale_lease"] == 1
 
@@ -181,8 +184,8 @@ def test_fencing_tokens_start_at_a_random_offset_after_a_flush(redis_server: Any
 def test_a_result_under_another_actors_name_is_refused(redis_server: Any) -> None:
     d = _dispatcher(redis_server.url)
     lease = _one_job(d)
-    d.board.submit(lease, actor="b", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # b holds the token
-    d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    d.board.results.submit(lease, actor="b", version=0, version_hash="0" * 64, payload=GOOD_GROUP)  # b holds the token
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     assert [r.actor for r in d.collect(1)] == ["a"]
     assert d.dropped == {"wrong_actor": 1}
 
@@ -208,13 +211,13 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
             w.outbox.submitted[w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"})] = None
     own = {w.wid: list(w.outbox.submitted) for w in (late, bad, framed)}
     for i in range(MAX_REFUSED + 2):
-        late.board.tell("late", f"j{i}", "expired", own["late"][i])
+        late.board.notices.tell("late", f"j{i}", "expired", own["late"][i])
     for i in range(MAX_REFUSED):
-        bad.board.tell("bad", f"j{i}", "bad_payload", own["bad"][i])
+        bad.board.notices.tell("bad", f"j{i}", "bad_payload", own["bad"][i])
         # a forger submits bad results in framed's name: the notices name the forger's results, not framed's
-        framed.board.tell("framed", f"j{i}", "wrong_digest", f"{i + 1}-0")
+        framed.board.notices.tell("framed", f"j{i}", "wrong_digest", f"{i + 1}-0")
     for w in (late, bad, framed):
-        w.outbox.told(w.board.notices(w.wid, "0-0"))
+        w.outbox.told(w.board.notices.read(w.wid, "0-0"))
     assert not late.stop.is_set() and not late.refused
     assert bad.stop.is_set() and bad.refused
     assert not framed.stop.is_set(), "results forged in an actor's name never stop it"
@@ -231,8 +234,8 @@ def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: A
 
     d = _dispatcher(redis_server.url, group=8)
     d.payloads.sampling = d.sampling = dataclasses.replace(d.sampling, max_new_tokens=1000)
-    d.coord.register("actor", "home", worker_id="a", ttl_s=60)
-    d.coord.update_worker("a", version=0)
+    d.coord.workers.register("actor", "home", worker_id="a", ttl_s=60)
+    d.coord.workers.update("a", version=0)
     comp = ([7] * 1000, [-0.123456789] * 1000, "length", 1.0)
     payload = payloads.encode([comp] * 8, failures={}, weights_digest="d" * 32)
     r = redis_client.Redis(port=redis_server.port)
@@ -243,9 +246,11 @@ def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: A
         while len(leases) < 16:
             leases += d.board.take("a", max_jobs=16, block_s=1)
         for lease in leases:
-            d.board.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=payload)
+            d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=payload)
         assert len(d.collect(step)) == 16
         used.append(r.info("memory")["used_memory"])
     grew = [u - used[2] for u in used[2:]]
     assert max(grew) < (256 << 10), f"Redis grew by {grew} bytes over 6 steps of ~1 MB"
-    assert len(d.step_jobs) == 3 and d.board.r.exists(d.board._k("job", "t:1:0")) == 0, "old steps' jobs are gone"
+    assert len(d.leases.step_jobs) == 3 and d.board.r.exists(d.board._k("job", "t:1:0")) == 0, (
+        "old steps' jobs are gone"
+    )

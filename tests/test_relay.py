@@ -201,7 +201,7 @@ def test_live_relays_cut_through_and_two_tiers(
     relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
     relays("--source", eu, "--dest", ap, "--redis", redis_server.url, "--source-region", "eu", "--dest-region", "ap")
     wait_for(
-        lambda: (coord.region_version("ap") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 0,
+        lambda: (coord.regions.version("ap") or aurora_store.coord.regions.RegionVersion(-1, "", "")).version == 0,
         "version 0 in ap",
     )
     hist += publish(home, 4, coord=coord, start=1)
@@ -210,11 +210,11 @@ def test_live_relays_cut_through_and_two_tiers(
     for region, uri in (("eu", eu), ("ap", ap)):
         wait_for(
             lambda r=region: (
-                (coord.region_version(r) or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 4
+                (coord.regions.version(r) or aurora_store.coord.regions.RegionVersion(-1, "", "")).version == 4
             ),
             f"version 4 in {region}",
         )
-        rv = coord.region_version(region)
+        rv = coord.regions.version(region)
         assert rv is not None and rv.version_hash == latest.version_hash
         dest = aurora_store.open_run(uri)
         assert dest.versions() == [0, 1, 2, 3, 4]
@@ -223,7 +223,7 @@ def test_live_relays_cut_through_and_two_tiers(
     watcher.stop.set()
     watcher.join()
     assert watcher.checks > 0 and not watcher.violations
-    workers = coord.workers()
+    workers = coord.workers.registrations()
     assert sorted(w["region"] for w in workers.values() if w["role"] == "relay") == ["ap", "eu"]
 
 
@@ -237,13 +237,13 @@ def test_relay_survives_redis_losing_its_state(
     relay = relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
     wait_for(lambda: aurora_store.open_run(eu).versions() == [0, 1], "versions 0-1 in eu")
     redis_server.restart()  # every key, stream and registration is gone
-    assert coord.region_version("eu") is None
+    assert coord.regions.version("eu") is None
     hist += publish(home, 2, coord=coord, start=2)  # the trainer goes on; its events land in an empty Redis
     wait_for(
         lambda: aurora_store.open_run(eu).versions() == [0, 1, 2, 3], "versions 2-3 in eu after the restart", timeout=90
     )
     wait_for(
-        lambda: (coord.region_version("eu") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 3,
+        lambda: (coord.regions.version("eu") or aurora_store.coord.regions.RegionVersion(-1, "", "")).version == 3,
         "eu's version rebuilt in Redis",
         timeout=90,
     )
@@ -371,11 +371,13 @@ def test_relay_survives_hostile_events_and_a_flushall(
     assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[1])
     coord.r.flushall()
     wait_for(
-        lambda: (coord.region_version("eu") or aurora_store.coord.coordinator.RegionVersion(-1, "", "")).version == 2,
+        lambda: (coord.regions.version("eu") or aurora_store.coord.regions.RegionVersion(-1, "", "")).version == 2,
         "eu's version rebuilt after FLUSHALL, without waiting for the 600 s rescan",
         timeout=30,
     )
-    wait_for(lambda: any(w["role"] == "relay" for w in coord.workers().values()), "the relay registered again")
+    wait_for(
+        lambda: any(w["role"] == "relay" for w in coord.workers.registrations().values()), "the relay registered again"
+    )
     assert relay.proc.poll() is None, relay.stop()
     err = relay.stop()
     assert "Traceback" not in err and "skipped" in err and "lost its state" in err, err[-2000:]

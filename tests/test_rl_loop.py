@@ -163,8 +163,8 @@ def _check_exactly_once(loop: Loop, steps: int) -> None:
 
 def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     rogue = "rogue"
-    loop.coord.register("actor", "home", worker_id=rogue, ttl_s=120)
-    loop.coord.update_worker(rogue, version=0)
+    loop.coord.workers.register("actor", "home", worker_id=rogue, ttl_s=120)
+    loop.coord.workers.update(rogue, version=0)
     trainer = loop.trainer("--steps", "5")
     slow = loop.actor("slow", "--slowdown", "100", "--batch", "2")  # alone at first: it must get work
     board = JobBoard(loop.coord)
@@ -175,8 +175,8 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     )
     forged = payloads.encode([([3], [-0.1], "stop", 1.0)] * GROUP, failures={}, weights_digest=None)
     for lease in leases:
-        board.submit(lease, actor=rogue, version=lease.version, version_hash="0" * 64, payload=forged)
-    loop.coord.unregister(rogue)
+        board.results.submit(lease, actor=rogue, version=lease.version, version_hash="0" * 64, payload=forged)
+    loop.coord.workers.unregister(rogue)
 
     # kill the slow actor while it holds jobs it has taken and not answered
     def slow_busy() -> set[str]:

@@ -52,13 +52,14 @@ def trainer(redis_server: Any) -> Dispatcher:
         vocab_size=TOK.vocab_size,
         tag="t",
     )
-    d.published = {0: "0" * 64, 1: "1" * 64, 2: "2" * 64}
+    for v in range(3):  # versions 0..2 published (their digests unknown: "")
+        d.published_version(v, str(v) * 64, "")
     return d
 
 
 def actor(t: Dispatcher, wid: str, version: int, *, alive: bool = True, role: str = "actor") -> None:
-    t.coord.register(role, "home", worker_id=wid, ttl_s=30)
-    t.coord.update_worker(wid, version=version)
+    t.coord.workers.register(role, "home", worker_id=wid, ttl_s=30)
+    t.coord.workers.update(wid, version=version)
     if not alive:
         t.coord.r.zrem(t.coord.key("alive"), wid)
 
@@ -70,9 +71,9 @@ def test_only_live_actors_holding_v_or_v_minus_1_are_eligible(trainer: Dispatche
     actor(trainer, "dead", 2, alive=False)
     actor(trainer, "relay-eu", 2, role="relay")
     trainer.coord.r.hset(trainer.coord.key("workers"), "old", json.dumps({"role": "actor", "version": 2}))
-    trainer.coord.heartbeat("old", 30)  # alive, but an actor of before push: no protocol, no work
-    trainer.roster.refresh()
-    assert set(trainer._eligible()) == {"latest", "one-behind"}
+    trainer.coord.workers.heartbeat("old", 30)  # alive, but an actor of before push: no protocol, no work
+    trainer.leases.roster.refresh()
+    assert set(trainer.leases.eligible()) == {"latest", "one-behind"}
 
 
 def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> None:
@@ -80,14 +81,14 @@ def test_idle_actor_takes_half_of_the_unstarted_jobs(trainer: Dispatcher) -> Non
     trainer.post(3, [Prompt(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(6)])
     started = trainer.board.take("busy", max_jobs=2, block_s=0.1)  # two are under way
     actor(trainer, "idle", 2)
-    trainer._sweep()
-    assert trainer.stolen == 0, "jobs leased moments ago are on their way to their holder: not moved"
-    trainer.schedule = dataclasses.replace(trainer.schedule, steal_after_s=0.0)
-    trainer._sweep()
+    trainer.leases.sweep()
+    assert trainer.leases.stolen == 0, "jobs leased moments ago are on their way to their holder: not moved"
+    trainer.leases.schedule = dataclasses.replace(trainer.leases.schedule, steal_after_s=0.0)
+    trainer.leases.sweep()
     holders = {j.job: j.actor for j in trainer.board.open_jobs()}
     assert sorted(holders.values()).count("idle") == 2, "half of the four unstarted ones"
     assert all(holders[lease.job] == "busy" for lease in started), "started work is never taken away"
-    assert trainer.stolen == 2 and trainer.holder == holders
+    assert trainer.leases.stolen == 2 and trainer.leases.holder == holders
 
 
 def test_a_sweep_costs_the_same_round_trips_whatever_the_fleet(trainer: Dispatcher, redis_server: Any) -> None:
@@ -103,9 +104,9 @@ def test_a_sweep_costs_the_same_round_trips_whatever_the_fleet(trainer: Dispatch
         for i in range(n):
             actor(trainer, f"a{n}-{i}", 2)
         trainer.post(n, [Prompt(f"p{i}", "q", "a") for i in range(n)])
-        trainer._sweep()  # reads the new registrations once
+        trainer.leases.sweep()  # reads the new registrations once
         before = trips()
-        trainer._sweep()
+        trainer.leases.sweep()
         costs.append(trips() - before - 1)
     # at 204 actors some hold no job: one more read, of the unstarted jobs an idle actor might take over
     assert costs[1] <= costs[0] + 1 and max(costs) <= 12, f"a quiet sweep's commands (scripts' inside too): {costs}"

@@ -198,7 +198,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
 def _settle(coord: Coordinator, last: int, deadline: float) -> None:
     """Wait until every region holds the last version (relays finish their copies)."""
     while time.monotonic() < deadline:
-        held = [coord.region_version(r) for r in REGIONS]
+        held = [coord.regions.version(r) for r in REGIONS]
         if all(h is not None and h.version >= last for h in held):
             return
         time.sleep(0.2)
@@ -231,7 +231,7 @@ class _Progress:
         for r in REGIONS:
             rv = None
             with contextlib.suppress(Exception):
-                rv = self.coord.region_version(r)
+                rv = self.coord.regions.version(r)
             versions.append(str(rv.version) if rv else "-")
         for i, rep in enumerate(reports[-12:]):
             tail = "/".join(versions) if i == len(reports[-12:]) - 1 else ""

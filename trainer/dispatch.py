@@ -45,7 +45,7 @@ from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from trainer.admission import Payloads
 from trainer.config import ScheduleConfig
-from trainer.leasing import Leasing, step_of
+from trainer.leasing import Leases
 
 log = logging.getLogger("aurora.trainer")
 T = TypeVar("T")
@@ -83,8 +83,9 @@ class Admitted:
         return self.result.actor
 
 
-class Dispatcher(Leasing):
-    """Posts, sweeps and admits the jobs of one trainer (run on rank 0 only)."""
+class Dispatcher:
+    """Posts, sweeps and admits the jobs of one trainer (run on rank 0 only); its :attr:`leases` own the
+    jobs and their holders, it owns admission and the collector thread."""
 
     def __init__(
         self,
@@ -110,18 +111,9 @@ class Dispatcher(Leasing):
             sampling=sampling, vocab_size=vocab_size, stores=stores or {}, digests=self.digests.get
         )
         """Fetches, decodes and checks result payloads (and counts the CPU it spends)."""
-        self.roster = Roster(coord)
         self.published: dict[int, str] = {}
         """Version -> hash of the versions results may be admitted at."""
-        self.pending: dict[str, tuple[int, Prompt]] = {}
-        """Jobs waiting for a lease: job id -> (step, prompt)."""
-        self.step_jobs: dict[int, dict[str, Prompt]] = defaultdict(dict)
-        """Each step's jobs and their prompts (this trainer posted them: no need to ask Redis)."""
-        self.holder: dict[str, str] = {}
-        """Leased, unadmitted job -> the actor it is leased to (this trainer made every lease)."""
         self.admitted: dict[int, dict[str, Admitted]] = defaultdict(dict)
-        self.closed: set[int] = set()
-        """Steps whose results were collected: nothing more is admitted for them."""
         self.dropped: Counter[str] = Counter()
         self.drops = Tally(log, "results")
         """Results dropped, by reason (``dropped`` also counts leases taken back, as ``lease_lost``)."""
@@ -129,13 +121,10 @@ class Dispatcher(Leasing):
         """Results admitted by this dispatcher."""
         self.reward_failures: Counter[str] = Counter()
         """Reward calls that failed on the actors (scored 0), by kind, over the admitted results."""
-        self.stolen = 0
-        self.sweeps = 0
-        self._taus: tuple[dict[str, float], set[str]] | None = None
-        self._old_protocol: set[str] = set()
+        self.leases = Leases(board, Roster(coord), schedule=schedule, tag=tag, dropped=self.dropped)
+        """This trainer's jobs, who holds them, and the sweep."""
         self._after = "0-0"
         self._last_sweep = 0.0
-        self._warned = time.monotonic()  # warn after 30 s without an eligible actor, not at once
         self._down_since: float | None = None
         self.rebuilds = 0
         """Times Redis lost its state and this trainer re-posted its jobs."""
@@ -189,9 +178,9 @@ class Dispatcher(Leasing):
         """A restarted trainer drops its predecessor's unadmitted jobs: their results are not its own."""
 
         def forget() -> None:
-            self.coord.check_epoch()
+            self.coord.epoch.check()
             self.board.forget([j.job for j in self.board.open_jobs()])
-            self._after = self.board.last_result_id()
+            self._after = self.board.results.last_id()
 
         self.retrying(forget)
 
@@ -225,22 +214,22 @@ class Dispatcher(Leasing):
         with self._lock:
             self.published[version] = version_hash
             self.digests[version] = weights_digest
+            self.leases.latest = max(self.published)
+
+    def post(self, step: int, prompts: list[Prompt]) -> None:
+        """Lease ``step``'s prompts to the eligible actors (those that are waiting get them on a sweep)."""
+        with self._lock:
+            self.leases.add(step, prompts)
+            try:
+                self.leases.place(turn=step)
+            except CoordinationError as exc:  # the prompts stay pending: the next sweep places them
+                self._down(exc)
 
     def _rebuild(self) -> None:
         """Redis lost its state: lease again every unadmitted job of the current steps, read results
         from the start of the (new) stream, read the whole roster again."""
         self.rebuilds += 1
-        n = 0
-        for step, jobs in self.step_jobs.items():
-            if step in self.closed:
-                continue
-            for job, prompt in jobs.items():
-                if job not in self.admitted.get(step, {}) and job not in self.pending:
-                    self.pending[job] = (step, prompt)
-                    n += 1
-        self.holder.clear()
-        self.roster.reset()
-        self._taus = None
+        n = self.leases.rebuild(self.admitted)
         self._after = "0-0"
         log.warning("Redis lost its state: leasing %d unadmitted jobs again", n)
         if self.on_lost is not None:
@@ -252,31 +241,26 @@ class Dispatcher(Leasing):
         """Block until every prompt of ``step`` has one admitted result (retrying Redis with backoff);
         then the jobs of steps trained on long ago leave Redis."""
         with self._lock:
-            while len(self.admitted[step]) < len(self.step_jobs[step]):
+            while len(self.admitted[step]) < len(self.leases.step_jobs[step]):
                 if self._thread is not None:
                     self._progress.wait(1.0)
                 else:
                     self.retrying(self._collect_once)
-            old = [s for s in self.step_jobs if s < step - 2]  # long trained: late results are unknown jobs
-            for s in old:
-                jobs = list(self.step_jobs.pop(s))
-                for job in jobs:
-                    self.holder.pop(job, None)
-                self.closed.discard(s)
+            old = self.leases.close(step)  # long trained: late results are unknown jobs
+            if old:
                 with contextlib.suppress(CoordinationError):  # the records expire by themselves anyway
-                    self.board.drop_jobs(jobs)
-            self.closed.add(step)
+                    self.board.drop_jobs(old)
             return list(self.admitted.pop(step).values())
 
     def _collect_once(self) -> None:
         with self._lock:
             if time.monotonic() - self._last_sweep >= self.schedule.sweep_s:
                 self._last_sweep = time.monotonic()
-                if self.coord.check_epoch() | self.coord.state_lost():  # both: each clears what it saw
+                if self.coord.epoch.check() | self.coord.epoch.lost():  # both: each clears what it saw
                     self._rebuild()
-                self._sweep()
+                self.leases.sweep()
             after = self._after
-        results = self.board.results(after, block_ms=int(self.schedule.sweep_s * 1000))
+        results = self.board.results.read(after, block_ms=int(self.schedule.sweep_s * 1000))
         if not results:
             return
         decoded = self.payloads.decode_all(results)
@@ -285,16 +269,16 @@ class Dispatcher(Leasing):
                 self._after = results[-1].id
             self._consider_all(results, decoded)
             self._progress.notify_all()
-        self.board.discard([r.id for r in results])
+        self.board.results.discard([r.id for r in results])
 
     def _consider_all(self, results: list[Result], decoded: list[tuple[Rollouts | None, str | None]]) -> None:
         checked: list[tuple[Result, int, Rollouts]] = []
         for res, (rollouts, why) in zip(results, decoded, strict=True):
-            step = step_of(res.job, self.tag)
-            if step is None or res.job not in self.step_jobs.get(step, ()):
+            step = self.leases.step_of(res.job)
+            if step is None:
                 self._drop(res, res.malformed or "unknown_job")
                 continue
-            if why is None and (step in self.closed or res.job in self.admitted.get(step, {})):
+            if why is None and (step in self.leases.closed or res.job in self.admitted.get(step, {})):
                 why = "duplicate"
             if why is not None or rollouts is None:
                 self._refused(res, step, why or "bad_payload")
@@ -309,7 +293,7 @@ class Dispatcher(Leasing):
                 self._drop(res, "duplicate")
                 continue
             self.admitted[step][res.job] = Admitted(res, rollouts)
-            self.holder.pop(res.job, None)
+            self.leases.admitted(res.job)
             self.admitted_total += 1
             self.reward_failures.update(rollouts.failures)
             self._record(step, res, rollouts, deadline, at)
@@ -317,16 +301,15 @@ class Dispatcher(Leasing):
     def _refused(self, res: Result, step: int, why: str) -> None:
         self._drop(res, why)
         unusable = why in RELEASE or res.malformed is not None
-        if unusable and step not in self.closed and res.job not in self.admitted.get(step, {}):  # lease it again now
-            self.holder.pop(res.job, None)
-            self.pending[res.job] = (step, self.step_jobs[step][res.job])
+        if unusable and step not in self.leases.closed and res.job not in self.admitted.get(step, {}):
+            self.leases.again(res.job, step)  # lease it again now
 
     def _drop(self, res: Result, why: str) -> None:
         self.dropped[why] += 1
         self.drops.skip(why, f"result {res.id} for job {res.job!r:.80} from actor {res.actor!r:.80}")
         if why in TELL and res.actor:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
-                self.board.tell(res.actor, res.job, why, res.id)
+                self.board.notices.tell(res.actor, res.job, why, res.id)
 
     def _record(self, step: int, res: Result, rollouts: Rollouts, deadline_ms: int | None, admitted_ms: int) -> None:
         if self.admissions is None:
@@ -335,7 +318,7 @@ class Dispatcher(Leasing):
             "trainer": self.tag,
             "step": step,
             "job": res.job,
-            "prompt": self.step_jobs[step][res.job].id,
+            "prompt": self.leases.step_jobs[step][res.job].id,
             "actor": res.actor,
             "token": res.token,
             "version": res.version,

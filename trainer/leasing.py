@@ -1,6 +1,6 @@
-"""Leasing a trainer's jobs (a part of :class:`~trainer.dispatch.Dispatcher`): who is eligible, the
-throughput-proportional split, the sweep that takes back expired and orphaned leases, and idle
-actors taking over unstarted work.
+"""Leasing a trainer's jobs (:class:`Leases`, held by :class:`~trainer.dispatch.Dispatcher`): the jobs
+of each step and who holds them, who is eligible, the throughput-proportional split, the sweep that
+takes back expired and orphaned leases, and idle actors taking over unstarted work.
 
 Eligible actors are alive, speak this coordination protocol, and hold the latest version or the
 one before; the roster's view says which (no round trip). A sweep refreshes the roster (what
@@ -12,13 +12,12 @@ every holder without asking Redis.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Container, Mapping
 
-from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, now_ms
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.lease import now_ms
 from aurora_store.coord.roster import Roster
 from aurora_store.coord.schedule import effective, split
 from aurora_store.coord.workers import PROTOCOL
@@ -28,36 +27,52 @@ from trainer.config import ScheduleConfig
 log = logging.getLogger("aurora.trainer")
 
 
-class Leasing:
-    """The leasing half of a Dispatcher (its state is the Dispatcher's)."""
+class Leases:
+    """The jobs of one trainer and who holds them: each step's prompts, those waiting for a lease, the
+    holder of every lease, the steps already collected; and the posting, sweeping and rebalancing
+    that keep every prompt leased to an eligible actor. The dispatcher holds one and admits results
+    against it."""
 
-    board: JobBoard
-    roster: Roster
-    schedule: ScheduleConfig
-    tag: str
-    published: dict[int, str]
-    pending: dict[str, tuple[int, Prompt]]
-    step_jobs: dict[int, dict[str, Prompt]]
-    holder: dict[str, str]
-    closed: set[int]
-    dropped: Counter[str]
-    stolen: int
-    sweeps: int
-    _taus: tuple[dict[str, float], set[str]] | None
-    _old_protocol: set[str]
-    _warned: float
-    _lock: threading.RLock
+    def __init__(
+        self, board: JobBoard, roster: Roster, *, schedule: ScheduleConfig, tag: str, dropped: Counter[str]
+    ) -> None:
+        self.board, self.roster = board, roster
+        self.schedule = schedule
+        self.tag = tag
+        self.dropped = dropped
+        """Where a lease taken back is counted (``lease_lost``), with the dispatcher's drops."""
+        self.latest: int | None = None
+        """The latest published version: jobs are leased at it, to actors holding it or the one before."""
+        self.pending: dict[str, tuple[int, Prompt]] = {}
+        """Jobs waiting for a lease: job id -> (step, prompt)."""
+        self.step_jobs: dict[int, dict[str, Prompt]] = defaultdict(dict)
+        """Each step's jobs and their prompts (this trainer posted them: no need to ask Redis)."""
+        self.holder: dict[str, str] = {}
+        """Leased, unadmitted job -> the actor it is leased to (this trainer made every lease)."""
+        self.closed: set[int] = set()
+        """Steps whose results were collected: nothing more is admitted for them."""
+        self.stolen = 0
+        self.sweeps = 0
+        self._taus: tuple[dict[str, float], set[str]] | None = None
+        self._old_protocol: set[str] = set()
+        self._warned = time.monotonic()  # warn after 30 s without an eligible actor, not at once
 
-    if TYPE_CHECKING:
+    def step_of(self, job: str) -> int | None:
+        """The step of ``job`` if it is one of this trainer's current jobs, else None."""
+        step = step_of(job, self.tag)
+        return None if step is None or job not in self.step_jobs.get(step, ()) else step
 
-        def _down(self, exc: CoordinationError) -> None: ...
+    def _version(self) -> int:
+        if self.latest is None:
+            raise ValueError("no version is published yet: nothing can be leased")
+        return self.latest
 
-    def _eligible(self) -> dict[str, float]:
+    def eligible(self) -> dict[str, float]:
         """Actors that may get work now, with their split weights (no round trip: the roster's view
         and the throughputs read at the last post)."""
-        latest = max(self.published)
+        latest = self._version()
         if self._taus is None:
-            self._taus = self.board.throughputs()
+            self._taus = self.board.throughputs.read()
         taus, probation = self._taus
         ok = {}
         for wid, doc in self.roster.docs.items():
@@ -77,34 +92,34 @@ class Leasing:
             ok[wid] = taus.get(wid)
         return effective(ok, probation, self.schedule.alpha)
 
-    def post(self, step: int, prompts: list[Prompt]) -> None:
-        """Lease ``step``'s prompts to the eligible actors (those that are waiting get them on a sweep)."""
-        with self._lock:
-            for i, p in enumerate(prompts):
-                job = f"{self.tag}:{step}:{i}"
-                self.step_jobs[step][job] = p
-                self.pending[job] = (step, p)
-            try:
-                self._refresh_roster()  # who is alive and where, as of now (what changed only)
-                self._taus = self.board.throughputs()  # once a step: the split follows the EMAs
-                self._assign(turn=step)
-            except CoordinationError as exc:  # the prompts stay pending: the next sweep places them
-                self._down(exc)
+    def add(self, step: int, prompts: list[Prompt]) -> None:
+        """Make ``step``'s prompts this trainer's jobs, waiting for a lease."""
+        for i, p in enumerate(prompts):
+            job = f"{self.tag}:{step}:{i}"
+            self.step_jobs[step][job] = p
+            self.pending[job] = (step, p)
+
+    def place(self, *, turn: int) -> None:
+        """Lease the waiting jobs to the eligible actors as of now (the roster's changes and the
+        throughputs read first: once a step, the split follows the EMAs)."""
+        self._refresh_roster()
+        self._taus = self.board.throughputs.read()
+        self._assign(turn=turn)
 
     def _assign(self, *, turn: int) -> None:
         if not self.pending:
             return
-        weights = self._eligible()
+        weights = self.eligible()
         if not weights:
             if time.monotonic() - self._warned > 30:
                 self._warned = time.monotonic()
-                top = max(self.published)
+                top = self._version()
                 held = f"version {top}" if top < 1 else f"version {top} or {top - 1}"
                 log.warning(
                     "%d prompts wait for an actor holding %s (actors start or catch up)", len(self.pending), held
                 )
             return
-        version = max(self.published)
+        version = self._version()
         shares = split(len(self.pending), weights, turn=turn)
         it = iter(list(self.pending.items()))
         items = []
@@ -117,7 +132,7 @@ class Leasing:
             del self.pending[job]
             self.holder[job] = actor
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
         """Re-lease jobs whose lease expired (or was given back) or whose actor is gone; place pending
         prompts; let idle actors take over half (rounded down) of the not-yet-started jobs of the actor
         with the most of them. A few round trips, whatever the number of actors and jobs."""
@@ -141,6 +156,44 @@ class Leasing:
         if self.schedule.steal:
             self._rebalance()
 
+    def admitted(self, job: str) -> None:
+        """``job``'s result was admitted: its lease is done."""
+        self.holder.pop(job, None)
+
+    def again(self, job: str, step: int) -> None:
+        """Lease ``job`` again at the next sweep (its holder produced something unusable)."""
+        self.holder.pop(job, None)
+        self.pending[job] = (step, self.step_jobs[step][job])
+
+    def close(self, step: int) -> list[str]:
+        """``step``'s results are collected: nothing more is admitted for it. Forgets the steps trained
+        on long ago (late results for them are unknown jobs); returns their jobs, for Redis to drop."""
+        dropped = []
+        for s in [s for s in self.step_jobs if s < step - 2]:
+            jobs = list(self.step_jobs.pop(s))
+            for job in jobs:
+                self.holder.pop(job, None)
+            self.closed.discard(s)
+            dropped += jobs
+        self.closed.add(step)
+        return dropped
+
+    def rebuild(self, admitted: Mapping[int, Container[str]]) -> int:
+        """Redis lost its state: every unadmitted job of the current steps waits for a lease again, and the
+        whole roster is read again. Returns how many jobs."""
+        n = 0
+        for step, jobs in self.step_jobs.items():
+            if step in self.closed:
+                continue
+            for job, prompt in jobs.items():
+                if job not in admitted.get(step, {}) and job not in self.pending:
+                    self.pending[job] = (step, prompt)
+                    n += 1
+        self.holder.clear()
+        self.roster.reset()
+        self._taus = None
+        return n
+
     def _refresh_roster(self) -> None:
         changes = self.roster.refresh()
         if changes.pruned:
@@ -154,7 +207,7 @@ class Leasing:
         self.dropped["lease_lost"] += 1
 
     def _rebalance(self) -> None:
-        eligible = self._eligible()
+        eligible = self.eligible()
         busy = set(self.holder.values())
         idle = sorted(set(eligible) - busy)
         if not idle or not self.holder:
@@ -185,7 +238,7 @@ class Leasing:
             moves += [(job, thief) for job in moved]
         if not moves:
             return
-        version = max(self.published)
+        version = self._version()
         items = [(job, thief, None, -1) for job, thief in moves]
         tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
         for (job, thief), token in zip(moves, tokens, strict=True):

@@ -28,7 +28,8 @@ from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.coord.jobs import JobBoard, now_ms
+from aurora_store.coord.jobs import JobBoard
+from aurora_store.coord.lease import now_ms
 from aurora_store.errors import ConfigError, StoreError
 from aurora_store.rl.data import DataError, PromptPool, read_records
 from aurora_store.rl.tasks import PromptSource, TaskPrompts, load_task
@@ -182,7 +183,7 @@ class Trainer:
     def _announce_again(self) -> None:
         """Redis lost its state: the home region's version is set again from the bucket (relays and
         actors learn of it from there)."""
-        self.coord.rebuild(self.cfg.region, self.run.reader)
+        self.coord.regions.rebuild(self.cfg.region, self.run.reader)
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
         saved = [v for v in saved_versions(self.run) if v <= latest]
@@ -276,7 +277,7 @@ class Trainer:
         adv: list[float] = []
         versions = {res.result.version for res in results}
         for res in results:
-            ids = list(self.dispatch.step_jobs[step][res.job].ids)
+            ids = list(self.dispatch.leases.step_jobs[step][res.job].ids)
             got = res.rollouts
             rewards = got.rewards.tolist()
             adv += advantages(rewards)
@@ -368,7 +369,7 @@ class Trainer:
                 len(results),
                 dict(Counter(r.actor for r in results)),
                 dict(self.dispatch.dropped),
-                self.dispatch.stolen,
+                self.dispatch.leases.stolen,
                 kind=info.kind,
                 stats=asdict(stats),
                 reward_failures=dict(self.dispatch.reward_failures),

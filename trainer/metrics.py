@@ -123,8 +123,8 @@ class TrainerMetrics:
         self.m.pull(ADMITTED, lambda: d.admitted_total)
         self.m.pull(DROPPED, d.drops.snapshot)
         self.m.pull(LEASES_EXPIRED, lambda: d.dropped.get("lease_lost", 0))
-        self.m.pull(STOLEN, lambda: d.stolen)
-        self.m.pull(PENDING, lambda: len(d.pending))
+        self.m.pull(STOLEN, lambda: d.leases.stolen)
+        self.m.pull(PENDING, lambda: len(d.leases.pending))
         self.m.pull(REWARD_FAILURES, lambda: dict(d.reward_failures))  # one C-level copy: no torn read
         self.m.pull(ADMISSION_CPU, lambda: d.payloads.cpu_s)
         self.m.pull(ADMISSION_TOKENS, lambda: d.payloads.tokens)

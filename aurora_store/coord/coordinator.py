@@ -2,8 +2,11 @@
 
 Every key of a run lives under ``aurora:{run_id}:``. Redis holds coordination state only:
 weights never pass through it, and every committed version can be rediscovered from the
-buckets (:meth:`Coordinator.rebuild`), so losing Redis loses no data. Multi-key changes
-(advance a region's version and post its commit event) are one Lua script. Works with a
+buckets (:meth:`Regions.rebuild <aurora_store.coord.regions.Regions.rebuild>`), so losing Redis
+loses no data. The :class:`Coordinator` holds the objects that own each part:
+``coord.regions`` (:mod:`aurora_store.coord.regions`), ``coord.workers``
+(:mod:`aurora_store.coord.workers`) and ``coord.epoch`` (:mod:`aurora_store.coord.epoch`).
+Multi-key changes (advance a region's version and post its commit event) are one Lua script. Works with a
 real Redis (``redis://``, ``rediss://``, passwords in the URL) and with the embedded
 Redis-compatible server of :mod:`aurora_store.coord.embedded`.
 
@@ -23,7 +26,8 @@ Keys:
 - ``reports`` (stream): objects a worker found corrupt or missing.
 - ``epoch`` (string): a random id written by the first role to find it missing. A role that
   finds another id (or none) than the one it last saw knows that Redis lost its state without
-  a disconnect (``FLUSHALL``, a failover to an empty replica) and rebuilds what it keeps there.
+  a disconnect (``FLUSHALL``, a failover to an empty replica) and rebuilds what it keeps there
+  (:class:`aurora_store.coord.epoch.Epoch`, :attr:`Coordinator.epoch`).
 
 Everything read back is hostile input (:mod:`aurora_store.coord.wire`): a bad entry is counted
 in :attr:`Coordinator.skipped` by reason, logged once a minute per reason, and skipped.
@@ -33,150 +37,42 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from aurora_store.coord import wire
-from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.epoch import Epoch
+from aurora_store.coord.keyspace import Keyspace
+from aurora_store.coord.regions import Regions
 from aurora_store.coord.workers import Workers
-from aurora_store.redact import redact
 
 if TYPE_CHECKING:
-    from aurora_store.bucket.reader import Reader
     from aurora_store.format.manifest import Manifest, Segment
 
 log = logging.getLogger("aurora.coord")
 
-STREAM_MAXLEN = 10_000
-"""Events kept per region (approximate trim); older ones are only in the buckets."""
-COMMITS_MAXLEN = 1_000
-"""Commit events kept per region in ``commits:{region}`` (what actors block on)."""
 
-# KEYS: region, events, commits.  ARGV: version, version_hash, kind, now_ms, events maxlen, commits maxlen
-_COMMIT = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '')
-if cur and cur >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind', ARGV[3], 'updated_ms', ARGV[4])
-for i, key in ipairs({KEYS[2], KEYS[3]}) do
-  redis.call('XADD', key, 'MAXLEN', '~', ARGV[4 + i], '*', 'type', 'commit', 'version', ARGV[1],
-             'version_hash', ARGV[2], 'kind', ARGV[3])
-end
-return 1
-"""
-
-# KEYS: epoch.  ARGV: a new random id.  Returns the epoch, written now if it was missing.
-_EPOCH = """
-local e = redis.call('GET', KEYS[1])
-if e then return e end
-redis.call('SET', KEYS[1], ARGV[1])
-return ARGV[1]
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class RegionVersion:
-    version: int
-    version_hash: str
-    kind: str
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One entry of a region's event stream."""
-
-    id: str
-    type: str
-    """``segment`` or ``commit``; ``invalid`` for an entry no role could have written (skipped)."""
-    version: int
-    fields: dict[str, str]
-
-
-class Coordinator(Workers):
-    """All Redis state of one run."""
+class Coordinator:
+    """All Redis state of one run: the objects that own its parts (region versions, workers, the epoch),
+    sharing one :class:`~aurora_store.coord.keyspace.Keyspace`; reports and telemetry notes here."""
 
     def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
-        if not run_id or any(c in run_id for c in " {}\n"):
-            raise CoordinationError(f"run id must be a non-empty name without spaces or braces, got {run_id!r}")
-        self.url = url
-        self.run_id = run_id
-        self.base = f"{prefix}:{run_id}"
-        try:
-            self.r = redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                encoding_errors="replace",  # bytes that are not UTF-8 (anyone may write them) reach the parsers
-                socket_timeout=30,
-                health_check_interval=60,  # above --check-s: a connection used on schedule never pays a PING
-            )
-        except ValueError as exc:
-            raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
-        self._commit = self.r.register_script(_COMMIT)
-        self._epoch = self.r.register_script(_EPOCH)
-        self._workers_scripts()
-        self.epoch: str | None = None
-        """The epoch this coordinator last saw (None before the first check)."""
-        self._lost = False
-        self._docs: dict[str, dict[str, Any]] = {}
-        """The registrations this coordinator wrote, by worker id (merged into by :meth:`update_worker`)."""
-        self.skipped = wire.Tally(log, f"Redis entries of run {run_id}")
+        self.keys = Keyspace(url, run_id, prefix=prefix)
+        """The run's keys, clients and calls (shared with the job board and the roster)."""
+        self.url, self.run_id, self.base = url, run_id, self.keys.base
+        self.r = self.keys.r
+        self.skipped = self.keys.skipped
         """Entries read from Redis that failed their checks, by reason."""
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.base, *parts))
-
-    def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        """``fn(*args, **kw)`` on this coordinator's Redis; a Redis failure is a CoordinationError
-        (the password never in its message)."""
-        try:
-            return fn(*args, **kw)
-        except redis.RedisError as exc:
-            raise CoordinationError(f"Redis at {redact(self.url)}: {type(exc).__name__}: {redact(str(exc))}") from None
+        self.key, self.call = self.keys.key, self.keys.call
+        self.epoch = Epoch(self.keys)
+        """Whether Redis lost its state (:meth:`Epoch.check`, :meth:`Epoch.lost`)."""
+        self.workers = Workers(self.keys, self.epoch)
+        """Registrations, heartbeats and liveness."""
+        self.regions = Regions(self.keys)
+        """The version each region holds, and its events."""
 
     def ping(self) -> None:
         self.call(self.r.ping)
-
-    # ------------------------------------------------------------ epoch
-
-    def check_epoch(self) -> bool:
-        """Read (or start) Redis's epoch; True if Redis lost its state since this coordinator's last
-        check. Also sets the flag :meth:`state_lost` reports."""
-        return self._saw(self.call(self._epoch, keys=[self.key("epoch")], args=[secrets.token_hex(8)]))
-
-    def state_lost(self) -> bool:
-        """Whether Redis lost its state since the last call (seen by any check or heartbeat); clears it."""
-        lost, self._lost = self._lost, False
-        return lost
-
-    def _saw(self, epoch: Any) -> bool:
-        if not isinstance(epoch, str):
-            self.skipped.skip("bad_epoch", repr(epoch)[:40])
-            return False
-        lost = self.epoch is not None and epoch != self.epoch
-        if lost:
-            log.warning(
-                "Redis at %s lost its state (epoch %s, was %s): rebuilding", redact(self.url), epoch, self.epoch
-            )
-            self._lost = True
-        self.epoch = epoch
-        return lost
-
-    # ------------------------------------------------------------ versions
-
-    def commit(self, region: str, version: int, version_hash: str, kind: str) -> bool:
-        """Advance ``region`` to ``version`` and post its commit event, atomically; False if not newer."""
-        now = str(int(time.time() * 1000))
-        keys = [self.key("region", region), self.key("events", region), self.commits_key(region)]
-        args = [version, version_hash, kind, now, STREAM_MAXLEN, COMMITS_MAXLEN]
-        return bool(self.call(self._commit, keys=keys, args=args))
-
-    def commits_key(self, region: str) -> str:
-        """The stream of ``region``'s commit events alone (actors block on it)."""
-        return self.key("commits", region)
 
     def read_streams(
         self, after: dict[str, str], *, block_ms: int, count: int = 1000
@@ -186,90 +82,13 @@ class Coordinator(Workers):
         reply = self.call(self.r.xread, after, count=count, block=max(block_ms, 1))
         return {str(key): list(entries) for key, entries in reply or []}
 
-    def region_version(self, region: str) -> RegionVersion | None:
-        """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
-        h = self.call(self.r.hgetall, self.key("region", region))
-        if not h:
-            return None
-        try:
-            kind = h.get("kind")
-            if kind not in ("full", "delta"):
-                raise wire.BadEntry("bad_kind", f"kind {kind!r:.20}")
-            return RegionVersion(
-                wire.version(h.get("version")), wire.hex64(h.get("version_hash"), "version_hash"), kind
-            )
-        except wire.BadEntry as exc:
-            self.skipped.skip(exc.reason, f"region {region}: {exc}")
-            return None
-
-    def announce_segment(self, region: str, version: int, seg: Segment) -> None:
-        """Post a sealed, uploaded segment before its manifest exists (cut-through)."""
-        fields = {"type": "segment", "version": version, "key": seg.key, "size": seg.size, "sha256": seg.sha256}
-        self.call(self.r.xadd, self.key("events", region), fields, maxlen=STREAM_MAXLEN, approximate=True)
-
-    def last_event_id(self, region: str) -> str:
-        """The id to read after to see only events posted from now on."""
-        last = self.call(self.r.xrevrange, self.key("events", region), count=1)
-        return last[0][0] if last else "0-0"
-
-    def events(self, region: str, after: str, *, block_ms: int = 1000, count: int = 1000) -> list[Event]:
-        """Events of ``region`` after id ``after``, waiting up to ``block_ms`` for the first one."""
-        reply = self.call(self.r.xread, {self.key("events", region): after}, count=count, block=block_ms)
-        out = []
-        for _stream, entries in reply or []:
-            for eid, fields in entries:
-                out.append(self._event(region, eid, fields))
-        return out
-
-    def _event(self, region: str, eid: str, fields: dict[str, str]) -> Event:
-        """An event as read, checked: an entry no role could have written is ``invalid`` (its id still
-        moves the reader on), counted and logged."""
-        try:
-            kind = fields.get("type")
-            if kind not in ("segment", "commit"):
-                raise wire.BadEntry("bad_type", f"type {kind!r:.40}")
-            version = wire.version(fields.get("version"))
-            if kind == "segment":
-                wire.parse_segment_event(fields, version)
-            else:
-                wire.hex64(fields.get("version_hash"), "version_hash")
-            return Event(eid, kind, version, fields)
-        except wire.BadEntry as exc:
-            self.skipped.skip(exc.reason, f"event {eid} of region {region}: {exc}")
-            return Event(eid, "invalid", -1, fields)
-
-    def rebuild(self, region: str, reader: Reader) -> RegionVersion | None:
-        """Set ``region``'s version from its bucket (after Redis lost its state); never moves it back."""
-        versions = reader.versions()
-        if not versions:
-            return self.region_version(region)
-        m = reader.manifest(versions[-1])
-        self.commit(region, m.version, m.version_hash, m.kind)
-        return self.region_version(region)
-
     def holds(self) -> tuple[dict[str, int], list[str]]:
         """What ``aurora gc`` must not delete from under anyone: the version every live actor holds
         and every region is at (relays copy what comes after it), by who (``actor a1 in eu``,
         ``region eu``); and the entries that could not be read (a live worker whose held version is
         unknown, a damaged region). One pass over every worker and region: for gc, not for a loop."""
-        held: dict[str, int] = {}
-        unreadable: list[str] = []
-        alive = self.alive()
-        for wid, doc in self.call(self.r.hgetall, self.key("workers")).items():
-            if wid not in alive:
-                continue  # gone: it bootstraps from the latest version when it comes back
-            try:
-                parsed = wire.json_object(doc, "registration")
-                if parsed.get("role") == "actor" and "version" in parsed:
-                    v = parsed["version"]  # a JSON number: what update_worker wrote
-                    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                    held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
-            except wire.BadEntry as exc:
-                unreadable.append(f"worker {wid!r:.80}: {exc}")
-        prefix = self.key("region", "")
-        for key in self.call(lambda: list(self.r.scan_iter(match=prefix + "*", count=1000))):
-            region = key[len(prefix) :]
-            got = self.region_version(region)
+        held, unreadable = self.workers.held()
+        for region, got in self.regions.versions().items():
             if got is None:
                 unreadable.append(f"region {region!r:.80}: its version entry is damaged")
             else:
@@ -306,7 +125,7 @@ class Coordinator(Workers):
         return out
 
     def close(self) -> None:
-        self.r.close()
+        self.keys.close()
 
 
 class RegionAnnouncer:
@@ -317,7 +136,7 @@ class RegionAnnouncer:
         self.region = region
 
     def segment(self, version: int, entry: Segment) -> None:
-        self.coord.announce_segment(self.region, version, entry)
+        self.coord.regions.announce(self.region, version, entry)
 
     def commit(self, manifest: Manifest) -> None:
-        self.coord.commit(self.region, manifest.version, manifest.version_hash, manifest.kind)
+        self.coord.regions.commit(self.region, manifest.version, manifest.version_hash, manifest.kind)

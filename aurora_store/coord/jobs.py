@@ -17,25 +17,26 @@ deadline), so a sweep reads the expired ones only; leases not yet started are in
 Leases and admissions go in pipelines: a step's jobs are one round trip.
 
 Results are hostile input (:mod:`aurora_store.coord.results`). Each one is removed from the
-stream once the trainer has admitted or dropped it (:meth:`JobBoard.discard`), and the trainer
+stream once the trainer has admitted or dropped it (``board.results.discard``), and the trainer
 deletes a step's jobs once it has trained on it (:meth:`JobBoard.drop_jobs`), so Redis holds only
-the steps in flight. A drop the actor can act on is told to it (:meth:`JobBoard.tell`).
+the steps in flight. A drop the actor can act on is told to it (``board.notices.tell``,
+:mod:`aurora_store.coord.notices`). Throughputs are :mod:`aurora_store.coord.throughput`'s. The
+board holds those three objects; each owns its keys and they share the coordinator's
+:class:`~aurora_store.coord.keyspace.Keyspace`.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import redis
 
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import JobError
+from aurora_store.coord.lease import Lease, OpenJob, check_name, is_name, now_ms
+from aurora_store.coord.notices import Notices
 from aurora_store.coord.results import Result, ResultStream
 from aurora_store.coord.throughput import Throughputs
 
@@ -96,74 +97,40 @@ return 1
 """
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A job as its holder sees it."""
-
-    job: str
-    token: int
-    step: int
-    version: int
-    deadline_ms: int
-    prompt: dict[str, Any]
-    """The job's document as its poster gave it (the trainer's prompt, as JSON)."""
-
-
-@dataclass(frozen=True, slots=True)
-class OpenJob:
-    job: str
-    step: int
-    version: int
-    actor: str
-    deadline_ms: int
-    taken: bool
-    """Whether the holder has taken it from its inbox (started it)."""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class JobBoard(ResultStream, Throughputs):
-    """The job, lease, result and throughput keys of one run (under the coordinator's prefix)."""
+class JobBoard:
+    """The jobs and leases of one run (under the coordinator's prefix), and the objects that own the rest
+    of the board: :attr:`results`, :attr:`notices` and :attr:`throughputs`, on the same keyspace."""
 
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
-        self.r = coord.r
-        try:  # results carry bytes: a client that does not decode them
-            self.rb = redis.Redis.from_url(coord.url, decode_responses=False, socket_timeout=30)
-        except ValueError as exc:
-            raise JobError(f"bad Redis URL: {exc}") from None
+        self.keys = coord.keys
+        self.r = self.keys.r
+        self.rb = self.keys.rb
+        """A client that does not decode (results carry bytes)."""
+        self.results = ResultStream(self.keys)
+        """The results actors submit and the trainer reads."""
+        self.notices = Notices(self.keys)
+        """What the trainer tells actors about their dropped results."""
+        self.throughputs = Throughputs(self.keys)
+        """The actors' throughput EMAs and probation."""
         self._lease = self.r.register_script(_LEASE)
         self._admit = self.r.register_script(_ADMIT)
         self._release = self.r.register_script(_RELEASE)
         self._inbox_after: dict[str, str] = {}
         """Per actor, the inbox id this board has read up to (what :meth:`take` reads after)."""
-        self._tau: dict[str, float] = {}
-        """The EMAs this board wrote, by actor (only an actor writes its own)."""
 
     def _k(self, *parts: str) -> str:
-        return self.coord.key(*parts)
+        return self.keys.key(*parts)
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        return self.coord.call(fn, *args, **kw)
+        return self.keys.call(fn, *args, **kw)
 
-    def _pipeline(self, fill: Any, *, binary: bool = False) -> list[Any]:
-        """Run ``fill(pipe)``'s commands in one round trip (no transaction); their replies."""
-
-        def go() -> list[Any]:
-            with (self.rb if binary else self.r).pipeline(transaction=False) as pipe:
-                fill(pipe)
-                return list(pipe.execute())
-
-        return list(self._call(go))
+    def _pipeline(self, fill: Any) -> list[Any]:
+        return self.keys.pipeline(fill)
 
     def inbox(self, actor: str) -> str:
         """The stream of leases sent to ``actor``."""
-        return self._k("jobs", _check_name(actor, "actor"))
-
-    def notices_key(self, actor: str) -> str:
-        return self._k("notices", _check_name(actor, "actor"))
+        return self._k("jobs", check_name(actor, "actor"))
 
     # ------------------------------------------------------------ trainer side
 
@@ -230,13 +197,13 @@ class JobBoard(ResultStream, Throughputs):
         """Jobs whose lease deadline (ms, the trainer's clock) is at or before ``now``, oldest first;
         released leases (deadline 0) included. One round trip, whatever the number of open jobs."""
         raw = self._call(self.r.zrangebyscore, self._k("deadlines"), "-inf", now, start=0, num=limit)
-        return [j for j in raw if _is_name(j)]
+        return [j for j in raw if is_name(j)]
 
     def untaken(self) -> dict[str, float]:
         """Jobs leased and not yet taken by their holder, with when they were leased (ms, the trainer's
         clock): what an idle actor may take over."""
         got = self._call(self.r.zrange, self._k("untaken"), 0, -1, withscores=True)
-        return {j: float(t) for j, t in got if _is_name(j)}
+        return {j: float(t) for j, t in got if is_name(j)}
 
     def settle(self, jobs: Sequence[str]) -> None:
         """Stop tracking the deadlines of ``jobs`` (not this trainer's, or no longer wanted)."""
@@ -327,15 +294,16 @@ class JobBoard(ResultStream, Throughputs):
             self._pipeline(fill)
 
     def forget_actors(self, actors: Sequence[str]) -> None:
-        """Delete the per-actor keys of actors long gone (pruned from the roster)."""
-        names = [a for a in actors if _is_name(a)]
+        """Delete the per-actor keys of actors long gone (pruned from the roster): their inboxes, notices
+        and throughputs, in one round trip."""
+        names = [a for a in actors if is_name(a)]
         if not names:
             return
 
         def fill(p: Any) -> None:
-            p.delete(*(self.inbox(a) for a in names), *(self.notices_key(a) for a in names))
-            p.hdel(self._k("tau"), *names)
-            p.srem(self._k("probation"), *names)
+            p.delete(*(self.inbox(a) for a in names))
+            self.notices.forget(p, names)
+            self.throughputs.forget(p, names)
 
         self._pipeline(fill)
 
@@ -365,7 +333,7 @@ class JobBoard(ResultStream, Throughputs):
         wanted: list[tuple[str, str]] = []
         for _eid, f in entries:
             job, _, token = str(f.get("lease", "")).rpartition("|")
-            if _is_name(job) and token.isdigit():
+            if is_name(job) and token.isdigit():
                 wanted.append((job, token))
             else:
                 self.coord.skipped.skip("bad_inbox", f"inbox entry of {actor}: {str(f)[:80]}")
@@ -407,14 +375,4 @@ class JobBoard(ResultStream, Throughputs):
         return bool(self._call(self._release, keys=keys, args=[lease.token, lease.job]))
 
     def close(self) -> None:
-        self.rb.close()
-
-
-def _is_name(raw: Any) -> bool:
-    return isinstance(raw, str) and 0 < len(raw) <= 200 and raw.isprintable() and not any(c in raw for c in " |{}")
-
-
-def _check_name(name: str, what: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in " |\n{}"):
-        raise JobError(f"{what} id must be a short name without spaces, '|' or braces, got {name!r}")
-    return name
+        self.keys.close_binary()

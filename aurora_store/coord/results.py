@@ -10,9 +10,8 @@ an entry is never larger than ``INLINE_MAX`` plus its small fields when its writ
 a larger one is refused unread.
 
 Everything here is hostile input: :func:`parse_result` never raises, it marks the entry
-``malformed`` with the reason. :class:`ResultStream` is the results half of
-:class:`~aurora_store.coord.jobs.JobBoard`: submitting, reading and discarding results, and the
-notices the trainer sends back about them.
+``malformed`` with the reason. :class:`ResultStream` (``JobBoard.results``) submits, reads and
+discards results; what the trainer tells an actor about them is :mod:`aurora_store.coord.notices`.
 """
 
 from __future__ import annotations
@@ -20,16 +19,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aurora_store.coord import wire
 from aurora_store.coord.errors import JobError
-
-if TYPE_CHECKING:
-    import redis
-
-    from aurora_store.coord.coordinator import Coordinator
-    from aurora_store.coord.jobs import Lease
+from aurora_store.coord.keyspace import Keyspace
+from aurora_store.coord.lease import Lease
 
 INLINE_MAX = 64 << 10
 """The largest payload an entry carries inline; larger ones go to the actor's region bucket."""
@@ -40,8 +35,6 @@ ENTRIES_PER_READ = max(1, READ_BYTES // (INLINE_MAX + 1024))
 MAX_FIELD_BYTES = 256
 """Any field but ``bin`` longer than this makes the entry malformed."""
 RESULTS_MAXLEN = 100_000
-NOTICES_MAXLEN = 64
-"""Notices kept per actor."""
 _REF = re.compile(r"results/[0-9a-f]{64}\.bin")
 
 
@@ -137,31 +130,15 @@ def entry(
     return fields
 
 
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """What the trainer told an actor about one of its results."""
-
-    id: str
-    job: str
-    reason: str
-    result: str = ""
-    """The stream id of the result it is about."""
-
-
 class ResultStream:
-    """Results and notices of a run (the JobBoard's clients, keys and calls)."""
+    """The ``results`` stream of a run: actors submit, the trainer reads and discards."""
 
-    coord: Coordinator
-    r: redis.Redis
-    rb: redis.Redis
+    def __init__(self, keys: Keyspace) -> None:
+        self.keys = keys
 
-    if TYPE_CHECKING:
-
-        def _k(self, *parts: str) -> str: ...
-
-        def _call(self, fn: Any, *args: Any, **kw: Any) -> Any: ...
-
-        def notices_key(self, actor: str) -> str: ...
+    @property
+    def key(self) -> str:
+        return self.keys.key("results")
 
     def submit(
         self,
@@ -182,49 +159,22 @@ class ResultStream:
         if payload is not None and len(payload) > INLINE_MAX:
             raise JobError(f"result for job {lease.job!r} is {len(payload)} bytes, over {INLINE_MAX} inline")
         fields = entry(lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref)
-        rid = self._call(self.rb.xadd, self._k("results"), fields, maxlen=RESULTS_MAXLEN, approximate=True)
+        rid = self.keys.call(self.keys.rb.xadd, self.key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
         return rid.decode() if isinstance(rid, bytes) else str(rid)
 
-    def results(self, after: str, *, block_ms: int = 500, count: int = ENTRIES_PER_READ) -> list[Result]:
+    def read(self, after: str, *, block_ms: int = 500, count: int = ENTRIES_PER_READ) -> list[Result]:
         """Results submitted after stream id ``after`` (at most ``count``, so a read is bounded in bytes),
         parsed as hostile input: a damaged entry comes back with :attr:`Result.malformed` set (so the
         reader moves past it and counts it)."""
-        reply = self._call(self.rb.xread, {self._k("results"): after}, count=count, block=max(block_ms, 1))
+        reply = self.keys.call(self.keys.rb.xread, {self.key: after}, count=count, block=max(block_ms, 1))
         return [parse_result(eid, f) for _stream, entries in reply or [] for eid, f in entries]
 
     def discard(self, ids: Sequence[str]) -> None:
         """Remove results from the stream once admitted or dropped: Redis keeps only those in flight."""
         if ids:
-            self._call(self.r.xdel, self._k("results"), *ids)
+            self.keys.call(self.keys.r.xdel, self.key, *ids)
 
-    def tell(self, actor: str, job: str, reason: str, result: str = "") -> None:
-        """Tell ``actor`` that the result ``result`` (its stream id) for ``job`` was dropped, and why
-        (a short stream per actor). The actor counts only notices of results it submitted: anyone
-        who can write Redis can submit in its name, but not under its results' stream ids."""
-        try:
-            key = self.notices_key(actor)
-        except JobError:
-            return  # no actor of this run has that name: nobody to tell
-        fields = {"job": job, "reason": reason, "result": result}
-        self._call(self.r.xadd, key, fields, maxlen=NOTICES_MAXLEN, approximate=True)
-
-    def notices(self, actor: str, after: str) -> list[Notice]:
-        """What the trainer told ``actor`` after stream id ``after`` (damaged entries skipped)."""
-        reply = self._call(self.r.xread, {self.notices_key(actor): after}, count=NOTICES_MAXLEN)
-        return self.parse_notices(actor, [e for _s, entries in reply or [] for e in entries])
-
-    def parse_notices(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Notice]:
-        """Notice entries as read from ``actor``'s stream, checked (damaged ones counted and skipped)."""
-        out = []
-        for eid, f in entries:
-            reason = f.get("reason")
-            if isinstance(reason, str) and reason.isidentifier() and len(reason) <= 64:
-                out.append(Notice(eid, str(f.get("job", ""))[:200], reason, str(f.get("result", ""))[:64]))
-            else:
-                self.coord.skipped.skip("bad_notice", f"notice {eid} of {actor}")
-        return out
-
-    def last_result_id(self) -> str:
+    def last_id(self) -> str:
         """The id to read results after to see only those submitted from now on."""
-        last = self._call(self.rb.xrevrange, self._k("results"), count=1)
+        last = self.keys.call(self.keys.rb.xrevrange, self.key, count=1)
         return last[0][0].decode("ascii") if last else "0-0"

@@ -1,5 +1,6 @@
-"""The worker registry of a run (a part of :class:`~aurora_store.coord.coordinator.Coordinator`):
-registrations, heartbeats and liveness, on Redis's clock.
+"""The worker registry of a run (:attr:`Coordinator.workers
+<aurora_store.coord.coordinator.Coordinator.workers>`): registrations, heartbeats and liveness, on
+Redis's clock.
 
 - ``workers`` (hash): worker id -> JSON registration (role, region, protocol, what it holds).
 - ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on Redis's clock).
@@ -15,9 +16,11 @@ import logging
 import secrets
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aurora_store.coord import wire
+from aurora_store.coord.epoch import Epoch
+from aurora_store.coord.keyspace import Keyspace
 
 log = logging.getLogger("aurora.coord")
 
@@ -91,31 +94,21 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 
 
 class Workers:
-    """The registry half of a Coordinator (its Redis client, keys, calls and epoch are the Coordinator's)."""
+    """The worker registry of a run: registrations, heartbeats (which also read the epoch) and liveness."""
 
-    skipped: wire.Tally
-    _lost: bool
-    _docs: dict[str, dict[str, Any]]
+    def __init__(self, keys: Keyspace, epoch: Epoch) -> None:
+        self.keys = keys
+        self.epoch = epoch
+        r = keys.r
+        self._beat = r.register_script(_BEAT)
+        self._register = r.register_script(_REGISTER)
+        self._unregister = r.register_script(_UNREGISTER)
+        self._alive = r.register_script(_ALIVE)
+        self._docs: dict[str, dict[str, Any]] = {}
+        """The registrations this registry wrote, by worker id (merged into by :meth:`update`)."""
 
-    if TYPE_CHECKING:
-        import redis
-
-        r: redis.Redis
-
-        def key(self, *parts: str) -> str: ...
-
-        def call(self, fn: Any, *args: Any, **kw: Any) -> Any: ...
-
-        def _saw(self, epoch: Any) -> bool: ...
-
-    def _workers_scripts(self) -> None:
-        self._beat = self.r.register_script(_BEAT)
-        self._register = self.r.register_script(_REGISTER)
-        self._unregister = self.r.register_script(_UNREGISTER)
-        self._alive = self.r.register_script(_ALIVE)
-
-    def _worker_keys(self) -> list[str]:
-        return [self.key("roster"), self.key("roster_seq"), self.key("alive"), self.key("workers")]
+    def _keys(self) -> list[str]:
+        return [self.keys.key(k) for k in ("roster", "roster_seq", "alive", "workers")]
 
     def register(
         self,
@@ -130,36 +123,37 @@ class Workers:
         wid = worker_id or f"{role}-{region}-{uuid.uuid4().hex[:8]}"
         doc = {"role": role, "region": region, "protocol": PROTOCOL, "started_ms": int(time.time() * 1000)}
         doc.update(info or {})
-        self.call(self._register, keys=self._worker_keys(), args=[wid, json.dumps(doc), int(ttl_s * 1000)])
+        self.keys.call(self._register, keys=self._keys(), args=[wid, json.dumps(doc), int(ttl_s * 1000)])
         self._docs[wid] = doc
         return wid
 
     def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> bool:
         """Beat (one round trip, which also checks the epoch); True if this worker's state in Redis is
         gone: Redis lost its state since the last check, or the registration was removed (a worker
-        long taken for dead is pruned). Either way the worker registers again; :meth:`state_lost`
+        long taken for dead is pruned). Either way the worker registers again; :meth:`Epoch.lost`
         then says so once too."""
-        keys = [*self._worker_keys(), self.key("epoch")]
+        keys = [*self._keys(), self.epoch.key]
         args = [worker_id, int(ttl_s * 1000), secrets.token_hex(8)]
-        reply = self.call(self._beat, keys=keys, args=args)
+        reply = self.keys.call(self._beat, keys=keys, args=args)
         if not (isinstance(reply, list) and len(reply) == 2):
-            self.skipped.skip("bad_beat", repr(reply)[:60])
+            self.keys.skipped.skip("bad_beat", repr(reply)[:60])
             return False
-        lost = self._saw(reply[0])
+        lost = self.epoch.saw(reply[0])
         if reply[1] != 1 and not lost:
             log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
-            self._lost = lost = True
+            self.epoch.mark_lost()
+            lost = True
         return lost
 
     def alive(self) -> set[str]:
         """The ids of the workers alive now (one round trip; Redis's clock)."""
-        return {str(w) for w in self.call(self._alive, keys=[self.key("alive")])}
+        return {str(w) for w in self.keys.call(self._alive, keys=[self.keys.key("alive")])}
 
-    def workers(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
+    def registrations(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
         """Registered workers (those alive unless ``alive_only`` is False); a damaged registration is
         counted and skipped. Reads every worker: for tools and tests; the trainer's loop reads only
         what changed (:class:`~aurora_store.coord.roster.Roster`)."""
-        raw = self.call(self.r.hgetall, self.key("workers"))
+        raw = self.keys.call(self.keys.r.hgetall, self.keys.key("workers"))
         alive = self.alive() if alive_only else None
         out = {}
         for wid, doc in raw.items():
@@ -169,26 +163,45 @@ class Workers:
                 wire.name(wid, "worker_id")
                 parsed = wire.json_object(doc, "registration")
             except wire.BadEntry as exc:
-                self.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
+                self.keys.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
                 continue
             out[wid] = parsed
         return out
 
-    def update_worker(self, worker_id: str, **fields: Any) -> None:
+    def update(self, worker_id: str, **fields: Any) -> None:
         """Merge ``fields`` (e.g. the version an actor holds) into a worker's registration, in one round
-        trip when this coordinator registered it (a damaged registration is replaced)."""
+        trip when this registry registered it (a damaged registration is replaced)."""
         old = self._docs.get(worker_id)
         if old is None:
-            doc = self.call(self.r.hget, self.key("workers"), worker_id)
+            doc = self.keys.call(self.keys.r.hget, self.keys.key("workers"), worker_id)
             try:
                 old = wire.json_object(doc, "registration") if doc else {}
             except wire.BadEntry as exc:
-                self.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
+                self.keys.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
                 old = {}
         merged = {**old, **fields}
-        self.call(self._register, keys=self._worker_keys(), args=[worker_id, json.dumps(merged), ""])
+        self.keys.call(self._register, keys=self._keys(), args=[worker_id, json.dumps(merged), ""])
         self._docs[worker_id] = merged
 
+    def held(self) -> tuple[dict[str, int], list[str]]:
+        """The version each live actor holds, by ``actor {id} in {region}``, and the live workers whose
+        registration could not be read (for ``aurora gc``: one pass over every worker)."""
+        held: dict[str, int] = {}
+        unreadable: list[str] = []
+        alive = self.alive()
+        for wid, doc in self.keys.call(self.keys.r.hgetall, self.keys.key("workers")).items():
+            if wid not in alive:
+                continue  # gone: it bootstraps from the latest version when it comes back
+            try:
+                parsed = wire.json_object(doc, "registration")
+                if parsed.get("role") == "actor" and "version" in parsed:
+                    v = parsed["version"]  # a JSON number: what update wrote
+                    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
+            except wire.BadEntry as exc:
+                unreadable.append(f"worker {wid!r:.80}: {exc}")
+        return held, unreadable
+
     def unregister(self, worker_id: str) -> None:
-        self.call(self._unregister, keys=self._worker_keys(), args=[worker_id])
+        self.keys.call(self._unregister, keys=self._keys(), args=[worker_id])
         self._docs.pop(worker_id, None)

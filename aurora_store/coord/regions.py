@@ -1,0 +1,145 @@
+"""The version each region holds, and the events that announce it (``Coordinator.regions``).
+
+- ``region:{region}`` (hash): committed ``version``, ``version_hash``, ``kind``, ``updated_ms``.
+- ``events:{region}`` (stream): ``type=segment`` (``version, key, size, sha256``) as each
+  segment lands, before its manifest; ``type=commit`` (``version, version_hash, kind``).
+  Relays block on it (XREAD) instead of polling buckets.
+- ``commits:{region}`` (stream): the commit events alone, so the region's actors wake once per
+  version (a blocking XREAD, with their job inbox), not once per segment.
+
+Advancing a region's version and posting its commit events is one Lua script. Every committed
+version can be rediscovered from the region's bucket (:meth:`Regions.rebuild`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aurora_store.coord import wire
+from aurora_store.coord.keyspace import Keyspace
+
+if TYPE_CHECKING:
+    from aurora_store.bucket.reader import Reader
+    from aurora_store.format.manifest import Segment
+
+STREAM_MAXLEN = 10_000
+"""Events kept per region (approximate trim); older ones are only in the buckets."""
+COMMITS_MAXLEN = 1_000
+"""Commit events kept per region in ``commits:{region}`` (what actors block on)."""
+
+# KEYS: region, events, commits.  ARGV: version, version_hash, kind, now_ms, events maxlen, commits maxlen
+_COMMIT = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '')
+if cur and cur >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind', ARGV[3], 'updated_ms', ARGV[4])
+for i, key in ipairs({KEYS[2], KEYS[3]}) do
+  redis.call('XADD', key, 'MAXLEN', '~', ARGV[4 + i], '*', 'type', 'commit', 'version', ARGV[1],
+             'version_hash', ARGV[2], 'kind', ARGV[3])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RegionVersion:
+    version: int
+    version_hash: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a region's event stream."""
+
+    id: str
+    type: str
+    """``segment`` or ``commit``; ``invalid`` for an entry no role could have written (skipped)."""
+    version: int
+    fields: dict[str, str]
+
+
+class Regions:
+    """Region versions, their event streams and their commit streams."""
+
+    def __init__(self, keys: Keyspace) -> None:
+        self.keys = keys
+        self._commit = keys.r.register_script(_COMMIT)
+
+    def commit(self, region: str, version: int, version_hash: str, kind: str) -> bool:
+        """Advance ``region`` to ``version`` and post its commit event, atomically; False if not newer."""
+        now = str(int(time.time() * 1000))
+        keys = [self.keys.key("region", region), self.keys.key("events", region), self.commits_key(region)]
+        args = [version, version_hash, kind, now, STREAM_MAXLEN, COMMITS_MAXLEN]
+        return bool(self.keys.call(self._commit, keys=keys, args=args))
+
+    def commits_key(self, region: str) -> str:
+        """The stream of ``region``'s commit events alone (actors block on it)."""
+        return self.keys.key("commits", region)
+
+    def version(self, region: str) -> RegionVersion | None:
+        """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
+        h = self.keys.call(self.keys.r.hgetall, self.keys.key("region", region))
+        if not h:
+            return None
+        try:
+            kind = h.get("kind")
+            if kind not in ("full", "delta"):
+                raise wire.BadEntry("bad_kind", f"kind {kind!r:.20}")
+            return RegionVersion(
+                wire.version(h.get("version")), wire.hex64(h.get("version_hash"), "version_hash"), kind
+            )
+        except wire.BadEntry as exc:
+            self.keys.skipped.skip(exc.reason, f"region {region}: {exc}")
+            return None
+
+    def versions(self) -> dict[str, RegionVersion | None]:
+        """Every region with a version entry, and its version (None: the entry is damaged). A scan of the
+        keyspace: for tools (``aurora gc``), not for a loop."""
+        prefix = self.keys.key("region", "")
+        found = self.keys.call(lambda: list(self.keys.r.scan_iter(match=prefix + "*", count=1000)))
+        return {key[len(prefix) :]: self.version(key[len(prefix) :]) for key in found}
+
+    def announce(self, region: str, version: int, seg: Segment) -> None:
+        """Post a sealed, uploaded segment before its manifest exists (cut-through)."""
+        fields = {"type": "segment", "version": version, "key": seg.key, "size": seg.size, "sha256": seg.sha256}
+        self.keys.call(
+            self.keys.r.xadd, self.keys.key("events", region), fields, maxlen=STREAM_MAXLEN, approximate=True
+        )
+
+    def last_event_id(self, region: str) -> str:
+        """The id to read after to see only events posted from now on."""
+        last = self.keys.call(self.keys.r.xrevrange, self.keys.key("events", region), count=1)
+        return last[0][0] if last else "0-0"
+
+    def events(self, region: str, after: str, *, block_ms: int = 1000, count: int = 1000) -> list[Event]:
+        """Events of ``region`` after id ``after``, waiting up to ``block_ms`` for the first one."""
+        reply = self.keys.call(self.keys.r.xread, {self.keys.key("events", region): after}, count=count, block=block_ms)
+        return [self._event(region, eid, fields) for _stream, entries in reply or [] for eid, fields in entries]
+
+    def _event(self, region: str, eid: str, fields: dict[str, str]) -> Event:
+        """An event as read, checked: an entry no role could have written is ``invalid`` (its id still
+        moves the reader on), counted and logged."""
+        try:
+            kind = fields.get("type")
+            if kind not in ("segment", "commit"):
+                raise wire.BadEntry("bad_type", f"type {kind!r:.40}")
+            version = wire.version(fields.get("version"))
+            if kind == "segment":
+                wire.parse_segment_event(fields, version)
+            else:
+                wire.hex64(fields.get("version_hash"), "version_hash")
+            return Event(eid, kind, version, fields)
+        except wire.BadEntry as exc:
+            self.keys.skipped.skip(exc.reason, f"event {eid} of region {region}: {exc}")
+            return Event(eid, "invalid", -1, fields)
+
+    def rebuild(self, region: str, reader: Reader) -> RegionVersion | None:
+        """Set ``region``'s version from its bucket (after Redis lost its state); never moves it back."""
+        versions = reader.versions()
+        if not versions:
+            return self.version(region)
+        m = reader.manifest(versions[-1])
+        self.commit(region, m.version, m.version_hash, m.kind)
+        return self.version(region)
