@@ -1,8 +1,9 @@
 """``python -m actor.follow``: a weight-sync-only actor that follows its region's versions.
 
-It bootstraps, then stages each new version as soon as Redis announces it and applies it
-at once (there is no engine between batches here). Used by the multi-process tests and as
-the smallest example of the updater; the RL worker loop drives the same Updater.
+It bootstraps, then stages each new version as soon as its region's commit wakes it (the same
+:class:`~actor.wakeups.Wakeups` listener the RL worker uses, on the commits stream only) and
+applies it at once (there is no engine between batches here). Used by the multi-process tests
+and as the smallest example of the updater; the RL worker loop drives the same Updater.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import threading
 
 from actor.config import SyncConfig
 from actor.updater import Held, Updater, open_sync_runs
+from actor.wakeups import Wakeups
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.options import add_options, build
+
+CHECK_S = 0.5
+"""How long the follower waits for a commit before it heartbeats and looks at the region again."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,29 +34,31 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    wake = Wakeups(coord, args.worker_id, args.region, block_s=CHECK_S)
+    listener = threading.Thread(target=wake.run, args=(stop,), name="aurora-wakeups", daemon=True)
+    listener.start()
     held = up.bootstrap()
-    after, registered = "0-0", False
+    seen, registered = wake.seq, False
     while not stop.is_set():
         try:
             if not registered:  # first time, and again after Redis lost its state
                 coord.workers.register("actor", args.region, worker_id=args.worker_id)
                 _report(coord, args.worker_id, held)
-                after, registered = coord.regions.last_event_id(args.region), True
+                registered = True
             if coord.workers.heartbeat(args.worker_id):  # its state in Redis is gone: register again
                 registered = False
+                wake.rewind()  # new stream ids may be below the ones it had read
                 continue
-            events = coord.regions.events(args.region, after, block_ms=500)
-            if events:
-                after = events[-1].id
         except CoordinationError:
             registered = False  # Redis is down or restarted: keep following the bucket meanwhile
-            stop.wait(0.5)
         latest = up.latest()  # the region's version in Redis, or the bucket's when Redis has none
         if latest is not None and latest > held.version:
             up.stage(latest)
             held = up.apply() or held
             with contextlib.suppress(CoordinationError):
                 _report(coord, args.worker_id, held)
+        seen = wake.wait_commit(seen, CHECK_S)  # a commit wakes it at once; else a look every CHECK_S
+    listener.join(timeout=5)
     with contextlib.suppress(CoordinationError):
         coord.workers.unregister(args.worker_id)
     return 0

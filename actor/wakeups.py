@@ -31,13 +31,15 @@ class Wakeups:
     def __init__(
         self,
         coord: Coordinator,
-        board: JobBoard,
         worker_id: str,
         region: str,
         *,
         block_s: float,
-        on_notices: Callable[[list[Notice]], None],
+        board: JobBoard | None = None,
+        on_notices: Callable[[list[Notice]], None] | None = None,
     ) -> None:
+        """Without a ``board`` it listens to the region's commits only (an actor that takes no jobs,
+        as ``python -m actor.follow``)."""
         self.coord, self.board = coord, board
         self.worker_id = worker_id
         self.block_ms = max(int(block_s * 1000), 1)
@@ -46,15 +48,17 @@ class Wakeups:
         """Set when jobs may be waiting (or anything else the main loop should look at now)."""
         self._commits = threading.Condition()
         self._seq = 0
-        self.inbox = board.inbox(worker_id)
         self.commits = coord.regions.commits_key(region)
-        self.notices = board.notices.key(worker_id)
-        self._after = {self.inbox: "0-0", self.commits: "$", self.notices: f"{int(time.time() * 1000)}-0"}
+        self.inbox = board.inbox(worker_id) if board is not None else None
+        self.notices = board.notices.key(worker_id) if board is not None else None
+        self._after: dict[str, str] = {self.commits: "$"}
+        if self.inbox is not None and self.notices is not None:
+            self._after |= {self.inbox: "0-0", self.notices: f"{int(time.time() * 1000)}-0"}
         self.round_trips = 0
 
     def rewind(self) -> None:
         """Read every stream from its start again (Redis lost its state: new ids may be below the old)."""
-        self._after = {self.inbox: "0-0", self.commits: "0-0", self.notices: "0-0"}
+        self._after = dict.fromkeys(self._after, "0-0")
         self.poke()
 
     def poke(self) -> None:
@@ -97,7 +101,7 @@ class Wakeups:
                     self.kick.set()
                 elif key == self.commits:
                     self._bump()
-                else:
+                elif self.board is not None and self.on_notices is not None:
                     self.on_notices(self.board.notices.parse(self.worker_id, entries))
 
     def _last(self, key: str) -> str:

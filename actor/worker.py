@@ -81,10 +81,10 @@ class Worker:
         """What this actor submitted, and what the trainer said of it."""
         self.wake = Wakeups(
             self.coord,
-            self.board,
             self.wid,
             sync.region,
             block_s=cfg.rollout.check_s,
+            board=self.board,
             on_notices=self.outbox.told,
         )
         self._reregister = threading.Event()
