@@ -255,6 +255,28 @@ def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) 
     assert bits_equal(run.materialize(0), _bf16({k: v.detach() for k, v in model.state_dict().items()}))
 
 
+def test_a_streamed_delta_that_outgrows_the_budget_is_published_full_and_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a small delta, the next ``auto`` delta streams its segments as they are sealed; when it
+    grew far past the last one and outgrows the chain budget, the version is published full and the
+    streamed segments are removed: nothing is left that no manifest names."""
+    run = aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256)
+    sd0 = state_dict()
+    sd1 = step(sd0, 1, lr=1e-5)
+    sd2 = step(sd1, 2, lr=1.0)  # nearly every element changes
+    run.publish(sd0)
+    small = run.publish(sd1)
+    assert small.kind == "delta"
+    info = run.publish(sd2)
+    assert info.kind == "full"
+    assert "outgrew the chain budget after its segments were uploaded" in caplog.text  # it had streamed
+    keys = run.store.list_keys("versions/0000000002/")
+    assert keys and not [k for k in keys if k.endswith(".seg")], keys
+    assert bits_equal(run.materialize(2), sd2)
+    assert audit(run).ok
+
+
 # ---------------------------------------------------------------- gloo ranks under torchrun
 
 

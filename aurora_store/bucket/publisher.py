@@ -11,10 +11,12 @@ One publish, on every rank:
    learns the plan and every rank's ranges (one gather);
 2. a rank whose baseline is not the parent's bits receives them from rank 0, which loads the
    parent once;
-3. a delta: every rank encodes its ranges against its baseline. A delta the plan may still turn
-   into a full version (``auto``) is held in memory, not uploaded, until every rank's size is
-   known (one gather of sizes), so nothing is ever written for a delta that is abandoned; a
-   forced delta streams its segments as they are sealed (cut-through);
+3. a delta: every rank encodes its ranges against its baseline. A forced delta streams its
+   segments as they are sealed (cut-through), and so does an ``auto`` one when the last delta
+   says it will fit the chain budget with room to spare; otherwise it is held in memory until
+   every rank's size is known (one gather of sizes), so nothing is written for a delta that is
+   then abandoned for a full version. A streamed delta that outgrows the budget all the same (it
+   grew :data:`STREAM_MARGIN` times since the last one) is published full and its segments removed;
 4. a full version: shard g of ``plan_shards`` is assembled on rank g mod W, built and uploaded
    there, so the shards are byte for byte what one process writes;
 5. rank 0 writes the manifest from every rank's :class:`~aurora_store.bucket.parts.Part` (the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -70,10 +73,15 @@ from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
 from aurora_store.format.keys import manifest_key, version_dir
-from aurora_store.format.manifest import TensorSpec
+from aurora_store.format.manifest import Segment, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 
 T = TypeVar("T")
+log = logging.getLogger("aurora.store")
+STREAM_MARGIN = 4
+"""An ``auto`` delta streams (cut-through) when the chain plus this many times the last delta's
+bytes stays within a full copy: a delta that grew more than that since the last one is the rare
+case, and then its streamed segments are removed when it is published full instead."""
 
 
 class Collective(Protocol):
@@ -154,6 +162,8 @@ class Publisher:
         self.files, self.announcements, self.signing_key = files, announcements, signing_key
         self.collective: Collective = collective if collective is not None else LocalCollective()
         self._base: Baseline | None = None
+        self._last_delta_bytes: int | None = None
+        """Bytes of the last delta this publisher committed: what decides whether the next one streams."""
 
     def on(self, collective: Collective) -> Publisher:
         """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
@@ -266,6 +276,8 @@ class Publisher:
         self._check([outcome], failure if comm.rank == 0 else None)
         info = VersionInfo(**{**outcome["info"], "seconds": time.perf_counter() - t0})
         self._advance(plan.tip_after(info), share, builder, after_full)
+        if info.kind == "delta":
+            self._last_delta_bytes = info.bytes
         return info
 
     # ------------------------------------------------------------ phases
@@ -306,29 +318,59 @@ class Publisher:
         self._base = Baseline(parent, dict(share.ranges), words)
 
     def _delta(self, plan: PublishPlan, share: Share) -> tuple[DeltaBuilder | None, list[Part]]:
-        """Every rank's delta part, or (None, []) when the plan turns full: a delta of ``auto`` kind
-        is held until every rank's size is known, and uploaded only if the chain stays within a
-        full copy's bytes."""
+        """Every rank's delta part, or (None, []) when the plan turns full. A delta the plan may still
+        turn full (``auto``) streams its segments as they are sealed (cut-through) only when this
+        publisher's last delta says it will fit the chain budget with room to spare
+        (:data:`STREAM_MARGIN`); otherwise it is held until every rank's size is known and uploaded only
+        if the chain stays within a full copy's bytes. A streamed delta that outgrows the budget all
+        the same is published full, and its segments are removed again (no manifest names them)."""
         comm = self.collective
-        hold = plan.kind == "auto"
-        uploads = self._uploads(plan.version, hold=hold)
+        stream = self._streams(plan)
+        uploads = self._uploads(plan.version, hold=not stream)
         encoded, failure = _attempt(lambda: self._encode(plan, share, uploads))
-        if not hold:  # a streamed delta's uploads have all finished before any rank moves on
+        if stream:  # a streamed delta's uploads have all finished before any rank moves on
             _, failed = _attempt(uploads.wait)
             failure = failure or failed
-        sizes = comm.all_gather_json(
-            _report(failure) or {"bytes": uploads.held_bytes, "stopped": encoded is not None and encoded[1]}
-        )
+        mine = None if encoded is None else {"bytes": encoded[0].encoded_bytes, "stopped": encoded[1]}
+        sizes = comm.all_gather_json(_report(failure) or mine)
         self._check(sizes, failure)
         assert encoded is not None
         builder, _ = encoded
         if plan.kind == "auto" and (any(s["stopped"] for s in sizes) or plan.outgrows(sum(s["bytes"] for s in sizes))):
+            if stream:
+                self._remove(plan, uploads.wait())
             uploads.drop()
             return None, []
         uploads.release()
         entries, failure = _attempt(uploads.wait)
         part = None if entries is None else Part(entries, builder.changed, builder.digest_change())
         return builder, self._gather(plan, part, failure)
+
+    def _streams(self, plan: PublishPlan) -> bool:
+        """Whether this delta's segments go up as they are sealed, before its size is known."""
+        if plan.kind != "auto":
+            return True  # a forced delta is never abandoned
+        last = self._last_delta_bytes
+        chain = plan.parent.chain_bytes if plan.parent is not None else 0
+        return last is not None and chain + STREAM_MARGIN * last <= plan.full_bytes
+
+    def _remove(self, plan: PublishPlan, entries: list[Segment]) -> None:
+        """Remove the segments of a streamed delta that was abandoned for a full version (best effort:
+        they belong to no manifest either way; a relay may already hold copies)."""
+        log.warning(
+            "%s: version %d: a delta %dx the last one outgrew the chain budget after its segments were "
+            "uploaded; publishing it full and removing its %d segments",
+            self.store.uri,
+            plan.version,
+            STREAM_MARGIN,
+            len(entries),
+        )
+        try:
+            self.store.delete([e.key for e in entries])
+        except StoreError as exc:
+            log.warning(
+                "%s: version %d: could not remove the abandoned segments: %s", self.store.uri, plan.version, exc
+            )
 
     def _encode(self, plan: PublishPlan, share: Share, uploads: Uploads) -> tuple[DeltaBuilder, bool]:
         assert self._base is not None
