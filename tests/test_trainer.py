@@ -352,3 +352,24 @@ def test_a_trainer_releases_what_it_holds(redis_server: Any, tmp_path: Any) -> N
     assert log.closed and trainer._admissions is None
     trainer.close()
     assert open_run(cfg.store).versions() == [0]
+
+
+def test_a_step_whose_rollouts_no_copy_holds_trains_without_the_correction(redis_server: Any, tmp_path: Any) -> None:
+    """With a rollout correction on, a batch of rollouts from a version neither the policy nor its
+    frozen copy holds (after a restart), or from several versions, is trained without the correction
+    (logged) instead of stopping the trainer."""
+    from trainer.config import OptimizerConfig, TrainerConfig
+    from trainer.loop import Trainer
+
+    cfg = TrainerConfig(
+        store=f"file://{tmp_path}/run",
+        redis=redis_server.url,
+        run_id="tis",
+        optim=OptimizerConfig(sft_steps=0, rollout_correction="tis"),
+    )
+    with Trainer(cfg) as trainer:
+        assert trainer.start() == 0
+        rows = [[[3, 4, 5], [6, 7], [-1.0, -2.0], r] for r in (1.0, 0.0)]
+        for version in (7, None):
+            reward, _, stats = trainer.train_step(1, {"rows": rows, "adv": [1.0, -1.0], "version": version})
+            assert reward == 0.5 and stats.tokens == 4 and math.isfinite(stats.entropy)

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -295,12 +295,17 @@ class Trainer:
         rollout_model = None
         if rollout is not None and batch["version"] is not None and rollout.hold(batch["version"], self.model, held):
             rollout_model = rollout.model
+        grpo = self.grpo
+        if rollout_model is None and grpo.correction != "none":  # no copy holds the rollouts' weights
+            if batch["version"] is None:
+                log.warning("step %d: rollouts of several versions: trained without the rollout correction", step)
+            grpo = replace(grpo, correction="none")
         stats = optimizer_step(
             self.model,
             self.opt,
             samples,
             batch["adv"],
-            self.grpo,
+            grpo,
             step=step,
             base_lr=o.lr,
             warmup_steps=o.warmup_steps,
