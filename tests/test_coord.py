@@ -45,10 +45,13 @@ def test_announcements_wake_waiting_workers(redis_url: str) -> None:
     c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
     after = c.regions.last_event_id("home")
     seg = Segment("versions/0000000004/00000-" + "0" * 32 + ".seg", 123, "f" * 64)
-    threading.Timer(0.2, c.regions.announce, args=("home", 4, seg)).start()
+    writer = threading.Timer(0.2, c.regions.announce, args=("home", 4, seg))
+    writer.start()
     t0 = time.monotonic()
     events = c.regions.events("home", after, block_ms=5000)
-    assert time.monotonic() - t0 < 4, "a blocked reader wakes on the announcement, not on its timeout"
+    woke = time.monotonic() - t0
+    writer.join()  # its reply too, before the server goes away
+    assert woke < 4, "a blocked reader wakes on the announcement, not on its timeout"
     assert [(e.type, e.version, e.fields["key"], e.fields["size"]) for e in events] == [("segment", 4, seg.key, "123")]
 
 
@@ -154,9 +157,12 @@ def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
     seg = Segment("versions/0000000001/00000-" + "0" * 32 + ".seg", 1, "f" * 64)
     for _ in range(5):
         c.regions.announce("eu", 1, seg)  # segments go to the relays' stream only
-    threading.Timer(0.2, c.regions.commit, args=("eu", 1, "a" * 64, "delta")).start()
+    writer = threading.Timer(0.2, c.regions.commit, args=("eu", 1, "a" * 64, "delta"))
+    writer.start()
     t0 = time.monotonic()
     got = c.read_streams({c.regions.commits_key("eu"): "0-0"}, block_ms=5000)
-    assert time.monotonic() - t0 < 4, "woken by the commit, not by the timeout"
+    woke = time.monotonic() - t0
+    writer.join()  # the commit's reply may still be on its way when the reader wakes: not after teardown
+    assert woke < 4, "woken by the commit, not by the timeout"
     (entries,) = got.values()
     assert [(f["type"], f["version"]) for _, f in entries] == [("commit", "1")]

@@ -255,22 +255,34 @@ def test_without_torch_distributed_the_whole_model_is_published(tmp_path: Path) 
     assert bits_equal(run.materialize(0), _bf16({k: v.detach() for k, v in model.state_dict().items()}))
 
 
-def test_a_streamed_delta_that_outgrows_the_budget_is_published_full_and_removed(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """After a small delta, the next ``auto`` delta streams its segments as they are sealed; when it
-    grew far past the last one and outgrows the chain budget, the version is published full and the
-    streamed segments are removed: nothing is left that no manifest names."""
+def test_a_streamed_delta_that_outgrows_the_budget_is_published_full_and_removed(tmp_path: Path) -> None:
+    """After a small delta, the next ``auto`` delta streams its segments as they are sealed (each
+    announced as it lands); when it grew far past the last one and outgrows the chain budget, the
+    version is published full and the streamed segments are removed: nothing is left that no
+    manifest names."""
+
+    class Announced:
+        def __init__(self) -> None:
+            self.segments: list[tuple[int, str]] = []
+
+        def segment(self, version: int, entry: Any) -> None:
+            self.segments.append((version, entry.key))
+
+        def commit(self, manifest: Any) -> None:
+            pass
+
     run = aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256)
+    run.announcer = told = Announced()
     sd0 = state_dict()
     sd1 = step(sd0, 1, lr=1e-5)
     sd2 = step(sd1, 2, lr=1.0)  # nearly every element changes
     run.publish(sd0)
-    small = run.publish(sd1)
-    assert small.kind == "delta"
+    assert run.publish(sd1).kind == "delta"
     info = run.publish(sd2)
     assert info.kind == "full"
-    assert "outgrew the chain budget after its segments were uploaded" in caplog.text  # it had streamed
+    streamed = [k for v, k in told.segments if v == 2 and k.endswith(".seg")]
+    assert streamed, "the delta streamed before its size was known"
+    assert not [k for k in streamed if run.store.exists(k)], "and its segments were removed"
     keys = run.store.list_keys("versions/0000000002/")
     assert keys and not [k for k in keys if k.endswith(".seg")], keys
     assert bits_equal(run.materialize(2), sd2)
