@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aurora_store.errors import UnsupportedError
+from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.storage.base import Backend, Capabilities, Meter, taken
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def trust_atomic_create(protocol: str, why: str) -> None:
     """Declare that ``protocol``'s fsspec ``mode="create"`` is one atomic conditional create (say
     ``why``), so stores on it may be opened. Run ``StoreTests`` against it first."""
     if not why.strip():
-        raise ValueError(f"say why {protocol!r} creates atomically")
+        raise StoreError(f"say why fsspec protocol {protocol!r} creates atomically")
     ATOMIC_CREATE[protocol] = why
 
 
