@@ -226,8 +226,12 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     after = [r["step"] for r in loop.steps() if r["step"] > at_kill]
     assert after == list(range(at_kill + 1, 8)), "the restarted trainer continued right after the last commit"
     trained = [r["stats"] for r in loop.steps() if r["stats"]["micro_batches"]]
-    assert trained and all(0 <= s["mismatch_abs"] < 0.05 for s in trained), "torch engine and trainer agree closely"
-    assert all(s["mismatch_kl"] is not None and s["corrected_frac"] is not None for s in trained)
+    corrected = [s for s in trained if s["mismatch_abs"] is not None]
+    # a step of rollouts from several versions has no one version to correct against: trained without
+    # the correction, and said so; after the restart the rollouts' version is loaded from the run
+    assert len(corrected) == len(trained) or "trained without the rollout correction" in loop.log("trainer")
+    assert corrected and all(0 <= s["mismatch_abs"] < 0.05 for s in corrected), "torch engine and trainer agree"
+    assert all(s["mismatch_kl"] is not None and s["corrected_frac"] is not None for s in corrected)
     assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
 
 

@@ -96,3 +96,26 @@ def test_the_copy_holds_a_versions_bf16_bits_and_knows_which() -> None:
     assert not held.hold(5, policy, current=1), "neither it nor the policy has version 5"
     held.take(policy, 1)
     assert held.version == 1
+
+
+def test_a_version_neither_copy_holds_is_loaded_from_the_run(tmp_path: object) -> None:
+    """After a restart the trainer holds neither the rollouts' version nor its copy: the copy loads
+    it from the run, bit-exact as published; a version the run does not have stays uncorrected."""
+    import aurora_store
+    from trainer.publication import ModelPublisher
+
+    policy = tiny(seed=1)
+    run = aurora_store.open_run(f"file://{tmp_path}/run")
+    publisher = ModelPublisher(run, policy)
+    publisher.publish(step=0)
+    published = {k: v.detach().to(torch.bfloat16) for k, v in policy.named_parameters()}
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01)
+    publisher.publish(step=1)
+    held = RolloutPolicy(tiny(seed=2), load=run.materialize)
+    assert held.hold(0, policy, current=1) and held.version == 0, "loaded from the run"
+    for name, q in held.model.named_parameters():
+        assert torch.equal(q, published[name].float()), name
+    assert not held.hold(7, policy, current=1), "the run has no version 7"
+    assert held.version == 0

@@ -156,7 +156,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
         if self.grpo.correction != "none":
             frozen = self.dist.shard(policies.frozen_copy(self.policy, self.device))
-            self.rollout = RolloutPolicy(frozen, published=getattr(torch, spec.artefact.dtype))
+            load = self.run.materialize if self.dist.world == 1 else None  # a sharded copy cannot take a state dict
+            self.rollout = RolloutPolicy(frozen, published=getattr(torch, spec.artefact.dtype), load=load)
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)
             return int(latest)

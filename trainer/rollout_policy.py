@@ -13,8 +13,11 @@ of the weights per step; the correction itself costs a forward pass per micro-ba
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 
 import torch
+
+from aurora_store.errors import AuroraError
 
 log = logging.getLogger("aurora.trainer")
 
@@ -22,12 +25,21 @@ log = logging.getLogger("aurora.trainer")
 class RolloutPolicy:
     """A frozen copy of the policy holding the weights of one published version (``version``)."""
 
-    def __init__(self, model: torch.nn.Module, *, published: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        published: torch.dtype = torch.bfloat16,
+        load: Callable[[int], Mapping[str, torch.Tensor]] | None = None,
+    ) -> None:
         """``model``: a module of the policy's architecture (sharded like it under FSDP2), in the dtype
         it computes in; its weights are overwritten by :meth:`take`. ``published``: the dtype versions
-        hold their float weights in (the run's artefact)."""
+        hold their float weights in (the run's artefact). ``load``: a published version's weights by
+        HF name (the run's ``materialize``), for rollouts of a version neither copy holds (after a
+        restart); None where the copy cannot take a whole state dict (a sharded model)."""
         self.model = model.eval().requires_grad_(False)
         self.published = published
+        self.load = load
         self.version: int | None = None
 
     def take(self, policy: torch.nn.Module, version: int) -> None:
@@ -49,6 +61,8 @@ class RolloutPolicy:
         if version == current:
             self.take(policy, current)
             return True
+        if self.load is not None and self._load(version):
+            return True
         log.warning(
             "rollouts of version %d, but the trainer holds the weights of versions %s and %d only: this step "
             "is trained without the rollout correction",
@@ -57,3 +71,23 @@ class RolloutPolicy:
             current,
         )
         return False
+
+    def _load(self, version: int) -> bool:
+        """Hold ``version`` as the run published it (bit-exact: the bucket has every version). False,
+        logged, when it cannot be read (retired by gc, a store failure) or does not fit this model."""
+        try:
+            state = self.load(version) if self.load is not None else {}
+        except AuroraError as exc:
+            log.warning("rollouts of version %d: cannot load it from the run (%s)", version, exc)
+            return False
+        mine = dict(self.model.named_parameters())
+        missing = sorted(mine.keys() - state.keys())
+        if missing:
+            log.warning("rollouts of version %d: the version has no %r", version, missing[0])
+            return False
+        with torch.no_grad():
+            for name, dst in mine.items():
+                dst.copy_(state[name].to(dst.device, dst.dtype))
+        self.version = version
+        log.info("rollouts of version %d: loaded it from the run for the rollout correction", version)
+        return True
