@@ -82,7 +82,7 @@ class ModelPublisher:
     ) -> None:
         self.model, self.group = model, group
         self.artefact = artefact if artefact is not None else FullWeights(runspec.Artefact())
-        self.extract = run.config.extract
+        self.config = run.config
         sharded = dist.is_available() and dist.is_initialized()
         self.publisher: Publisher = run.publisher.on(TorchCollective(group)) if sharded else run.publisher
 
@@ -90,13 +90,6 @@ class ModelPublisher:
         self, *, step: int | None = None, kind: Kind = "auto", meta: Mapping[str, str] | None = None
     ) -> VersionInfo:
         """Commit the model's current weights as the next version; the same VersionInfo on every rank."""
-        keep = _on_device(self.extract, self.model)
+        keep = self.config.extract_on_device(p.device.type for p in self.model.parameters())
         share = self.artefact.state_for_publish(self.model, group=self.group, keep_device=keep)
         return self.publisher.publish(share, kind=kind, step=step, meta=meta)
-
-
-def _on_device(extract: str, model: torch.nn.Module) -> bool:
-    """Whether this rank extracts its deltas where its shards live (the run's ``extract`` setting)."""
-    if extract != "auto":
-        return extract == "device"
-    return any(p.device.type not in ("cpu", "meta") for p in model.parameters())

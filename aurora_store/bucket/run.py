@@ -143,8 +143,7 @@ class Run:
         from aurora_store.tensors import host_words, word_views  # torch loads only for callers with tensors
 
         specs, views = word_views(state_dict)
-        where = self.config.extract
-        if where == "device" or (where == "auto" and any(v.device.type != "cpu" for v in views.values())):
+        if self.config.extract_on_device(v.device.type for v in views.values()):
             words: dict[str, Any] = dict(views)
         else:
             words = {k: host_words(v) for k, v in views.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aurora_store.bucket.limits import Limits
@@ -38,3 +39,11 @@ class RunConfig:
             raise StoreError(f"codec must be one of {CODECS}, got {self.codec!r}")
         if self.extract not in ("auto", "host", "device"):
             raise StoreError(f"extract must be 'auto', 'host' or 'device', got {self.extract!r}")
+
+    def extract_on_device(self, device_types: Iterable[str]) -> bool:
+        """Whether a publisher whose tensors live on ``device_types`` (torch's ``device.type`` names)
+        extracts its deltas there: the one rule of ``extract``, for single-process and sharded
+        publishers alike (``meta`` tensors, which hold no data, count for neither)."""
+        if self.extract != "auto":
+            return self.extract == "device"
+        return any(t not in ("cpu", "meta") for t in device_types)
