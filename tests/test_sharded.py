@@ -149,19 +149,26 @@ def _halves(specs: tuple[TensorSpec, ...], rank: int) -> dict[str, tuple[int, in
     return out
 
 
-def _two_ranks(tmp_path: Path, name: str, sd: dict[str, torch.Tensor], claim: Any, **config: Any) -> list[Any]:
-    """Publish ``sd`` from two thread ranks of one group, rank r owning ``claim(specs, r)``; each
-    rank's VersionInfo or the exception it raised."""
-    group = ThreadGroup(2)
-    runs = [aurora_store.open_run(f"file://{tmp_path}/{name}", **config) for _ in range(2)]
-    pubs = [run.publisher.on(group.rank(r)) for r, run in enumerate(runs)]
-    specs, words = to_words(sd)
+class _TwoRanks:
+    """Two thread ranks of one group publishing to one run through the real publisher, each keeping
+    its baseline from one publish to the next."""
 
-    def publish(r: int) -> Any:
-        ranges = claim(specs, r)
-        return pubs[r].publish(Share(specs, ranges, {k: words[k][lo:hi] for k, (lo, hi) in ranges.items()}))
+    def __init__(self, uri: str, **config: Any) -> None:
+        self.group = ThreadGroup(2)
+        self.runs = [aurora_store.open_run(uri, **config) for _ in range(2)]
+        self.pubs = [run.publisher.on(self.group.rank(r)) for r, run in enumerate(self.runs)]
 
-    return group.run(publish)
+    def publish(self, sd: dict[str, torch.Tensor], claim: Any = None, kind: Any = "auto") -> list[Any]:
+        """``sd`` published with rank r owning ``claim(specs, r)`` (default: halves); each rank's
+        VersionInfo or the exception it raised."""
+        specs, words = to_words(sd)
+
+        def one(r: int) -> Any:
+            ranges = (claim or _halves)(specs, r)
+            mine = {k: words[k][lo:hi] for k, (lo, hi) in ranges.items()}
+            return self.pubs[r].publish(Share(specs, ranges, mine), kind=kind)
+
+        return self.group.run(one)
 
 
 def test_two_ranks_commit_what_one_process_would(tmp_path: Path) -> None:
@@ -173,39 +180,24 @@ def test_two_ranks_commit_what_one_process_would(tmp_path: Path) -> None:
     sd1 = step(sd0, 1, lr=1e-2)
     full = ref.publish(sd0)
     want = ref.publish(sd1, kind="delta")
-    group = ThreadGroup(2)
-    runs = [aurora_store.open_run(f"file://{tmp_path}/run", segment_bytes=256) for _ in range(2)]
-    pubs = [run.publisher.on(group.rank(r)) for r, run in enumerate(runs)]
-
-    def publish(sd: dict[str, torch.Tensor], kind: Any) -> list[Any]:
-        specs, words = to_words(sd)
-
-        def one(r: int) -> Any:
-            ranges = _halves(specs, r)
-            return pubs[r].publish(
-                Share(specs, ranges, {k: words[k][lo:hi] for k, (lo, hi) in ranges.items()}), kind=kind
-            )
-
-        return group.run(one)
-
-    infos = publish(sd0, "auto")
+    ranks = _TwoRanks(f"file://{tmp_path}/run", segment_bytes=256)
+    run = ranks.runs[0]
+    infos = ranks.publish(sd0)
     assert infos[0] == dataclasses.replace(infos[1], seconds=infos[0].seconds)  # the same outcome on both ranks
-    assert [(s.key, s.sha256) for s in runs[0].manifest(0).objects] == [
-        (s.key, s.sha256) for s in ref.manifest(0).objects
-    ]
+    assert [(s.key, s.sha256) for s in run.manifest(0).objects] == [(s.key, s.sha256) for s in ref.manifest(0).objects]
     assert infos[0].weights_digest == full.weights_digest
-    (info, _) = publish(sd1, "delta")
+    (info, _) = ranks.publish(sd1, kind="delta")
     assert (info.changed, info.weights_digest) == (want.changed, want.weights_digest)
-    ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in runs[0].manifest(1).segments}
+    ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in run.manifest(1).segments}
     assert ordinals == {0, 1}  # both ranks' keys, interleaved
-    assert bits_equal(runs[0].materialize(1), sd1)
-    assert audit(runs[0]).ok
+    assert bits_equal(run.materialize(1), sd1)
+    assert audit(run).ok
 
 
 def test_ranks_that_claim_the_same_elements_commit_nothing(tmp_path: Path) -> None:
     """Overlapping claims are refused on every rank before anything is written."""
     sd0 = state_dict()
-    got = _two_ranks(tmp_path, "run", sd0, lambda specs, r: whole(specs))
+    got = _TwoRanks(f"file://{tmp_path}/run").publish(sd0, lambda specs, r: whole(specs))
     assert all(isinstance(e, UnsupportedError) and "expected" in str(e) for e in got), got
     run = aurora_store.open_run(f"file://{tmp_path}/run")
     assert run.versions() == [] and run.store.list_keys("") == []
@@ -227,8 +219,9 @@ def test_a_delta_that_outgrows_a_full_copy_is_never_uploaded(tmp_path: Path) -> 
             run.publish(sd0)
             info = run.publish(sd1)
         else:
-            _two_ranks(tmp_path, f"r{ranks}", sd0, _halves, segment_bytes=256)
-            info = _two_ranks(tmp_path, f"r{ranks}", sd1, _halves, segment_bytes=256)[0]
+            two = _TwoRanks(uri, segment_bytes=256)
+            two.publish(sd0)
+            info = two.publish(sd1)[0]
             run = aurora_store.open_run(uri)
         assert info.kind == "full", ranks
         keys = run.store.list_keys("versions/0000000001/")

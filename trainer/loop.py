@@ -157,7 +157,7 @@ class Trainer:
         if self.grpo.correction != "none":
             frozen = self.dist.shard(policies.frozen_copy(self.policy, self.device))
             load = self.run.materialize if self.dist.world == 1 else None  # a sharded copy cannot take a state dict
-            self.rollout = RolloutPolicy(frozen, published=getattr(torch, spec.artefact.dtype), load=load)
+            self.rollout = RolloutPolicy(frozen, published=self.artefact.dtype, load=load)
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)
             return int(latest)

@@ -32,6 +32,11 @@ class Artefact(Protocol):
         """As the run records it, for actors to build their engines from."""
         ...
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype its float tensors are published in (what a copy of the published weights rounds to)."""
+        ...
+
     def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
         """This rank's share of the published tensors (collective-free: every rank calls it)."""
         ...
