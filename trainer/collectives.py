@@ -14,7 +14,7 @@ from aurora_store.tensors import WORDS, word_tensor
 
 
 class TorchCollective:
-    """The publisher's :class:`~aurora_store.bucket.publisher.Collective` on a torch.distributed
+    """The publisher's :class:`~aurora_store.bucket.collective.Collective` on a torch.distributed
     ``group`` (also what the distributed trainer gathers with); JSON travels as uint8 tensors."""
 
     def __init__(self, group: Any) -> None:

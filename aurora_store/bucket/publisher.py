@@ -36,13 +36,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from aurora_store import errors
 from aurora_store.bucket.announce import Announcements
 from aurora_store.bucket.attachments import Attachments
+from aurora_store.bucket.collective import Collective, LocalCollective
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.parts import (
     Baseline,
@@ -82,45 +83,6 @@ STREAM_MARGIN = 4
 """An ``auto`` delta streams (cut-through) when the chain plus this many times the last delta's
 bytes stays within a full copy: a delta that grew more than that since the last one is the rare
 case, and then its streamed segments are removed when it is published full instead."""
-
-
-class Collective(Protocol):
-    """What publishing needs from the group of publishers: its size, this one's rank, JSON gathered
-    and broadcast, and word arrays sent point to point."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def size(self) -> int: ...
-
-    def all_gather_json(self, obj: Any) -> list[Any]: ...
-
-    def broadcast_json(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        ...
-
-    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
-        """Send each (rank, words); fill each (rank, out) in place."""
-        ...
-
-
-class LocalCollective:
-    """A publisher alone: rank 0 of 1. Messages still round-trip through JSON, so a single process
-    uses exactly what a rank would receive."""
-
-    rank = 0
-    size = 1
-
-    def all_gather_json(self, obj: Any) -> list[Any]:
-        return [json.loads(json.dumps(obj, sort_keys=True))]
-
-    def broadcast_json(self, obj: Any) -> Any:
-        return json.loads(json.dumps(obj, sort_keys=True))
-
-    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
-        if sends or recvs:
-            raise UnsupportedError("a single publisher has no other rank to exchange words with")
 
 
 @dataclass(frozen=True, slots=True)
