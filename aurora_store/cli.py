@@ -219,6 +219,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "step": m.step,
                 "created": m.created,
                 "signed": m.signature is not None,
+                "rolls_back_to": None
+                if m.rolls_back_to is None
+                else {"version": m.rolls_back_to.version, "abandons": list(m.rolls_back_to.abandons)},
             }
         )
     if args.json:
@@ -227,8 +230,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"{args.uri} ({len(rows)} versions)")
+    notes = any(r["rolls_back_to"] for r in rows)
     for col in ("version", "kind", "bytes", "changed", "density", "B/changed", "ratio", "step", "created"):
         table.add_column(col, justify="left" if col in ("kind", "created") else "right")
+    if notes:
+        table.add_column("trained from", justify="left")
     for r in rows:
         table.add_row(
             str(r["version"]),
@@ -240,9 +246,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
             _num(r["ratio"], ".1f", "x"),
             _num(r["step"], "d"),
             r["created"],
+            *([_rollback(r["rolls_back_to"])] if notes else []),
         )
     _stdout().print(table)
     return 0
+
+
+def _rollback(back: dict[str, Any] | None) -> str:
+    """How ``aurora ls`` shows a version trained from an older state than its parent's."""
+    if back is None:
+        return ""
+    gone = back["abandons"]
+    span = str(gone[0]) if len(gone) == 1 else f"{gone[0]}..{gone[-1]}"
+    return f"rolls back to {back['version']} (abandons {span})"
 
 
 def _size(n: int) -> str:
@@ -333,6 +349,8 @@ def _audit_table(result: Any) -> None:
         table.add_column(col, justify="left" if col in ("kind", "status") else "right")
     for r in result.versions:
         status = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(r.status, f"[yellow]{r.status}[/]")
+        if r.rolls_back_to is not None:
+            status += f" (trained from {r.rolls_back_to})"
         table.add_row(
             str(r.version),
             r.kind or "?",

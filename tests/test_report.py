@@ -205,7 +205,21 @@ BAD: dict[str, tuple[Any, str]] = {
     "shares key not str": ({"shares": {1: []}}, "shares keys must be str"),
     "share rows not a list": ({"shares": {"a": {"step": 0}}}, r"shares\['a'\] must be a list"),
     "share missing prompts": ({"shares": {"a": [{"step": 0}]}}, "is missing 'prompts'"),
+    "rollback not a list": ({"rollbacks": {"version": 3}}, "rollbacks must be a list"),
+    "rollback missing target": ({"rollbacks": [{"version": 3, "abandons": [2]}]}, "is missing 'rolls_back_to'"),
+    "rollback abandons text": (
+        {"rollbacks": [{"version": 3, "rolls_back_to": 1, "abandons": "2"}]},
+        r"rollbacks\[0\].abandons must be a list",
+    ),
 }
+
+
+def test_rollbacks_are_listed(tmp_path: Path) -> None:
+    """A restarted trainer's rollbacks get a table; a run without one says so."""
+    none = render_report({})
+    assert "No version rolled back" in none
+    text = render_report({"rollbacks": [{"version": 7, "rolls_back_to": 4, "abandons": [5, 6]}]})
+    assert "<td>7</td><td>4</td><td>5, 6</td>" in text
 
 
 @pytest.mark.parametrize(("data", "message"), BAD.values(), ids=BAD.keys())

@@ -232,7 +232,37 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     assert len(corrected) == len(trained) or "trained without the rollout correction" in loop.log("trainer")
     assert corrected and all(0 <= s["mismatch_abs"] < 0.05 for s in corrected), "torch engine and trainer agree"
     assert all(s["mismatch_kl"] is not None and s["corrected_frac"] is not None for s in corrected)
-    assert "resuming" not in loop.log("trainer") or "optimizer state" in loop.log("trainer")
+    # the state of the last version before the kill may not have been committed yet (it is saved
+    # off the training thread): then the next version records the rollback to the state it used
+    resumed = run.manifest(at_kill + 1).rolls_back_to
+    assert f"resumes from the state of version {at_kill if resumed is None else resumed.version}" in loop.log("trainer")
+    assert resumed is None or resumed.abandons == tuple(range(resumed.version + 1, at_kill + 1))
+
+
+def test_a_trainer_killed_between_states_publishes_its_rollback(loop: Loop) -> None:
+    """--state-every 4, SIGKILL once version 6 is committed, restart: the next version continues from
+    version 4's state and says so (not silently from a chain that claims it descends from 6)."""
+    loop.actor("a")
+    first = loop.trainer("--steps", "9", "--state-every", "4")
+    run = open_run(loop.store)
+    wait_for(lambda: (run.latest() or 0) >= 6, "version 6", 180)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    at_kill = open_run(loop.store).latest()
+    assert at_kill is not None and at_kill >= 6
+    saved = [v for v in open_run(loop.store).state.versions() if v <= at_kill]
+    second = loop.trainer("--steps", "9", "--state-every", "4")
+    loop.finish(second, "trainer")
+    run = open_run(loop.store)
+    assert run.versions() == list(range(10)) and audit(run).ok
+    back = run.manifest(at_kill + 1).rolls_back_to
+    if saved[-1] == at_kill:  # the kill came after version 8's state (the last step's) was committed
+        assert back is None
+    else:
+        assert back is not None and back.version == saved[-1] and back.version % 4 == 0
+        assert back.abandons == tuple(range(back.version + 1, at_kill + 1))
+        assert back.version_hash == run.manifest(back.version).version_hash
+    assert f"resumes from the state of version {saved[-1]}; latest committed version {at_kill}" in loop.log("trainer")
 
 
 def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:

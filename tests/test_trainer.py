@@ -21,7 +21,7 @@ from aurora_store.bucket.run import open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.results import Result
-from aurora_store.errors import CorruptError, StoreError
+from aurora_store.errors import CorruptError, MissingError, StoreError
 from aurora_store.format import results as payloads
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, tiny_config
@@ -31,6 +31,7 @@ from aurora_store.rl.tokenizers import EOS, CharTokenizer
 from trainer.config import ScheduleConfig
 from trainer.dispatch import Dispatcher
 from trainer.grpo import GRPOConfig, Sample, advantages, batch, loss, token_logprobs
+from trainer.publication import ModelPublisher
 from trainer.state import load_state, save_state, saved_versions
 
 TOK = CharTokenizer()
@@ -233,30 +234,35 @@ def test_state_round_trip_and_refusals() -> None:
     run = open_run(f"memory://state-{uuid.uuid4().hex}/run")
     model, rng = tiny(seed=1), random.Random(5)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    publisher = ModelPublisher(run, model)
+    publisher.publish()
     model(input_ids=torch.tensor([[1, 5, 6]])).logits.sum().backward()
     opt.step()
+    publisher.publish()
     rng.random()
-    save_state(run, 7, model, opt, rng, {"note": "x"})
+    save_state(run, 1, model, opt, rng, {"note": "x"})
     expect_next = rng.random()
-    assert saved_versions(run) == [7]
+    assert saved_versions(run) == [1]
 
     model2, rng2 = tiny(seed=2), random.Random(0)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
-    saved = load_state(run, 7, model2, opt2, rng2)
+    saved = load_state(run, 1, model2, opt2, rng2)
     assert saved.extra == {"note": "x"} and rng2.random() == expect_next
     for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters(), strict=True):
         assert torch.equal(a, b), n
         assert torch.equal(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"])
     other = tiny(seed=9)
     with pytest.raises(StoreError):
-        save_state(run, 7, other, torch.optim.AdamW(other.parameters()), rng)  # a saved state is immutable
+        save_state(run, 1, other, torch.optim.AdamW(other.parameters()), rng)  # a saved state is immutable
     with pytest.raises(StoreError):
-        save_state(run, 9, other, opt, rng)  # an optimizer of another model
-    run.state.commit(8, b"{not json")
+        save_state(run, 0, other, opt, rng)  # an optimizer of another model
+    with pytest.raises(MissingError):
+        save_state(run, 2, model, opt, rng)  # a version that is not committed has no state
+    run.state.commit(0, b"{not json")
     with pytest.raises(CorruptError):
-        load_state(run, 8, model2, opt2, rng2)
+        load_state(run, 0, model2, opt2, rng2)
     with pytest.raises(CorruptError):
-        load_state(run, 7, build_model(tiny_config(TOK.vocab_size, hidden=64)), opt2, rng2)
+        load_state(run, 1, build_model(tiny_config(TOK.vocab_size, hidden=64)), opt2, rng2)
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
+from aurora_store.errors import ConfigError
 from aurora_store.options import option
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -123,12 +124,21 @@ class PublishConfig:
     """The dtype float tensors are published in, recorded in the run (aurora_run.json) for actors to
     build their engines in. Only bfloat16 is implemented; trainer/publication.py is the seam where FP8
     weights or LoRA adapters would be added."""
-    state_every: int = 5
-    """Save the resumable trainer state every this many versions."""
+    state_every: int = 1
+    """Save the resumable trainer state every this many versions (off the training thread, after each
+    version's commit). With 1, a restart continues from exactly the latest version; with K > 1 it
+    continues from the last saved state and the next version records the versions it abandons."""
     signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))
     """Sign every version with this Ed25519 private key (a PEM file, or PEM text in the environment;
     ``aurora keygen`` makes one). A run is signed or not from version 0 on: readers then refuse any
     version it did not sign."""
+
+    def __post_init__(self) -> None:
+        for name in ("full_every", "state_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a whole number of versions, at least 1; got {value!r}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -347,6 +347,7 @@ def _finish(
         "bytes_per_changed": round(sum(r.delta_bytes for r in deltas) / changed, 4) if changed else None,
         "full_bytes": reports[0].full_bytes if reports else 0,
         "apply_s": _apply_percentiles(apply_rows),
+        "rollbacks": len([r for r in reports if r.rolls_back_to is not None]),
         "dropped_results": dict(reports[-1].dropped) if reports else {},
         "reward_failures": dict(reports[-1].reward_failures) if reports else {},
         "wall_s": round(elapsed, 1),
@@ -371,6 +372,11 @@ def _finish(
         ],
         "apply": apply_rows,
         "shares": dict(shares),
+        "rollbacks": [
+            {"version": r.version, "rolls_back_to": r.rolls_back_to["version"], "abandons": r.rolls_back_to["abandons"]}
+            for r in reports
+            if r.rolls_back_to is not None
+        ],
     }
     summary["report"] = write_report(data, str(work / "report.html"))
     console.print()

@@ -25,12 +25,14 @@ from typing import Any
 import torch
 
 from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.plan import VersionInfo
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import now_ms
-from aurora_store.errors import ConfigError, StoreError
+from aurora_store.errors import ConfigError, MissingError
+from aurora_store.format.manifest import Rollback
 from aurora_store.rl.data import DataError, PromptPool, read_records
 from aurora_store.rl.tasks import PromptSource, TaskPrompts, load_task
 from trainer import policy as policies
@@ -41,7 +43,7 @@ from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.metrics import TrainerMetrics
 from trainer.publication import ModelPublisher, artefact_for
 from trainer.rollout_policy import RolloutPolicy
-from trainer.state import load_state, save_state, saved_versions
+from trainer.state import StateWriter, resume_state
 from trainer.step import StepStats, optimizer_step
 
 log = logging.getLogger("aurora.trainer")
@@ -75,6 +77,8 @@ class StepReport:
     """The standard error of the step's mean reward (over its completions)."""
     changed: int = 0
     """Elements the published version changed (a delta's; 0 for a full)."""
+    rolls_back_to: dict[str, Any] | None = None
+    """Set when the version continues from an older state than its parent's: ``{version, abandons}``."""
 
 
 def _stderr(xs: list[float]) -> float:
@@ -117,6 +121,13 @@ class Trainer:
         """The weights of the rollouts' version, with a rollout correction on."""
         self.weights_version = 0
         """The version whose weights the policy holds (after a resume, the saved state's)."""
+        self.rollback: Rollback | None = None
+        """Set after a resume from an older state than the latest version's, for the next version to record."""
+        self.origin: str | None = None
+        """The run's identity (version 0's hash), which every saved state is bound to."""
+        self.states = StateWriter(self.run, write=self.dist.main)
+        """Saves the state of committed versions off the training thread."""
+        self.metrics.watch_states(self.states.cost)
         self.rng = random.Random(cfg.seed)
         self.tag = uuid.uuid4().hex[:8]
         self._admissions = open(cfg.admissions_log, "a", encoding="utf-8") if cfg.admissions_log else None  # noqa: SIM115
@@ -166,11 +177,26 @@ class Trainer:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
         info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name(), "trainer": self.tag})
+        log.info("trainer %s starts a new run at version 0", self.tag)
         self.dispatch.published_version(0, info.version_hash, info.weights_digest)
         self.metrics.published(0)
-        save_state(self.run, 0, self.model, self.opt, self.rng, self._state_extra(0), write=self.dist.main)
+        self.origin = info.version_hash
+        self._save_state(0, info.version_hash)
         self._load_reference()
         return 0
+
+    def _save_state(self, version: int, version_hash: str) -> None:
+        sharded = self.dist.world > 1
+        self.states.save(
+            version,
+            version_hash,
+            self.origin,
+            self.model,
+            self.opt,
+            self.rng,
+            self._state_extra(version),
+            sharded=sharded,
+        )
 
     def _result_stores(self) -> dict[str, ObjectStore]:
         """Where actors put result payloads too large for Redis: each region's bucket (run prefix)."""
@@ -187,34 +213,44 @@ class Trainer:
         self.coord.regions.rebuild(self.cfg.region, self.run.reader)
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
-        saved = [v for v in saved_versions(self.run) if v <= latest]
-        if not saved:
-            raise StoreError(f"{self.run.uri}: version {latest} is published but no trainer state was saved")
-        state = load_state(self.run, saved[-1], self.model, self.opt, self.rng)
-        self.weights_version = saved[-1]
+        tip = self.run.manifest(latest)
+        self.origin = tip.identity.origin if tip.identity is not None else None
+        resumed = resume_state(self.run, latest, self.model, self.opt, self.rng)
+        state = resumed.state
+        self.weights_version = state.version
         data = state.extra.get("data")
-        if isinstance(data, dict) and "fingerprint" in data and data != self.source.position(saved[-1], self._n()):
+        if isinstance(data, dict) and "fingerprint" in data and data != self.source.position(state.version, self._n()):
             raise DataError(
                 f"{self.run.uri}: the run was trained on another data set or order ({data}); give the same --data, "
                 "--data-format and --seed to resume it"
             )
-        if saved[-1] != latest:
+        log.info(
+            "trainer %s resumes from the state of version %d; latest committed version %d",
+            self.tag,
+            state.version,
+            latest,
+        )
+        if state.version != latest:
+            self.rollback = Rollback.of(state.version, self.run.manifest(state.version).version_hash, latest)
             log.warning(
-                "resuming from the state of version %d; versions %d..%d were published from state that was "
-                "not saved, so version %d continues from version %d's weights and optimizer state (the "
-                "steps between are lost; save the state more often with --state-every)",
-                saved[-1],
-                saved[-1] + 1,
-                latest,
+                "the newest usable trainer state is version %d's: version %d will continue from version %d's "
+                "weights and optimizer state and record that it abandons versions %d..%d (their states %s)",
+                state.version,
                 latest + 1,
-                saved[-1],
+                state.version,
+                state.version + 1,
+                latest,
+                "were not saved: --state-every is above 1" if not resumed.refused else "are unusable",
             )
         self._load_reference()
         if self.dist.main:
             if unrecorded:  # a run an earlier trainer started: it gains its aurora_run.json now
                 self.run.files.put(policies.RUN_SPEC, spec.to_bytes())
             for v in range(max(0, latest - 2), latest + 1):
-                m = self.run.manifest(v)
+                try:  # results of the last versions' jobs may still come in; gc may have retired the older ones
+                    m = tip if v == latest else self.run.manifest(v)
+                except MissingError:
+                    continue
                 self.dispatch.published_version(v, m.version_hash, m.weights_digest)
             self.dispatch.forget_predecessor()
         self.metrics.published(latest)
@@ -317,11 +353,33 @@ class Trainer:
             reference=self.reference,
             all_reduce=self.dist.sum_floats if self.dist.world > 1 else None,
             rollout_model=rollout_model,
-            before_update=(lambda: rollout.take(self.model, held)) if rollout is not None else None,
+            before_update=lambda: self._before_update(rollout, held),
         )
         self.weights_version = step
         reward = sum(s.reward for s in samples) / max(len(samples), 1)
         return reward, time.perf_counter() - t0, stats
+
+    def _before_update(self, rollout: RolloutPolicy | None, held: int) -> None:
+        """What must happen before the optimizer moves the weights: the last version's state is copied,
+        and the rollout copy takes the weights it needs."""
+        self.states.before_update()
+        if rollout is not None:
+            rollout.take(self.model, held)
+
+    def commit(self, step: int) -> VersionInfo:
+        """Publish the weights of ``step`` as the next version (recording a pending rollback) and start
+        saving its state when it is due. Collective under torchrun."""
+        info = self.publisher.publish(step=step, meta={"trainer": self.tag}, rolls_back_to=self.rollback)
+        if self.rollback is not None:
+            self.metrics.rolled_back(len(self.rollback.abandons))
+            self.rollback = None
+        self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
+        # after the commit: a state saved first would be immutable and ahead of the chain, and the
+        # step a restarted trainer redoes could never save its own (a kill before the state is
+        # committed resumes from the state before, and the next version records the rollback)
+        if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
+            self._save_state(info.version, info.version_hash)
+        return info
 
     def train(self) -> int:
         """Run to ``cfg.steps``; returns the last published version. Collective under torchrun."""
@@ -341,10 +399,10 @@ class Trainer:
             wait = time.perf_counter() - t0
             reward, train_s, stats = self.train_step(step, batch)
             t1 = time.perf_counter()
-            info = self.publisher.publish(step=step, meta={"trainer": self.tag})
+            back = self.rollback
+            info = self.commit(step)
             published_ms = now_ms()
             publish_s = time.perf_counter() - t1
-            self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
             self.metrics.step(
                 version=info.version,
                 publish_s=publish_s,
@@ -352,11 +410,6 @@ class Trainer:
                 wait_s=wait,
                 mismatch={"abs": stats.mismatch_abs, "kl": stats.mismatch_kl, "corrected": stats.corrected_frac},
             )
-            # after the commit: a state saved first would be immutable and ahead of the chain, and the
-            # step a restarted trainer redoes could never save its own (a kill between the two resumes
-            # from the state before, which the warning in _resume says)
-            if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
-                save_state(self.run, step, self.model, self.opt, self.rng, self._state_extra(step), write=main)
             if not main:
                 continue
             if step + 2 <= self.cfg.steps:
@@ -382,6 +435,7 @@ class Trainer:
                 skipped_prompts=self.source.skipped,
                 reward_stderr=_stderr([row[3] for row in batch["rows"]]),
                 changed=info.changed if info.kind == "delta" else 0,
+                rolls_back_to=None if back is None else {"version": back.version, "abandons": list(back.abandons)},
             )
             try:
                 self.coord.note("steps", **asdict(rep))
@@ -389,6 +443,7 @@ class Trainer:
                 log.warning("step %d: could not record its report in Redis: %s", step, exc)
             if self.on_step is not None:
                 self.on_step(rep)
+        self.states.flush()
         if main:
             self.dispatch.close()
         return self.cfg.steps
@@ -399,6 +454,7 @@ class Trainer:
         dispatch = getattr(self, "dispatch", None)
         if dispatch is not None:
             dispatch.close()
+        self.states.close()
         if self._admissions is not None:
             self._admissions.close()
             self._admissions = None

@@ -16,6 +16,7 @@ from aurora_store.metrics import Metrics, Spec
 if TYPE_CHECKING:
     from aurora_store.coord.coordinator import Coordinator
     from trainer.dispatch import Dispatcher
+    from trainer.state import SaveCost
 
 PUBLISHED_VERSION = Spec(
     "aurora_trainer_published_version",
@@ -84,6 +85,32 @@ ROLLOUT_MISMATCH = Spec(
     "sequence-level KL(rollout ‖ trainer), measure=corrected the fraction of tokens truncated or dropped.",
     ("measure",),
 )
+STATE_SAVES = Spec(
+    "aurora_trainer_state_saves_total",
+    "counter",
+    "Trainer states committed (one per --state-every versions), saved off the training thread.",
+)
+STATE_FAILURES = Spec(
+    "aurora_trainer_state_failures_total",
+    "counter",
+    "Trainer states that could not be saved (a restart then continues from an older one and records a rollback).",
+)
+STATE_BLOCKED_SECONDS = Spec(
+    "aurora_trainer_state_blocked_seconds_total",
+    "counter",
+    "Seconds the training thread spent on saving states: capturing them and waiting for the writer's copy.",
+)
+STATE_BYTES = Spec("aurora_trainer_state_bytes_total", "counter", "Bytes of trainer states written.")
+ROLLBACKS = Spec(
+    "aurora_trainer_rollbacks_total",
+    "counter",
+    "Versions published after a restart from an older state than their parent's (they record rolls_back_to).",
+)
+ABANDONED = Spec(
+    "aurora_trainer_abandoned_versions_total",
+    "counter",
+    "Versions whose training a rollback abandoned (the steps a restart could not continue from).",
+)
 SPECS = (
     PUBLISHED_VERSION,
     STEPS,
@@ -100,6 +127,12 @@ SPECS = (
     ADMISSION_TOKENS,
     PAYLOAD_FETCHED,
     ROLLOUT_MISMATCH,
+    STATE_SAVES,
+    STATE_FAILURES,
+    STATE_BLOCKED_SECONDS,
+    STATE_BYTES,
+    ROLLBACKS,
+    ABANDONED,
 )
 
 
@@ -114,6 +147,8 @@ class TrainerMetrics:
         self._train = self.m.histogram(TRAIN_SECONDS)
         self._wait = self.m.histogram(WAIT_SECONDS)
         self._mismatch = self.m.gauge(ROLLOUT_MISMATCH)
+        self._rollbacks = self.m.counter(ROLLBACKS)
+        self._abandoned = self.m.counter(ABANDONED)
 
     def watch(self, coord: Coordinator) -> None:
         self.m.redis_skipped(coord.skipped.snapshot)
@@ -129,6 +164,17 @@ class TrainerMetrics:
         self.m.pull(ADMISSION_CPU, lambda: d.payloads.cpu_s)
         self.m.pull(ADMISSION_TOKENS, lambda: d.payloads.tokens)
         self.m.pull(PAYLOAD_FETCHED, lambda: d.payloads.fetched_bytes)
+
+    def watch_states(self, cost: SaveCost) -> None:
+        """Export what saving trainer states has cost (read at scrape time)."""
+        self.m.pull(STATE_SAVES, lambda: cost.saves)
+        self.m.pull(STATE_FAILURES, lambda: cost.failed)
+        self.m.pull(STATE_BLOCKED_SECONDS, lambda: cost.training_thread_s)
+        self.m.pull(STATE_BYTES, lambda: cost.bytes)
+
+    def rolled_back(self, abandoned: int) -> None:
+        self._rollbacks.inc()
+        self._abandoned.inc(abandoned)
 
     def published(self, version: int) -> None:
         self._version.set(version)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from aurora_store.bucket.plan import Kind, VersionInfo
 from aurora_store.bucket.publisher import Publisher, Share
 from aurora_store.bucket.run import Run
+from aurora_store.format.manifest import Rollback
 from aurora_store.rl import runspec
 from trainer.collectives import TorchCollective
 from trainer.sharded import local_share, published_state
@@ -92,9 +93,14 @@ class ModelPublisher:
         self.publisher: Publisher = run.publisher.on(TorchCollective(group)) if sharded else run.publisher
 
     def publish(
-        self, *, step: int | None = None, kind: Kind = "auto", meta: Mapping[str, str] | None = None
+        self,
+        *,
+        step: int | None = None,
+        kind: Kind = "auto",
+        meta: Mapping[str, str] | None = None,
+        rolls_back_to: Rollback | None = None,
     ) -> VersionInfo:
         """Commit the model's current weights as the next version; the same VersionInfo on every rank."""
         keep = self.config.extract_on_device(p.device.type for p in self.model.parameters())
         share = self.artefact.state_for_publish(self.model, group=self.group, keep_device=keep)
-        return self.publisher.publish(share, kind=kind, step=step, meta=meta)
+        return self.publisher.publish(share, kind=kind, step=step, meta=meta, rolls_back_to=rolls_back_to)

@@ -29,7 +29,8 @@ def write_report(data: Mapping[str, Any], path: str) -> str:
     `data` keys, all optional: "title" str; "summary" {str: str|int|float}; "steps" [{"step", "version",
     "reward_mean", "delta_bytes", "full_bytes", "density", "publish_s", and optionally "entropy", "kl",
     "clip_frac", "response_len", "mismatch_abs", "mismatch_kl"}]; "apply" [{"version", "region", "actor",
-    "seconds"}]; "shares" {actor_id: [{"step", "prompts"}]}.
+    "seconds"}]; "shares" {actor_id: [{"step", "prompts"}]}; "rollbacks" [{"version", "rolls_back_to",
+    "abandons"}]: versions a restarted trainer published from an older state than their parent's.
     """
     text = render_report(data)
     tmp = f"{path}.tmp"
@@ -50,6 +51,7 @@ def render_report(data: Mapping[str, Any]) -> str:
     steps = [_step(r, f"steps[{i}]") for i, r in enumerate(_rows(data.get("steps", []), "steps"))]
     applies = [_apply(r, f"apply[{i}]") for i, r in enumerate(_rows(data.get("apply", []), "apply"))]
     shares = _shares(_mapping(data.get("shares", {}), "shares"))
+    rollbacks = [_rollback(r, f"rollbacks[{i}]") for i, r in enumerate(_rows(data.get("rollbacks", []), "rollbacks"))]
 
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(show(v, f'summary[{k!r}]'))}</td></tr>" for k, v in summary.items())
     parts = [f"<h1>{esc(title)}</h1>", f"<table>{rows}</table>" if rows else "<p>No summary.</p>"]
@@ -76,6 +78,7 @@ def render_report(data: Mapping[str, Any]) -> str:
         line_chart("Publish to apply, per region (max over actors)", "version", "seconds", _apply_series(applies))
     )
     parts.append(_share_section(shares))
+    parts.append(_rollback_section(rollbacks))
     body = "".join(parts)
     return (
         '<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
@@ -139,6 +142,29 @@ def _step(row: Mapping[str, Any], where: str) -> dict[str, float]:
 
 _POLICY = ("entropy", "kl", "clip_frac", "response_len", "mismatch_abs", "mismatch_kl")
 """Per-step policy metrics (optional: a step that trained nothing has none)."""
+
+
+def _rollback(row: Mapping[str, Any], where: str) -> tuple[int, int, list[int]]:
+    """``{"version": V, "rolls_back_to": S, "abandons": [...]}``: version V continues from S's state."""
+    abandons = _key(row, "abandons", where)
+    if not isinstance(abandons, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in abandons):
+        raise ValueError(f"{where}.abandons must be a list of versions")
+    _int(row, "version", where), _int(row, "rolls_back_to", where)  # checked: ints, not bools
+    return row["version"], row["rolls_back_to"], abandons
+
+
+def _rollback_section(rollbacks: list[tuple[int, int, list[int]]]) -> str:
+    """The versions a restarted trainer published from an older state than their parent's."""
+    if not rollbacks:
+        return "<h2>Restarts</h2><p>No version rolled back: every version continues from its parent's state.</p>"
+    rows = "".join(
+        f"<tr><td>{v}</td><td>{back}</td><td>{esc(', '.join(map(str, gone)))}</td></tr>" for v, back, gone in rollbacks
+    )
+    return (
+        "<h2>Restarts</h2><p>Versions a restarted trainer trained from an older state than their parent's "
+        "(its newest usable state); the abandoned versions' steps were not continued.</p>"
+        f"<table><tr><th>version</th><th>trained from the state of</th><th>abandons</th></tr>{rows}</table>"
+    )
 
 
 def _apply(row: Mapping[str, Any], where: str) -> tuple[float, str, str, float]:

@@ -1,18 +1,29 @@
-"""The trainer's resumable state: FP32 masters, optimizer, RNG, position.
+"""The trainer's resumable state: FP32 masters, optimizer moments, RNG, position.
 
-Saved every K versions through the run's :class:`~aurora_store.bucket.state.StateStore`
-(``trainer/state-<version>/``, see docs/FORMAT.md): ``tensors.safetensors`` (master weights
-and AdamW moments, by HF name) and ``state.json`` (the version it belongs to, the optimizer's
-step counts and hyper-parameters, RNG states), written last: its existence is the commit, as
-a manifest is for a version. No pickle: safetensors and JSON only.
+Saved through the run's :class:`~aurora_store.bucket.state.StateStore` (``trainer/state-<version>/``,
+see docs/FORMAT.md): ``tensors.safetensors`` (master weights and AdamW moments, by HF name) and
+``state.json`` (:mod:`aurora_store.format.trainer_state`: the version hash and run it belongs to,
+the tensor file's SHA-256, step counts, hyper-parameters and RNG states, signed in a signed run),
+written last: its existence is the commit, as a manifest is for a version. No pickle.
+
+:class:`StateWriter` saves off the training thread. The training thread captures what is small
+(RNG and step counts) and hands over references to the live tensors; a writer thread serialises
+them while the next step's rollouts are collected and its forward and backward passes run (none
+of which moves a weight or a moment), and the training thread waits for that copy only before the
+next optimizer update. Hashing, the upload and the commit overlap the next step entirely.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import random
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,9 +32,10 @@ from safetensors.torch import save as st_save
 
 from aurora_store.bucket.run import Run
 from aurora_store.errors import CorruptError, StoreError
-from aurora_store.format import hostile_json
+from aurora_store.format import trainer_state
 
-MAX_JSON_BYTES = 1 << 20
+log = logging.getLogger("aurora.trainer")
+
 TENSORS = "tensors.safetensors"
 
 
@@ -31,6 +43,22 @@ TENSORS = "tensors.safetensors"
 class SavedState:
     version: int
     extra: dict[str, Any]
+
+
+@dataclass(slots=True)
+class SaveCost:
+    """What saving states has cost so far."""
+
+    saves: int = 0
+    training_thread_s: float = 0.0
+    """Seconds the training thread spent capturing states and waiting for a writer's copy."""
+    writer_s: float = 0.0
+    """Seconds of the writer thread (serialise, hash, upload, commit): overlapped with training."""
+    bytes: int = 0
+    failed: int = 0
+    last_version: int = -1
+    """The newest version whose state is committed."""
+    errors: list[str] = field(default_factory=list)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -50,6 +78,148 @@ def _like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(on_mesh, mesh, like.placements)  # type: ignore[attr-defined]
 
 
+@dataclass(slots=True)
+class _Capture:
+    """One version's state as the training thread hands it to the writer."""
+
+    version: int
+    version_hash: str
+    origin: str | None
+    tensors: Callable[[], dict[str, torch.Tensor]]
+    """The tensors, read when called (live references: valid until the next optimizer update)."""
+    trainer: dict[str, Any]
+    copied: threading.Event = field(default_factory=threading.Event)
+
+
+def _capture(
+    version: int,
+    version_hash: str,
+    origin: str | None,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: random.Random,
+    extra: dict[str, Any],
+    *,
+    sharded: bool,
+) -> _Capture:
+    names = {id(p): n for n, p in model.named_parameters()}
+    steps: dict[str, float] = {}
+    moments: list[tuple[str, torch.Tensor]] = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            n = names.get(id(p))
+            if n is None:
+                raise StoreError("trainer state: the optimizer holds a parameter the model does not have")
+            st = opt.state.get(p, {})
+            moments += [(f"opt/{n}/{k}", st[k]) for k in ("exp_avg", "exp_avg_sq") if k in st]
+            if "step" in st:
+                steps[n] = float(st["step"])
+    params = [(f"model/{n}", p) for n, p in model.named_parameters()]
+
+    def tensors() -> dict[str, torch.Tensor]:
+        out = {k: _full(p).float().contiguous() for k, p in params}
+        out.update((k, _full(t).contiguous()) for k, t in moments)
+        return out
+
+    if sharded:  # gathering is a collective: every rank gathers now, on the training thread
+        gathered = tensors()
+        tensors = lambda: gathered  # noqa: E731
+    trainer = {
+        "opt_steps": steps,
+        "opt_groups": [{k: v for k, v in g.items() if k != "params" and _jsonable(v)} for g in opt.param_groups],
+        "python_rng": _encode_rng(rng.getstate()),
+        "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "extra": extra,
+    }
+    return _Capture(version, version_hash, origin, tensors, trainer)
+
+
+class StateWriter:
+    """Saves the state of committed versions from a thread of its own, one at a time.
+
+    :meth:`save` returns once it has captured what the next step would change outside the weights
+    (RNG, step counts); :meth:`before_update` must run before the next optimizer update (it waits
+    until the writer has copied the weights and moments); :meth:`flush` waits for everything.
+    A failed save is logged and counted, never raised: the run goes on, and a restart rolls back to
+    the newest state that was saved (the next version records it)."""
+
+    def __init__(self, run: Run, *, write: bool = True) -> None:
+        self.run = run
+        self.write = write
+        """False on the ranks of a sharded trainer other than rank 0: they only join the gathers."""
+        self.cost = SaveCost()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aurora-state")
+        self._pending: tuple[_Capture, Future[None]] | None = None
+        self._lock = threading.Lock()
+
+    def save(
+        self,
+        version: int,
+        version_hash: str,
+        origin: str | None,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        rng: random.Random,
+        extra: dict[str, Any] | None = None,
+        *,
+        sharded: bool = False,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.flush()  # one state at a time: a writer that falls behind holds the training thread here
+        capture = _capture(version, version_hash, origin, model, opt, rng, extra or {}, sharded=sharded)
+        if self.write:
+            self._pending = (capture, self._pool.submit(self._write, capture))
+        self.cost.training_thread_s += time.perf_counter() - t0
+
+    def before_update(self) -> None:
+        """Wait until the pending state's tensors are copied (the next update may then move them)."""
+        if self._pending is None:
+            return
+        t0 = time.perf_counter()
+        capture, done = self._pending
+        while not capture.copied.wait(0.05) and not done.done():
+            pass
+        self.cost.training_thread_s += time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Wait for the pending save to be committed (or to have failed)."""
+        if self._pending is None:
+            return
+        self._pending[1].result()
+        self._pending = None
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
+
+    def _write(self, capture: _Capture) -> None:
+        t0 = time.perf_counter()
+        v = capture.version
+        try:
+            try:
+                data = st_save(capture.tensors())
+            finally:
+                capture.copied.set()
+            tensors = trainer_state.TensorFile.of(TENSORS, data)
+            doc = trainer_state.new(
+                v, capture.version_hash, capture.origin, tensors, capture.trainer, self.run.signing_key
+            )
+            self.run.state.put(v, TENSORS, data)
+            self.run.state.commit(v, doc.to_bytes())
+            with self._lock:
+                self.cost.saves += 1
+                self.cost.bytes += len(data) + len(doc.to_bytes())
+                self.cost.last_version = max(self.cost.last_version, v)
+        except Exception as exc:
+            log.error("could not save the trainer state of version %d: %s", v, exc)
+            with self._lock:
+                self.cost.failed += 1
+                self.cost.errors = [*self.cost.errors[-9:], f"{v}: {exc}"]
+        finally:
+            with self._lock:
+                self.cost.writer_s += time.perf_counter() - t0
+
+
 def save_state(
     run: Run,
     version: int,
@@ -60,37 +230,19 @@ def save_state(
     *,
     write: bool = True,
 ) -> None:
-    """Write the state that produced ``version`` (after its optimizer step). Under FSDP2 every rank
-    calls it (shards are gathered) and only the one with ``write`` set writes."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    tensors: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        tensors[f"model/{name}"] = _full(param).float().contiguous()
-    steps: dict[str, float] = {}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p, {})
-            n = names.get(id(p))
-            if n is None:
-                raise StoreError("trainer state: the optimizer holds a parameter the model does not have")
-            for k in ("exp_avg", "exp_avg_sq"):
-                if k in st:
-                    tensors[f"opt/{n}/{k}"] = _full(st[k]).contiguous()
-            if "step" in st:
-                steps[n] = float(st["step"])
-    if not write:
-        return
-    doc = {
-        "format": "aurora-trainer-state/1",
-        "version": version,
-        "opt_steps": steps,
-        "opt_groups": [{k: v for k, v in g.items() if k != "params" and _jsonable(v)} for g in opt.param_groups],
-        "python_rng": _encode_rng(rng.getstate()),
-        "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "extra": extra or {},
-    }
-    run.state.put(version, TENSORS, st_save(tensors))
-    run.state.commit(version, json.dumps(doc, sort_keys=True).encode())
+    """Save the state of committed ``version`` now, on this thread (under FSDP2 every rank calls it;
+    only the one with ``write`` set writes). Raises what the save raised."""
+    writer = StateWriter(run, write=write)
+    try:
+        sharded = any(getattr(p, "device_mesh", None) is not None for p in model.parameters())
+        m = run.manifest(version)
+        identity = m.identity
+        origin = identity.origin if identity is not None else None
+        writer.save(version, m.version_hash, origin, model, opt, rng, extra, sharded=sharded)
+    finally:
+        writer.close()
+    if writer.cost.failed:
+        raise StoreError(f"{run.state.url(version)}: {writer.cost.errors[-1]}")
 
 
 def saved_versions(run: Run) -> list[int]:
@@ -101,41 +253,96 @@ def saved_versions(run: Run) -> list[int]:
 def load_state(
     run: Run, version: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
 ) -> SavedState:
-    """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place)."""
+    """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place), after
+    checking it belongs to committed ``version`` of this run (and its signature, in a signed run).
+    Raises CorruptError, ChainError, UnauthenticatedError or MissingError; the model is untouched
+    then."""
     where = run.state.url(version)
+    doc = trainer_state.parse(
+        run.state.get_commit(version, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
+    )
+    key = run.signing_key.public_key() if run.signing_key is not None else None
+    if doc.legacy and key is not None and _has_current(run):
+        raise CorruptError(f"{where}: an unsigned state of the old format in a run whose states are signed")
+    trainer_state.check(doc, run.manifest(version), key, where)
+    cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
+    data = run.state.get(version, TENSORS, max_bytes=cap)
+    if doc.tensors is not None:
+        doc.tensors.check(data, where)
     try:
-        doc = hostile_json.loads(run.state.get_commit(version, max_bytes=MAX_JSON_BYTES))
-        if not isinstance(doc, dict) or doc.get("format") != "aurora-trainer-state/1" or doc.get("version") != version:
-            raise CorruptError(f"{where}: state.json is not the trainer state of version {version}")
-        cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
-        tensors = st_load(run.state.get(version, TENSORS, max_bytes=cap))
+        tensors = st_load(data)
+        body = doc.trainer
+        steps = body["opt_steps"]
+        python_rng = _decode_rng(body["python_rng"])
+        torch_rng = torch.frombuffer(bytearray(base64.b64decode(body["torch_rng"])), dtype=torch.uint8)
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptError(f"{where}: unreadable trainer state: {exc}") from None
+        raise CorruptError(f"{where}: unreadable trainer state: {exc}"[:400]) from None
     params = dict(model.named_parameters())
     expected = {f"model/{n}" for n in params}
     if not expected <= set(tensors):
         raise CorruptError(f"{where}: state lacks {sorted(expected - set(tensors))[:3]}")
+    for n, p in params.items():
+        src = tensors[f"model/{n}"]
+        if src.shape != p.shape:
+            raise CorruptError(f"{where}: {n} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
+        if n in steps and not {f"opt/{n}/exp_avg", f"opt/{n}/exp_avg_sq"} <= set(tensors):
+            raise CorruptError(f"{where}: state lacks the optimizer moments of {n}")
     with torch.no_grad():
         for n, p in params.items():
-            src = tensors[f"model/{n}"]
-            if src.shape != p.shape:
-                raise CorruptError(f"{where}: {n} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
-            p.copy_(_like(src, p))
+            p.copy_(_like(tensors[f"model/{n}"], p))
     for n, p in params.items():
-        if n in doc["opt_steps"]:
+        if n in steps:
             opt.state[p] = {
-                "step": torch.tensor(doc["opt_steps"][n]),
+                "step": torch.tensor(float(steps[n])),
                 "exp_avg": _like(tensors[f"opt/{n}/exp_avg"].clone(), p),
                 "exp_avg_sq": _like(tensors[f"opt/{n}/exp_avg_sq"].clone(), p),
             }
-    rng.setstate(_decode_rng(doc["python_rng"]))
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(doc["torch_rng"])), dtype=torch.uint8))
-    return SavedState(version, dict(doc.get("extra", {})))
+    rng.setstate(python_rng)
+    torch.set_rng_state(torch_rng)
+    extra = body.get("extra", {})
+    return SavedState(version, dict(extra) if isinstance(extra, dict) else {})
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """What a restarted trainer continues from."""
+
+    state: SavedState
+    refused: dict[int, str]
+    """Newer states that could not be used, and why."""
+
+
+def resume_state(
+    run: Run, latest: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
+) -> Resumed:
+    """Load the newest state at or below committed version ``latest`` that loads and verifies;
+    skipped ones are logged. StoreError if none does."""
+    refused: dict[int, str] = {}
+    for v in reversed([v for v in saved_versions(run) if v <= latest]):
+        try:
+            return Resumed(load_state(run, v, model, opt, rng), refused)
+        except StoreError as exc:
+            log.warning("the trainer state of version %d cannot be used: %s", v, exc)
+            refused[v] = str(exc)
+    why = f" ({len(refused)} refused: {next(iter(refused.values()))})" if refused else ""
+    raise StoreError(f"{run.uri}: version {latest} is published but no usable trainer state was saved{why}")
+
+
+def _has_current(run: Run) -> bool:
+    """Whether any state of the run is of the current, bound format (then a legacy one is not trusted)."""
+    for v in reversed(saved_versions(run)):
+        try:
+            data = run.state.get_commit(v, max_bytes=trainer_state.MAX_DOC_BYTES)
+            if not trainer_state.parse(data, expect_version=v, what=run.state.url(v)).legacy:
+                return True
+        except StoreError:
+            continue
+    return False
 
 
 def _jsonable(v: object) -> bool:
     try:
-        json.dumps(v)
+        json.dumps(v, allow_nan=False)
     except (TypeError, ValueError):
         return False
     return True
@@ -146,7 +353,7 @@ def _encode_rng(state: tuple[Any, ...]) -> list[Any]:
     return [version, list(internal), gauss]
 
 
-def _decode_rng(doc: list[Any]) -> tuple[Any, ...]:
-    if not isinstance(doc, list) or len(doc) != 3:
-        raise StoreError("trainer state: bad python_rng")
+def _decode_rng(doc: Any) -> tuple[Any, ...]:
+    if not isinstance(doc, list) or len(doc) != 3 or not isinstance(doc[1], list):
+        raise ValueError("bad python_rng")
     return (doc[0], tuple(doc[1]), doc[2])

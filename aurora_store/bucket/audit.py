@@ -53,6 +53,10 @@ class VersionAudit:
     elements: int | None = None
     signed: bool | None = None
     key_id: str | None = None
+    rolls_back_to: int | None = None
+    """The version whose trainer state this one continues from, when not its parent's (a restart)."""
+    abandons: list[int] | None = None
+    """The versions that rollback abandons."""
     status: str = OK
     error: str | None = None
     type: str | None = None
@@ -98,7 +102,17 @@ class AuditResult:
             "first_error": None if self.first_error is None else self.first_error.to_dict(),
             "retired": self.retired,
             "bad_records": self.bad_records,
+            "rollbacks": self.rollbacks,
         }
+
+    @property
+    def rollbacks(self) -> list[dict[str, Any]]:
+        """The versions a restarted trainer published from an older state than their parent's."""
+        return [
+            {"version": r.version, "rolls_back_to": r.rolls_back_to, "abandons": r.abandons}
+            for r in self.versions
+            if r.rolls_back_to is not None
+        ]
 
 
 class _Failed(Exception):
@@ -126,11 +140,14 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
     prev: Manifest | None = None
     state: WeightState | None = None
     listed_before = -1
+    hashes: dict[int, str] = {}
     for v in versions:
         row = VersionAudit(v)
         m: Manifest | None = None
         try:
             m = _manifest(reader, v, row)
+            hashes[v] = m.version_hash
+            _check_rollback(reader, m, hashes)
             state = _check_version(reader, m, prev, state, row, listed_before, retired)
         except _Failed as f:
             state = f.state
@@ -145,6 +162,19 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
     return AuditResult(run.uri, rows, first, len(retired), bad_records)
 
 
+def _check_rollback(reader: Reader, m: Manifest, hashes: dict[int, str]) -> None:
+    """A rollback names a version of this chain by its hash (where that version is still here to say)."""
+    back = m.rolls_back_to
+    if back is not None and back.version in hashes and hashes[back.version] != back.version_hash:
+        raise _Failed(
+            reader.store.url(manifest_key(m.version)),
+            ChainError(
+                f"version {m.version} rolls back to version {back.version} by hash {back.version_hash}, "
+                f"which is {hashes[back.version]}"
+            ),
+        )
+
+
 def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
     url = reader.store.url(manifest_key(v))
     try:
@@ -157,6 +187,8 @@ def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
     row.bytes, row.changed, row.elements = m.stats.bytes, m.stats.changed, m.stats.elements
     row.signed = m.signature is not None
     row.key_id = m.signature.key_id if m.signature else None
+    if m.rolls_back_to is not None:
+        row.rolls_back_to, row.abandons = m.rolls_back_to.version, list(m.rolls_back_to.abandons)
     return m
 
 

@@ -19,10 +19,12 @@ from typing import Any, Literal
 from aurora_store.codec.classed import NAME as CLASSED
 from aurora_store.errors import ConflictError, LayoutError, StoreError, UnauthenticatedError
 from aurora_store.format.manifest import (
+    EXTENDED,
     FORMAT,
     WITHOUT_CLASSED,
     Manifest,
     Parent,
+    Rollback,
     RunIdentity,
     Segment,
     Stats,
@@ -174,6 +176,7 @@ class PublishPlan:
         files: tuple[Segment, ...],
         step: int | None,
         meta: Mapping[str, str] | None,
+        rolls_back_to: Rollback | None = None,
     ) -> Manifest:
         """The version's manifest, not yet sealed (hashed and signed), from the objects it names."""
         if (index is not None) != self.full:
@@ -182,7 +185,8 @@ class PublishPlan:
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + nbytes
         classed = any(b.codec == CLASSED for s in segments for b in s.blocks)
         return Manifest(
-            format=FORMAT if classed else WITHOUT_CLASSED,  # the oldest format that holds the version
+            # the oldest format that holds the version
+            format=EXTENDED if rolls_back_to is not None else FORMAT if classed else WITHOUT_CLASSED,
             version=self.version,
             kind="full" if self.full else "delta",
             parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),
@@ -196,6 +200,7 @@ class PublishPlan:
             meta=dict(meta or {}),
             files=files,
             run=self.run,
+            rolls_back_to=rolls_back_to,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -74,7 +74,7 @@ from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
 from aurora_store.format.keys import manifest_key, version_dir
-from aurora_store.format.manifest import Segment, TensorSpec
+from aurora_store.format.manifest import Rollback, Segment, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 
 T = TypeVar("T")
@@ -198,8 +198,11 @@ class Publisher:
         step: int | None = None,
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
+        rolls_back_to: Rollback | None = None,
     ) -> VersionInfo:
         """Commit the next version from every publisher's ``share``; the same VersionInfo on every rank.
+        ``rolls_back_to`` (rank 0's counts) says the share's weights continue from that older version's
+        state, not the parent's (:class:`~aurora_store.format.manifest.Rollback`).
 
         Raises on every rank if any rank failed or the commit did: ConflictError when another
         publisher committed the version (the next call reloads and continues on top of it), or
@@ -232,7 +235,9 @@ class Publisher:
             parts = self._gather(plan, part, failure)
         outcome: Any = None
         if comm.rank == 0:
-            info, failure = _attempt(lambda: self._commit(plan, parts, step=step, meta=meta))
+            info, failure = _attempt(
+                lambda: self._commit(plan, parts, step=step, meta=meta, rolls_back_to=rolls_back_to)
+            )
             outcome = _report(failure) or {"info": None if info is None else dataclasses.asdict(info)}
         outcome = comm.broadcast_json(outcome)
         self._check([outcome], failure if comm.rank == 0 else None)
@@ -421,7 +426,13 @@ class Publisher:
         return [Part.from_dict(r, plan.specs) for r in reports]
 
     def _commit(
-        self, plan: PublishPlan, parts: list[Part], *, step: int | None, meta: Mapping[str, str] | None
+        self,
+        plan: PublishPlan,
+        parts: list[Part],
+        *,
+        step: int | None,
+        meta: Mapping[str, str] | None,
+        rolls_back_to: Rollback | None = None,
     ) -> VersionInfo:
         """Write the manifest of ``plan``'s version from every publisher's part: the commit.
 
@@ -447,6 +458,7 @@ class Publisher:
             files=self.files.refs(),
             step=step,
             meta=meta,
+            rolls_back_to=rolls_back_to,
         )
         m = signing.seal(m, self.signing_key)
         data = m.to_bytes()

@@ -23,8 +23,13 @@ FORMAT = "aurora/3"
 added ``run``: the version's run identity, see :class:`RunIdentity`)."""
 WITHOUT_CLASSED = "aurora/2"
 """What it writes for a version without classed blocks: readable by readers that predate aurora/3."""
-FORMATS = ("aurora/1", "aurora/2", "aurora/3")
+EXTENDED = "aurora/4"
+"""What it writes for a version that carries a field aurora/3 lacks (``rolls_back_to``); every other
+version keeps the oldest format that holds it, so readers that predate aurora/4 read it."""
+FORMATS = ("aurora/1", "aurora/2", "aurora/3", "aurora/4")
 """What it reads: runs written by earlier code stay readable."""
+CLASSED_FORMATS = ("aurora/3", "aurora/4")
+"""The formats whose blocks may use the classed codec."""
 LEGACY = "aurora/1"
 
 
@@ -159,6 +164,30 @@ class RunIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollback:
+    """A version trained from an older version's state than its parent's (format aurora/4).
+
+    A restarted trainer continues from the newest trainer state it can verify. When that state is
+    older than the latest committed version (it was saved every K versions, or the latest one is
+    missing or damaged), the next version still names the committed latest as its parent (the chain
+    stays whole and its bytes are a delta or full against it, as usual) and records here the version
+    whose state its weights continue from and the versions whose training it abandons."""
+
+    version: int
+    version_hash: str
+    abandons: tuple[int, ...]
+    """The versions after ``version`` up to the parent: consecutive, ascending."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "version_hash": self.version_hash, "abandons": list(self.abandons)}
+
+    @staticmethod
+    def of(version: int, version_hash: str, parent: int) -> Rollback:
+        """Continuing from ``version``'s state in the version after ``parent``."""
+        return Rollback(version, version_hash, tuple(range(version + 1, parent + 1)))
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     version: int
     kind: str
@@ -178,6 +207,8 @@ class Manifest:
     run: RunIdentity | None = None
     """None only in a manifest of the legacy format (aurora/1), which has no run identity."""
     format: str = FORMAT
+    rolls_back_to: Rollback | None = None
+    """Set when the version's weights continue from an older version's state than its parent's."""
 
     @property
     def identity(self) -> RunIdentity | None:
@@ -192,6 +223,8 @@ class Manifest:
         if self.format != LEGACY:
             assert self.run is not None, "a manifest of the current format names its run"
             body["run"] = self.run.to_dict()
+        if self.format == EXTENDED:
+            body["rolls_back_to"] = None if self.rolls_back_to is None else self.rolls_back_to.to_dict()
         return body
 
     def _body(self) -> dict[str, Any]:

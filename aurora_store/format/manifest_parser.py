@@ -19,12 +19,15 @@ from aurora_store.errors import CorruptError, LimitError, StoreError
 from aurora_store.format import dtypes
 from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_object_key, manifest_key
 from aurora_store.format.manifest import (
+    CLASSED_FORMATS,
+    EXTENDED,
     FORMAT,
     FORMATS,
     LEGACY,
     Block,
     Manifest,
     Parent,
+    Rollback,
     RunIdentity,
     Segment,
     Signature,
@@ -197,7 +200,7 @@ def parse_manifest(
     fmt = doc.get("format")
     if fmt not in FORMATS:
         raise r.fail(f"format {fmt!r}, expected one of {FORMATS}"[:300])
-    r.obj(doc, "manifest", top if fmt == LEGACY else top | {"run"})
+    r.obj(doc, "manifest", top if fmt == LEGACY else top | {"run"} | ({"rolls_back_to"} if fmt == EXTENDED else set()))
     version = r.int_(doc["version"], "version", 0, MAX_VERSION)
     if expect_version is not None and version != expect_version:
         raise r.fail(f"declares version {version}, expected {expect_version}")
@@ -263,6 +266,7 @@ def parse_manifest(
             r.str_(s["sig"], "signature.sig", B64_SIG),
         )
     run = None if fmt == LEGACY else _parse_run(r, doc["run"], version)
+    rollback = _parse_rollback(r, doc["rolls_back_to"], parent) if fmt == EXTENDED else None
     m = Manifest(
         version,
         kind,
@@ -280,10 +284,26 @@ def parse_manifest(
         signature,
         run,
         fmt,
+        rollback,
     )
     if m.compute_hash() != m.version_hash:
         raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
     return m
+
+
+def _parse_rollback(r: _Reader, raw: Any, parent: Parent | None) -> Rollback | None:
+    if raw is None:
+        return None
+    d = r.obj(raw, "rolls_back_to", {"version", "version_hash", "abandons"})
+    if parent is None:
+        raise r.fail("version 0 rolls back to nothing")
+    to = r.int_(d["version"], "rolls_back_to.version", 0, parent.version - 1) if parent.version > 0 else None
+    if to is None:
+        raise r.fail("rolls_back_to names a version before its parent, and the parent is version 0")
+    rollback = Rollback.of(to, r.str_(d["version_hash"], "rolls_back_to.version_hash", HEX64), parent.version)
+    if d["abandons"] != list(rollback.abandons):
+        raise r.fail(f"rolls_back_to.abandons must be versions {to + 1}..{parent.version}, every one, ascending"[:300])
+    return rollback
 
 
 def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:
@@ -358,8 +378,8 @@ def _parse_segment(
         c = codec.get(name_)
         if c is None:
             raise r.fail(f"{bn}: codec {name_!r}, expected one of {codec.names()}"[:300])
-        if c.name == "classed" and fmt != FORMAT:
-            raise r.fail(f"{bn}: the classed codec needs format {FORMAT}, the manifest is {fmt}")
+        if c.name == "classed" and fmt not in CLASSED_FORMATS:
+            raise r.fail(f"{bn}: the classed codec needs format {FORMAT} or later, the manifest is {fmt}")
         b = r.obj(b, bn, _COMMON | c.fields)
         t = r.int_(b["tensor"], f"{bn}.tensor", 0, len(tensors) - 1)
         spec = tensors[t]

@@ -89,8 +89,28 @@ def generate_keypair() -> tuple[bytes, bytes]:
 
 
 def sign(version_hash: str, key: Ed25519PrivateKey) -> Signature:
-    sig = key.sign(_DOMAIN + bytes.fromhex(version_hash))
+    return sign_message(_DOMAIN, bytes.fromhex(version_hash), key)
+
+
+def sign_message(domain: bytes, message: bytes, key: Ed25519PrivateKey) -> Signature:
+    """A signature over ``domain + message`` (each kind of signed document has a domain of its own,
+    so a signature over one kind is never valid for another)."""
+    sig = key.sign(domain + message)
     return Signature("ed25519", key_id(key.public_key()), base64.b64encode(sig).decode())
+
+
+def verify_message(domain: bytes, message: bytes, s: Signature | None, key: Ed25519PublicKey, what: str) -> None:
+    """Raise UnauthenticatedError unless ``s`` is a valid signature by ``key`` over ``domain + message``."""
+    if s is None:
+        raise UnauthenticatedError(f"{what}: unsigned, but a verify key was given")
+    if s.alg != "ed25519":
+        raise UnauthenticatedError(f"{what}: signature algorithm {s.alg!r}, expected 'ed25519'")
+    if s.key_id != key_id(key):
+        raise UnauthenticatedError(f"{what}: signed by key {s.key_id}, expected {key_id(key)}")
+    try:
+        key.verify(base64.b64decode(s.sig, validate=True), domain + message)
+    except (InvalidSignature, ValueError):
+        raise UnauthenticatedError(f"{what}: signature does not verify with key {key_id(key)}") from None
 
 
 def seal(m: Manifest, key: Ed25519PrivateKey | None) -> Manifest:
@@ -101,15 +121,6 @@ def seal(m: Manifest, key: Ed25519PrivateKey | None) -> Manifest:
 
 def verify(manifest: Manifest, key: Ed25519PublicKey, what: str) -> None:
     """Raise UnauthenticatedError unless ``manifest`` carries a valid signature by ``key``."""
-    s = manifest.signature
-    if s is None:
+    if manifest.signature is None:
         raise UnauthenticatedError(f"{what}: manifest is unsigned but a verify key was given")
-    if s.alg != "ed25519":
-        raise UnauthenticatedError(f"{what}: signature algorithm {s.alg!r}, expected 'ed25519'")
-    if s.key_id != key_id(key):
-        raise UnauthenticatedError(f"{what}: signed by key {s.key_id}, expected {key_id(key)}")
-    try:
-        raw = base64.b64decode(s.sig, validate=True)
-        key.verify(raw, _DOMAIN + bytes.fromhex(manifest.version_hash))
-    except (InvalidSignature, ValueError):
-        raise UnauthenticatedError(f"{what}: signature does not verify with key {key_id(key)}") from None
+    verify_message(_DOMAIN, bytes.fromhex(manifest.version_hash), manifest.signature, key, what)

@@ -1,0 +1,259 @@
+"""A restarted trainer never loses steps silently (issue 22, part 1).
+
+The trainer saves the state of committed versions off the training thread, bound to the version's
+hash and the run and signed like a version. A restart continues from the newest state it can verify;
+when that is older than the latest version, the next version records ``rolls_back_to`` and the
+versions it abandons. These tests drive the real :class:`~trainer.loop.Trainer` in this process (its
+dispatcher needs a real Redis); the kill of a real trainer process is in ``test_rl_loop.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from aurora_store.bucket import gc
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.run import open_run
+from aurora_store.cli import main as aurora
+from aurora_store.errors import ChainError, ConfigError, CorruptError, StoreError, UnauthenticatedError
+from aurora_store.format import signing, trainer_state
+from aurora_store.format.keys import state_dir
+from aurora_store.format.manifest import Rollback
+from aurora_store.format.manifest_parser import parse_manifest
+from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
+from trainer.loop import Trainer
+from trainer.state import TENSORS, load_state
+
+ROWS = [[[3, 4, 5], [6, 7], [-1.0, -2.0], 1.0], [[3, 4, 5], [8, 9], [-1.5, -0.5], 0.0]]
+BATCH: dict[str, Any] = {"rows": ROWS, "adv": [1.0, -1.0], "version": None}
+
+
+def _config(tmp_path: Path, redis_url: str, *, state_every: int = 1, key: str | None = None) -> TrainerConfig:
+    return TrainerConfig(
+        store=(tmp_path / "run").as_uri(),
+        redis=redis_url,
+        run_id="resume",
+        steps=50,
+        optim=OptimizerConfig(sft_steps=0, lr=1e-2),
+        publish=PublishConfig(state_every=state_every, signing_key=key, full_every=50),
+    )
+
+
+def _steps(trainer: Trainer, first: int, last: int) -> None:
+    """Train and commit steps ``first..last`` as the loop does (without actors: one fixed batch)."""
+    for step in range(first, last + 1):
+        trainer.train_step(step, BATCH)
+        trainer.commit(step)
+    trainer.states.flush()
+
+
+def _masters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    private, _ = signing.generate_keypair()
+    path = tmp_path / "trainer.pem"
+    path.write_bytes(private)
+    return path
+
+
+def test_every_version_has_a_state_and_a_restart_is_exact(redis_server: Any, tmp_path: Path, key: Path) -> None:
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        assert first.start() == 0
+        _steps(first, 1, 3)
+        at_three = _masters(first)
+        assert first.states.cost.saves == 4 and first.states.cost.failed == 0
+        assert first.states.cost.bytes > 0
+    run = open_run(cfg.store, signing_key=str(key))
+    assert run.state.versions() == [0, 1, 2, 3]
+    doc = trainer_state.parse(run.state.get_commit(3, max_bytes=1 << 20), expect_version=3, what="state 3")
+    assert doc.version_hash == run.manifest(3).version_hash and doc.origin == run.manifest(0).version_hash
+    assert doc.signature is not None and doc.signature.key_id == run.manifest(3).signature.key_id  # type: ignore[union-attr]
+    with Trainer(cfg) as second:
+        assert second.start() == 3
+        assert second.weights_version == 3 and second.rollback is None
+        assert _same(_masters(second), at_three), "the exact weights of the latest version"
+        _steps(second, 4, 4)
+    m4 = open_run(cfg.store, signing_key=str(key)).manifest(4)
+    assert m4.rolls_back_to is None and m4.format != "aurora/4", "an ordinary version keeps the older format"
+
+
+def test_a_restart_from_an_older_state_records_the_rollback(redis_server: Any, tmp_path: Path, key: Path) -> None:
+    """--state-every 4, the trainer stops after version 6: version 7 continues from version 4's state
+    and says so, in its manifest, in ``aurora ls`` and ``aurora audit``, and in a metric."""
+    cfg = _config(tmp_path, redis_server.url, state_every=4, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 4)
+        at_four = _masters(first)
+        _steps(first, 5, 6)
+    run = open_run(cfg.store, signing_key=str(key))
+    assert run.state.versions() == [0, 4]
+    with Trainer(cfg) as second:
+        assert second.start() == 6
+        assert second.weights_version == 4
+        assert _same(_masters(second), at_four), "continues from version 4's masters, not version 6's"
+        assert second.rollback == Rollback(4, run.manifest(4).version_hash, (5, 6))
+        _steps(second, 7, 7)
+        metrics = generate_latest(second.metrics.m.registry).decode()
+    assert "aurora_trainer_rollbacks_total 1.0" in metrics and "aurora_trainer_abandoned_versions_total 2.0" in metrics
+    m7 = open_run(cfg.store, signing_key=str(key)).manifest(7)
+    assert m7.format == "aurora/4" and m7.parent is not None and m7.parent.version == 6
+    assert m7.rolls_back_to == Rollback(4, run.manifest(4).version_hash, (5, 6))
+    assert audit(open_run(cfg.store, signing_key=str(key))).ok, "actors and auditors treat it as an ordinary version"
+
+
+def test_ls_and_audit_show_a_rollback(redis_server: Any, tmp_path: Path, capsys: Any) -> None:
+    cfg = _config(tmp_path, redis_server.url, state_every=3)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 4)
+    with Trainer(cfg) as second:
+        second.start()
+        _steps(second, 5, 5)
+    capsys.readouterr()
+    assert aurora(["ls", cfg.store]) == 0
+    out = capsys.readouterr().out
+    assert "rolls back to 3 (abandons 4)" in out, out
+    assert aurora(["ls", cfg.store, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    row = next(r for r in rows if r["version"] == 5)
+    assert row["rolls_back_to"] == {"version": 3, "abandons": [4]}
+    assert aurora(["audit", cfg.store, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rollbacks"] == [{"version": 5, "rolls_back_to": 3, "abandons": [4]}]
+
+
+@pytest.mark.parametrize("damage", ["tensors", "unsigned", "other_key", "other_version", "missing_tensors"])
+def test_a_damaged_or_planted_latest_state_is_refused(
+    redis_server: Any, tmp_path: Path, key: Path, damage: str
+) -> None:
+    """An attacker with write access to the home prefix (or a torn disk) cannot make a restarted
+    trainer load a state the run's trainer did not write for that version: it falls back to the
+    newest state that verifies and records the rollback."""
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 3)
+    run = open_run(cfg.store, signing_key=str(key))
+    d3 = tmp_path / "run" / state_dir(3)
+    doc = json.loads((d3 / "state.json").read_bytes())
+    if damage == "tensors":
+        blob = bytearray((d3 / TENSORS).read_bytes())
+        blob[-1] ^= 1
+        (d3 / TENSORS).write_bytes(bytes(blob))
+    elif damage == "missing_tensors":
+        (d3 / TENSORS).unlink()
+    elif damage == "unsigned":
+        doc["signature"] = None
+        (d3 / "state.json").write_bytes(json.dumps(doc).encode())
+    elif damage == "other_key":
+        other = signing.load_signing_key(signing.generate_keypair()[0])
+        tensors = trainer_state.TensorFile(**doc["tensors"])
+        forged = trainer_state.new(3, doc["version_hash"], doc["origin"], tensors, doc["trainer"], other)
+        (d3 / "state.json").write_bytes(forged.to_bytes())
+    else:  # version 2's genuine state planted as version 3's
+        shutil.rmtree(d3)
+        shutil.copytree(tmp_path / "run" / state_dir(2), d3)
+        two = json.loads((d3 / "state.json").read_bytes())
+        two["version"] = 3
+        (d3 / "state.json").write_bytes(json.dumps(two).encode())
+    expected = {
+        "tensors": CorruptError,
+        "missing_tensors": StoreError,
+        "unsigned": UnauthenticatedError,
+        "other_key": UnauthenticatedError,
+        "other_version": ChainError,
+    }[damage]
+    with Trainer(cfg) as second:
+        assert second.start() == 3
+        assert second.weights_version == 2
+        assert second.rollback is not None and second.rollback.version == 2 and second.rollback.abandons == (3,)
+        with pytest.raises(expected):
+            load_state(run, 3, second.model, second.opt, random.Random())
+
+
+def test_a_legacy_state_is_trusted_only_in_a_run_without_bound_states(redis_server: Any, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, redis_server.url)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 2)
+    d2 = tmp_path / "run" / state_dir(2)
+    doc = json.loads((d2 / "state.json").read_bytes())
+    legacy = {"format": trainer_state.LEGACY, "version": 2, **doc["trainer"]}
+    (d2 / "state.json").write_bytes(json.dumps(legacy).encode())
+    with Trainer(cfg) as second:  # an unsigned run: a legacy state is read as earlier code wrote it
+        assert second.start() == 2 and second.weights_version == 2
+
+
+def test_gc_keeps_what_a_restart_needs(redis_server: Any, tmp_path: Path) -> None:
+    """Retention with the smallest allowed policy, then a restart: no retired manifest is read."""
+    cfg = _config(tmp_path, redis_server.url, state_every=2)
+    cfg.publish.full_every = 3
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 5)
+    run = open_run(cfg.store)
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, keep_states=1, holds={}))
+    gc.apply(run, p)
+    assert p.retire, "something was retired"
+    assert 3 in p.retire or 2 in p.retire
+    with Trainer(cfg) as second:
+        assert second.start() == 5
+        assert second.weights_version == 4 and second.rollback is not None and second.rollback.abandons == (5,)
+        _steps(second, 6, 6)
+    assert open_run(cfg.store).manifest(6).rolls_back_to is not None
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
+def test_state_every_below_one_is_a_usage_error(tmp_path: Path, capsys: Any, value: str) -> None:
+    argv = ["train", "--store", (tmp_path / "run").as_uri(), "--redis", "redis://127.0.0.1:1/0", "--run-id", "x"]
+    try:
+        rc = aurora([*argv, "--state-every", value])
+    except SystemExit as exc:  # argparse: not an integer
+        rc = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert rc in (1, 2) and "--state-every" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists(), "nothing written"
+    with pytest.raises(ConfigError):
+        PublishConfig(state_every=0)
+
+
+def test_the_rollback_field_is_checked_by_the_parser(redis_server: Any, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, redis_server.url, state_every=3)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 4)
+    with Trainer(cfg) as second:
+        second.start()
+        _steps(second, 5, 5)
+    raw = json.loads((tmp_path / "run" / "versions" / "0000000005" / "manifest.json").read_bytes())
+    for bad in (
+        {"version": 3, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": [4, 5]},
+        {"version": 3, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": []},
+        {"version": 4, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": []},
+        {"version": 3, "version_hash": "zz", "abandons": [4]},
+        {"version": -1, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": [4]},
+        {"version": 3, "abandons": [4]},
+        [3],
+    ):
+        with pytest.raises(CorruptError):
+            parse_manifest(json.dumps({**raw, "rolls_back_to": bad}).encode(), expect_version=5)
+    older = {k: v for k, v in raw.items() if k != "rolls_back_to"} | {"format": "aurora/3"}
+    with pytest.raises(CorruptError):  # aurora/3 has no such field
+        parse_manifest(json.dumps({**older, "rolls_back_to": raw["rolls_back_to"]}).encode(), expect_version=5)
