@@ -18,7 +18,8 @@ import pytest
 
 from bench.chaos_bucket import RegionState
 from bench.chaos_check import INVARIANTS, check, read_admissions, scan_logs
-from bench.chaos_faults import KINDS, Gates, schedule
+from bench.chaos_gates import Gates
+from bench.chaos_schedule import KINDS, schedule
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, PROMPTS = 3, 2
