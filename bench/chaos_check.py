@@ -305,6 +305,7 @@ def summarize(
             "actor_rejoins": said["actor_rejoined"],
             "damage_detected": said["damage_detected"],
         },
+        "trainer_kills": _trainer_kills(faults.kills),
         "lost": verdict.lost,
         "invariants": verdict.invariants,
         "problems": verdict.problems,
@@ -317,4 +318,15 @@ def summarize(
         **extra,
         "notes": notes,
         "workdir": str(work),
+    }
+
+
+def _trainer_kills(kills: list[dict[str, Any]]) -> dict[str, int]:
+    """How the trainer kills that waited for a version's event landed: killed at all, after that
+    version's commit, and after its commit but before its state was saved."""
+    mine = [k for k in kills if k.get("target") == "trainer" and k.get("killed")]
+    return {
+        "killed": len(mine),
+        "after_commit": sum(bool(k.get("committed")) for k in mine),
+        "committed_without_state": sum(bool(k.get("committed")) and not k.get("state_saved") for k in mine),
     }

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aurora_store.format import signing
-from aurora_store.format.keys import manifest_key
+from aurora_store.format.keys import STATE_COMMIT, manifest_key, state_dir
 from aurora_store.format.manifest import canonical
 from bench.chaos_bucket import Bucket
 from bench.chaos_gates import Gates
@@ -60,6 +60,8 @@ class Faults:
     """Called with every fault and every restore, as they happen (the run's event log)."""
     injected: Counter[str] = field(default_factory=Counter)
     forged_results: list[dict[str, str]] = field(default_factory=list)
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    """Every kill that a moment was waited for, as it landed (target, moment, what it saw, committed...)."""
     timers: list[Timer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -118,7 +120,8 @@ class Faults:
 
     def _kill_when(self, name: str, doc: dict[str, Any], wait: Callable[[], dict[str, str] | None] | None) -> None:
         """SIGKILL ``name`` once ``wait()`` returns (at once without one), on a thread of its own; for the
-        trainer, say whether the version whose event it waited for was committed when it died."""
+        trainer, say whether the version whose event it waited for was committed, and its state saved,
+        when it died."""
 
         def go() -> None:
             seen = wait() if wait is not None else None
@@ -128,7 +131,10 @@ class Faults:
                 out["seen"] = {k: seen.get(k) for k in ("type", "version")}
                 if name == "trainer" and seen.get("version", "").isdigit():
                     time.sleep(0.5)
-                    out["committed"] = self.buckets["home"].exists(manifest_key(int(seen["version"])))
+                    v = int(seen["version"])
+                    out["committed"] = self.buckets["home"].exists(manifest_key(v))
+                    out["state_saved"] = self.buckets["home"].exists(f"{state_dir(v)}/{STATE_COMMIT}")
+            self.kills.append(out)
             self.record(out)
 
         threading.Thread(target=go, name=f"kill {name}", daemon=True).start()
@@ -192,6 +198,18 @@ class Faults:
         doc = {"target": names[0], "moment": moment}
         latest = max(self.buckets["home"].versions(), default=-1)  # not a re-announced old commit
         self._kill_when(names[0], doc, self._after("events:home", want, 20, newer=latest) if want else None)
+        return doc
+
+    def trainer_kill_before_state(self) -> dict[str, Any]:
+        """SIGKILL the trainer the instant its next version's commit is announced, with no delay: between
+        the commit and the saving of that version's trainer state (which a trainer may write after the
+        commit, asynchronously), so the latest version is often left without a state to resume from."""
+        names = self.roles.names("trainer")
+        if not names:
+            return {"skipped": "no trainer running"}
+        doc = {"target": names[0], "moment": "before_state"}
+        latest = max(self.buckets["home"].versions(), default=-1)  # not a re-announced old commit
+        self._kill_when(names[0], doc, self._after("events:home", "commit", 20, newer=latest))
         return doc
 
     def slow_actor(self) -> dict[str, Any]:

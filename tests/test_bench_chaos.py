@@ -1,24 +1,35 @@
 """``aurora bench chaos``: its schedule is seeded, its partitions cut and heal, its Redis restarts empty,
-and a short seeded run of the whole system under faults keeps every invariant (the checker itself:
-tests/test_chaos_check.py)."""
+a trainer kill lands between a version's commit and its state, and a short seeded run of the whole system
+under faults keeps every invariant (the checker itself: tests/test_chaos_check.py)."""
 
 from __future__ import annotations
 
 import json
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from aurora_store.format.keys import manifest_key
+from bench.chaos_bucket import Bucket
 from bench.chaos_check import INVARIANTS
+from bench.chaos_faults import Faults
 from bench.chaos_gates import Gates
 from bench.chaos_schedule import KINDS, schedule
+from bench.chaos_supervisor import Proc, Supervisor
+
+if TYPE_CHECKING:
+    from aurora_store.testing.moto import S3Server
+    from aurora_store.testing.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,6 +38,48 @@ def test_the_schedule_draws_every_kind_first_and_is_seeded() -> None:
     first = schedule(random.Random(7), len(KINDS))
     assert sorted(first) == sorted(KINDS)
     assert schedule(random.Random(7), 40) == schedule(random.Random(7), 40) != schedule(random.Random(8), 40)
+
+
+def test_the_trainer_is_killed_the_instant_a_new_version_is_committed(
+    tmp_path: Path, redis_server: RedisServer, s3_server: S3Server
+) -> None:
+    """``trainer_kill_before_state``: a re-announced old commit is no moment; the next version's commit is,
+    and the kill says that version was committed and had no state yet."""
+    import redis
+
+    home = Bucket("home", s3_server, s3_server.new_bucket(), "runs/chaos/")
+    home.put(manifest_key(0), b"{}")
+    sup = Supervisor(0.0, random.Random(0), (60.0, 60.0), lambda *a: pytest.fail("no actor is spawned"))
+    gates, events = Gates(), list[dict[str, Any]]()
+    r = redis.Redis(port=redis_server.port, decode_responses=True)
+    try:
+        sup.add(Proc("trainer", "trainer", "home", ["-c", "import time; time.sleep(60)"], {}, tmp_path / "t.log"))
+        faults = Faults(random.Random(0), sup, {"home": home}, gates, redis_server, "chaos", 4, events.append)
+        doc = faults.inject("trainer_kill_before_state")
+        assert doc == {"event": "fault", "kind": "trainer_kill_before_state", "target": "trainer",
+                       "moment": "before_state"}  # fmt: skip
+        end = time.monotonic() + 1
+        while time.monotonic() < end:  # version 0 again: already committed before the fault
+            r.xadd("aurora:chaos:events:home", {"type": "commit", "version": "0"})
+            time.sleep(0.1)
+        assert sup.procs["trainer"].alive and not faults.kills
+        home.put(manifest_key(1), b"{}")
+        end = time.monotonic() + 20
+        while not faults.kills and time.monotonic() < end:
+            r.xadd("aurora:chaos:events:home", {"type": "commit", "version": "1"})
+            time.sleep(0.1)
+        kill = faults.kills[0]
+        assert (
+            kill["moment"] == "before_state" and kill["killed"] and kill["seen"] == {"type": "commit", "version": "1"}
+        )
+        assert kill["committed"] and not kill["state_saved"] and events[-1] == kill
+        popen = sup.procs["trainer"].popen
+        assert popen is not None and popen.wait(10) == -signal.SIGKILL
+        assert faults.injected["trainer_kill_before_state"] == 1 and sup.counts["trainer"]["SIGKILL"] == 1
+    finally:
+        r.close()
+        sup.stop_all()
+        gates.close()
 
 
 @pytest.fixture
