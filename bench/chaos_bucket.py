@@ -88,12 +88,19 @@ class Bucket:
 
     def state(self, options: dict[str, Any], verify_key: bytes) -> RegionState:
         """What the bucket holds now, audited with the run's verify key."""
-        from aurora_store.bucket.audit import audit
-        from aurora_store.bucket.run import open_run
+        return region_state(self.uri, options, verify_key)
 
-        run = open_run(self.uri, storage_options=options, verify_key=verify_key)
+
+def region_state(uri: str, options: dict[str, Any], verify_key: bytes) -> RegionState:
+    """What the run at ``uri`` (any fsspec URI) holds now: its committed versions, audited with
+    ``verify_key``, and each one's manifest bytes as stored."""
+    from aurora_store.bucket.audit import audit
+    from aurora_store.bucket.run import open_run
+
+    with open_run(uri, storage_options=options, verify_key=verify_key) as run:
         versions = run.versions()
         result = audit(run)
         err = None if result.first_error is None else f"v{result.first_error.version}: {result.first_error.error}"
-        raw = {v: self.get(manifest_key(v)) for v in versions}
-        return RegionState(versions, raw, err, sum(r.status == "ok" for r in result.versions))
+        cap = run.config.limits.max_manifest_bytes
+        raw = {v: run.store.get(manifest_key(v), max_bytes=cap) for v in versions}
+    return RegionState(versions, raw, err, sum(r.status == "ok" for r in result.versions))

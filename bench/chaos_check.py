@@ -1,9 +1,10 @@
 """What ``aurora bench chaos`` observes and the invariants it checks at the end.
 
 `check` is pure: the trainer's admissions log (one JSON object per admitted result), what each
-region's bucket holds (committed versions, manifest bytes, its audit) and the run's shape give each
-invariant a verdict and count what was lost; `scan_logs` counts what the roles said in their logs
-(what they detected, how they recovered, what they died of).
+region's bucket holds (committed versions, manifest bytes, its audit), the trainer processes' start
+lines (`bench.chaos_descent`) and the run's shape give each invariant a verdict and count what was
+lost; `scan_logs` counts what the roles said in their logs (what they detected, how they recovered,
+what they died of).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.chaos_bucket import RegionState
+from bench.chaos_descent import Start, descent, read_starts
 
 if TYPE_CHECKING:
     from bench.chaos_faults import Faults
@@ -29,6 +31,7 @@ INVARIANTS = (
     "rollouts_from_committed_weights",
     "regions_replay_bit_exact",
     "versions_consecutive",
+    "descent",
 )
 MAX_PROBLEMS = 20
 """Problems listed per invariant (all are counted)."""
@@ -64,16 +67,29 @@ def check(
     *,
     steps: int,
     prompts: int,
+    starts: Iterable[Start],
     forged: Iterable[Mapping[str, str]] = (),
 ) -> Verdict:
     """Every invariant of the run, and ``lost``: prompts of committed steps never admitted, results
-    admitted twice, and versions 0..``steps`` missing in a region."""
+    admitted twice, and versions 0..``steps`` missing in a region. ``starts``: every trainer
+    process's start line."""
     verdict = Verdict(dict.fromkeys(INVARIANTS, True), 0)
     home = _docs(regions["home"])
     _admitted_once(verdict, admissions, home, steps, prompts)
     _leases(verdict, admissions, home, forged)
     _regions(verdict, regions, steps)
+    _descent(verdict, regions, list(starts))
     return verdict
+
+
+def _descent(verdict: Verdict, regions: Mapping[str, RegionState], starts: list[Start]) -> None:
+    for region, st in regions.items():
+        found = descent(_docs(st), starts)
+        for problem in found.problems:
+            verdict.fail("descent", f"{region}: {problem}")
+        if region == "home":
+            verdict.details.update(rollbacks=found.rollbacks, versions_abandoned=found.abandoned)
+    verdict.details["trainer_starts"] = len(starts)
 
 
 def _admitted_once(
@@ -265,7 +281,8 @@ def summarize(
     records, torn = read_admissions(admissions)
     if torn:
         notes.append(f"{torn} lines of the admissions log are not JSON (a trainer killed mid-write)")
-    verdict = check(records, regions, steps=steps, prompts=prompts, forged=faults.forged_results)
+    starts = read_starts(work / "trainer.log")
+    verdict = check(records, regions, steps=steps, prompts=prompts, starts=starts, forged=faults.forged_results)
     if verdict.details.get("admissions_without_deadline"):
         notes.append("admission records carry no deadline_ms: lease expiry is checked by the trainer's admit only")
     logs = scan_logs(work)
@@ -288,6 +305,7 @@ def summarize(
             "actor_rejoins": said["actor_rejoined"],
             "damage_detected": said["damage_detected"],
         },
+        "trainer_kills": _trainer_kills(faults.kills),
         "lost": verdict.lost,
         "invariants": verdict.invariants,
         "problems": verdict.problems,
@@ -300,4 +318,15 @@ def summarize(
         **extra,
         "notes": notes,
         "workdir": str(work),
+    }
+
+
+def _trainer_kills(kills: list[dict[str, Any]]) -> dict[str, int]:
+    """How the trainer kills that waited for a version's event landed: killed at all, after that
+    version's commit, and after its commit but before its state was saved."""
+    mine = [k for k in kills if k.get("target") == "trainer" and k.get("killed")]
+    return {
+        "killed": len(mine),
+        "after_commit": sum(bool(k.get("committed")) for k in mine),
+        "committed_without_state": sum(bool(k.get("committed")) and not k.get("state_saved") for k in mine),
     }

@@ -1,15 +1,13 @@
-"""The faults of ``aurora bench chaos``: partitionable gates, and a seeded injector of every fault kind.
+"""The fault injector of ``aurora bench chaos``: a seeded injector of every fault kind of
+`bench.chaos_schedule`.
 
-Every connection a region's roles make to Redis, and to home's bucket (through that region's WAN link,
-`bench.world.ProxyProcess`), passes a `Gates` forwarder of that region, which a partition switches to
-refusing new connections or to holding them unanswered, after dropping every open one. `Faults` draws
-each fault's target from the schedule's `random.Random`, remembers every byte it damaged and every
-result it forged, and puts the storage back before the final checks.
+`Faults` draws each fault's target from the schedule's `random.Random`, remembers every byte it damaged
+and every result it forged, and puts the storage back before the final checks. Partitions go through
+the region's `bench.chaos_gates.Gates`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -22,120 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aurora_store.format import signing
-from aurora_store.format.keys import manifest_key
+from aurora_store.format.keys import STATE_COMMIT, manifest_key, state_dir
 from aurora_store.format.manifest import canonical
 from bench.chaos_bucket import Bucket
-
-# fmt: off
-KINDS = {
-    "kill_actor": 3, "kill_relay": 2, "kill_trainer": 2, "redis_restart": 1, "redis_flush": 1, "partition": 2,
-    "slow_actor": 1, "actor_join": 1, "actor_leave": 1, "corrupt_segment": 1, "truncate_segment": 1,
-    "delete_segment": 1, "replay_manifest": 1, "forge_manifest": 1, "forged_result": 2, "malformed_event": 2,
-    "hostile_entry": 1, "pause_actor": 1,
-}
-# fmt: on
-"""Every fault kind and its weight in the draw after each kind has come once."""
-
-
-def schedule(rng: Any, n: int) -> list[str]:
-    """``n`` fault kinds: every kind once in a seeded order first, then weighted draws."""
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
-    return (kinds + rng.choices(list(KINDS), weights=list(KINDS.values()), k=max(0, n - len(kinds))))[:n]
-
-
-# ---------------------------------------------------------------- partitions
-
-
-class Gates:
-    """Partitionable TCP forwarders, grouped by region, on an event-loop thread of their own."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.mode: dict[str, str | None] = {}
-        """Each region's partition: None, ``refuse`` (new connections are closed at once) or ``hang``
-        (they are held unanswered until the partition heals)."""
-        self.counts: Counter[str] = Counter()
-        self._healed: dict[str, asyncio.Event] = {}
-        self._open: dict[str, set[asyncio.Task[None]]] = {}
-        self._thread = threading.Thread(target=self.loop.run_forever, name="gates", daemon=True)
-        self._thread.start()
-
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
-        async def call() -> Any:
-            out = fn()
-            return await out if asyncio.iscoroutine(out) else out
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
-
-    def add(self, region: str, target: tuple[str, int]) -> int:
-        """A gate of ``region`` to ``target``; returns the loopback port that clients connect to."""
-
-        async def start() -> int:
-            self.mode.setdefault(region, None)
-            self._healed.setdefault(region, asyncio.Event())
-            self._open.setdefault(region, set())
-            server = await asyncio.start_server(lambda r, w: self._accept(region, target, r, w), "127.0.0.1", 0)
-            return int(server.sockets[0].getsockname()[1])
-
-        return int(self._on_loop(start))
-
-    def _accept(self, region: str, target: tuple[str, int], r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = self.loop.create_task(self._serve(region, target, r, w))
-        task.add_done_callback(self._open[region].discard)
-        task.add_done_callback(lambda _: w.transport.abort())
-        self._open[region].add(task)
-
-    async def _serve(
-        self, region: str, target: tuple[str, int], r: asyncio.StreamReader, w: asyncio.StreamWriter
-    ) -> None:
-        mode = self.mode[region]
-        self.counts[f"{region}:{mode or 'passed'}"] += 1
-        if mode == "hang":
-            await self._healed[region].wait()
-        if mode is not None:
-            return
-        try:
-            tr, tw = await asyncio.open_connection(*target)
-        except OSError:
-            return
-        try:
-            await asyncio.gather(_pump(r, tw), _pump(tr, w), return_exceptions=True)
-        finally:
-            tw.transport.abort()
-
-    def partition(self, region: str, mode: str | None) -> None:
-        """Drop every open connection of ``region`` and refuse or hold new ones; ``mode`` None heals it."""
-
-        def go() -> None:
-            self.mode[region] = mode
-            if mode is None:
-                self._healed[region].set()
-                return
-            self._healed[region].clear()
-            for task in list(self._open[region]):
-                task.cancel()
-
-        self._on_loop(go)
-
-    def close(self) -> None:
-        for region in list(self.mode):
-            self.partition(region, "refuse")
-        self._on_loop(lambda: asyncio.sleep(0.2))  # the cancelled connections finish closing
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
-
-
-# ---------------------------------------------------------------- the injector
+from bench.chaos_gates import Gates
 
 
 class Roles(Protocol):
@@ -172,6 +60,8 @@ class Faults:
     """Called with every fault and every restore, as they happen (the run's event log)."""
     injected: Counter[str] = field(default_factory=Counter)
     forged_results: list[dict[str, str]] = field(default_factory=list)
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    """Every kill that a moment was waited for, as it landed (target, moment, what it saw, committed...)."""
     timers: list[Timer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -230,7 +120,8 @@ class Faults:
 
     def _kill_when(self, name: str, doc: dict[str, Any], wait: Callable[[], dict[str, str] | None] | None) -> None:
         """SIGKILL ``name`` once ``wait()`` returns (at once without one), on a thread of its own; for the
-        trainer, say whether the version whose event it waited for was committed when it died."""
+        trainer, say whether the version whose event it waited for was committed, and its state saved,
+        when it died."""
 
         def go() -> None:
             seen = wait() if wait is not None else None
@@ -240,7 +131,10 @@ class Faults:
                 out["seen"] = {k: seen.get(k) for k in ("type", "version")}
                 if name == "trainer" and seen.get("version", "").isdigit():
                     time.sleep(0.5)
-                    out["committed"] = self.buckets["home"].exists(manifest_key(int(seen["version"])))
+                    v = int(seen["version"])
+                    out["committed"] = self.buckets["home"].exists(manifest_key(v))
+                    out["state_saved"] = self.buckets["home"].exists(f"{state_dir(v)}/{STATE_COMMIT}")
+            self.kills.append(out)
             self.record(out)
 
         threading.Thread(target=go, name=f"kill {name}", daemon=True).start()
@@ -304,6 +198,18 @@ class Faults:
         doc = {"target": names[0], "moment": moment}
         latest = max(self.buckets["home"].versions(), default=-1)  # not a re-announced old commit
         self._kill_when(names[0], doc, self._after("events:home", want, 20, newer=latest) if want else None)
+        return doc
+
+    def trainer_kill_before_state(self) -> dict[str, Any]:
+        """SIGKILL the trainer the instant its next version's commit is announced, with no delay: between
+        the commit and the saving of that version's trainer state (which a trainer may write after the
+        commit, asynchronously), so the latest version is often left without a state to resume from."""
+        names = self.roles.names("trainer")
+        if not names:
+            return {"skipped": "no trainer running"}
+        doc = {"target": names[0], "moment": "before_state"}
+        latest = max(self.buckets["home"].versions(), default=-1)  # not a re-announced old commit
+        self._kill_when(names[0], doc, self._after("events:home", "commit", 20, newer=latest))
         return doc
 
     def slow_actor(self) -> dict[str, Any]:

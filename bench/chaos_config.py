@@ -1,0 +1,43 @@
+"""The shape of one ``aurora bench chaos`` run: its schedule, the system's size and its time limits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """One chaos run: the schedule, the system's size, and its time limits."""
+
+    seed: int = 0
+    faults: int = 30
+    """Faults to inject."""
+    interval_s: float = 2.0
+    """Mean gap between faults (each gap is uniform in [0.5, 1.5] times this)."""
+    steps: int | None = None
+    """Trainer steps; None: one per 2 s of schedule, at least 6."""
+    actors: int = 2
+    """Actors per region at the start."""
+    prompts: int = 8
+    group: int = 4
+    max_new_tokens: int = 4
+    sft_steps: int = 30
+    """Warm-start steps: enough that rewards differ within groups, so versions are real deltas."""
+    lease_s: float = 8.0
+    heartbeat_s: float = 3.0
+    slowdown: float = 25.0
+    """Every actor's emulated slowdown, so that a batch lasts long enough to be interrupted."""
+    bandwidth_bps: float = 1e9
+    rtt_s: float = 0.01
+    restart_s: tuple[float, float] = (0.5, 3.0)
+    """A dead role is restarted after a delay drawn uniformly from this range."""
+    start_timeout_s: float = 300.0
+    """Longest wait for the trainer's first step before the schedule starts."""
+    settle_s: float = 300.0
+    """Longest wait, after the schedule, for the trainer to finish and every region to hold every version."""
+    workdir: str | None = None
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps or max(6, math.ceil(self.faults * self.interval_s / 2))
