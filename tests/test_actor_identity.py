@@ -443,3 +443,14 @@ def test_a_certified_actor_process_gets_its_results_admitted(redis_server: Any, 
         assert "not authenticated" not in loop.log("trainer")
     finally:
         loop.stop()
+
+
+def test_the_identity_benchmark_measures_both_in_one_run() -> None:
+    from bench.identity import Flags, measure
+
+    out = measure(Flags(results=8, group=2, tokens=4, reps=1))
+    a = out["admission"]
+    assert out["sign_us"] > 0 and out["check_us"] > 0 and out["cert_us"] > 0
+    assert a["signed_results_per_s"] > 0 and a["signed_over_unsigned"] == pytest.approx(
+        a["signed_results_per_s"] / a["unsigned_results_per_s"], rel=0.01
+    )
