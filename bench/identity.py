@@ -149,9 +149,9 @@ def run(flags: Flags) -> int:
         a = r["admission"]
         print(
             f"per result ({r['tokens_per_result']} tokens, {r['payload_bytes']} bytes): actor signs in "
-            f"{r['sign_us']:.0f} us, trainer checks in {r['check_us']:.0f} us (a new certificate: {r['cert_us']:.0f} us "
-            f"once); admission {a['unsigned_results_per_s']}/s unsigned, {a['signed_results_per_s']}/s signed "
-            f"({a['signed_over_unsigned']:.2f}x)"
+            f"{r['sign_us']:.0f} us, trainer checks in {r['check_us']:.0f} us (a new certificate: "
+            f"{r['cert_us']:.0f} us once); admission {a['unsigned_results_per_s']}/s unsigned, "
+            f"{a['signed_results_per_s']}/s signed ({a['signed_over_unsigned']:.2f}x)"
         )
         print(json.dumps(r, indent=1))
 

@@ -34,7 +34,6 @@ from aurora_store.coord.results import MAX_CERT_FIELD, Ref, Result, parse_result
 from aurora_store.errors import ConfigError
 from aurora_store.format import identity as ident
 from aurora_store.format import results as payloads
-from aurora_store.format.signing import generate_keypair
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from aurora_store.rl.tokenizers import EOS, CharTokenizer
@@ -78,7 +77,9 @@ class World:
         self.board = JobBoard(self.coord)
         self.fleet = Ed25519PrivateKey.generate()
         self.store = ObjectStore((tmp / "home").as_uri())
-        self.gate = ResultGate(self.fleet.public_key() if fleet else None, self.run, revoked=str(revoked) if revoked else None)
+        self.gate = ResultGate(
+            self.fleet.public_key() if fleet else None, self.run, revoked=str(revoked) if revoked else None
+        )
         self.gate.reload_s = 0.0
         self.d = Dispatcher(
             self.coord,
@@ -185,7 +186,8 @@ def test_a_signed_result_replayed_for_another_lease_is_dropped(world: World) -> 
     world.post(2)
     first, second = world.take("a-1")
     box.submit(first, 0, VHASH, payload())
-    entry = world.coord.keys.rb.xrange(world.board.results.key)[-1][1]
+    entries: Any = world.coord.keys.rb.xrange(world.board.results.key)
+    entry = entries[-1][1]
     # the same signed entry, resubmitted under the other job and its token (what a Redis writer can do)
     replay = {**entry, b"job": second.job.encode(), b"token": str(second.token).encode()}
     world.coord.keys.rb.xadd(world.board.results.key, replay)
@@ -368,7 +370,9 @@ def test_fuzzed_certificates_and_signatures_never_raise(raw: bytes, at: int, jun
 )
 def test_certificate_round_trip(actor: str, run: str, not_before: int, span: int, serial: int) -> None:
     not_after = min(not_before + span, ident.MAX_TIME_S)
-    cert = ident.issue(actor, ACTOR.public_key(), FLEET, run=run, not_before=not_before, not_after=not_after, serial=serial)
+    cert = ident.issue(
+        actor, ACTOR.public_key(), FLEET, run=run, not_before=not_before, not_after=not_after, serial=serial
+    )
     assert ident.parse_cert(cert.encode()) == cert and len(cert.encode()) <= ident.MAX_CERT_BYTES
     ident.verify_cert(cert, FLEET.public_key())
     assert cert.covers(now_s=not_before, run=run if run != "*" else "any") is None
@@ -383,13 +387,23 @@ def test_certificate_bytes_are_exact() -> None:
     assert ident.result_message(
         run="r", job="t:1:0", token=3, actor="a-1", version=2, version_hash="a" * 64, payload_sha256="b" * 64
     ) == (
-        b'aurora-result/1\x00{"actor":"a-1","job":"t:1:0","payload_sha256":"' + b"b" * 64
-        + b'","run":"r","token":3,"version":2,"version_hash":"' + b"a" * 64 + b'"}'
+        b'aurora-result/1\x00{"actor":"a-1","job":"t:1:0","payload_sha256":"'
+        + b"b" * 64
+        + b'","run":"r","token":3,"version":2,"version_hash":"'
+        + b"a" * 64
+        + b'"}'
     )
 
 
 def test_result_entries_old_and_new_read_back() -> None:
-    old = {b"job": b"t:1:0", b"actor": b"a-1", b"token": b"3", b"version": b"0", b"version_hash": VHASH.encode(), b"bin": b"x"}
+    old = {
+        b"job": b"t:1:0",
+        b"actor": b"a-1",
+        b"token": b"3",
+        b"version": b"0",
+        b"version_hash": VHASH.encode(),
+        b"bin": b"x",
+    }
     got = parse_result(b"1-0", old)
     assert got.malformed is None and got.cert is None and got.sig is None, "an entry without them is unsigned"
     signed = parse_result(b"1-1", {**old, b"cert": CERT.encode(), b"sig": b"A" * 86 + b"=="})
@@ -427,8 +441,18 @@ def test_a_certified_actor_process_gets_its_results_admitted(redis_server: Any, 
     _cli("keygen", "--out", str(tmp_path / "fleet"), cwd=REPO)
     issued = json.loads(
         _cli(
-            "actor-cert", "issue", "--fleet-key", str(tmp_path / "fleet.key"), "--actor", "certified",
-            "--out", str(tmp_path / "certs"), "--run", "rl", "--json", cwd=REPO,
+            "actor-cert",
+            "issue",
+            "--fleet-key",
+            str(tmp_path / "fleet.key"),
+            "--actor",
+            "certified",
+            "--out",
+            str(tmp_path / "certs"),
+            "--run",
+            "rl",
+            "--json",
+            cwd=REPO,
         )
     )
     loop = Loop(tmp_path, redis_server.url)
@@ -454,3 +478,18 @@ def test_the_identity_benchmark_measures_both_in_one_run() -> None:
     assert a["signed_results_per_s"] > 0 and a["signed_over_unsigned"] == pytest.approx(
         a["signed_results_per_s"] / a["unsigned_results_per_s"], rel=0.01
     )
+
+
+def test_identity_options_come_from_the_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aurora_store.cli import main
+
+    path = tmp_path / "aurora.toml"
+    path.write_text(
+        'run_id = "exp1"\nhome = "us"\n[regions.us]\nuri = "file:///b/us/exp1"\n'
+        '[trainer]\nfleet_key = "fleet.pub"\nrevoked_actors = "revoked.txt"\n'
+        '[actor]\nidentity_key = "eu-0.key"\nidentity_cert = "eu-0.cert"\n'
+    )
+    assert main(["config", "check", str(path), "--json"]) == 0
+    roles = {r["command"]: r["options"] for r in json.loads(capsys.readouterr().out)["roles"]}
+    assert (roles["train"]["fleet_key"], roles["train"]["revoked_actors"]) == ("fleet.pub", "revoked.txt")
+    assert (roles["actor"]["identity_key"], roles["actor"]["identity_cert"]) == ("eu-0.key", "eu-0.cert")

@@ -9,8 +9,9 @@ sweep), expired leases from the deadline index, and the holder of every lease is
 (this trainer made them). A result is admitted only after its payload passes every check
 (:mod:`trainer.admission`: it is hostile input), and every prompt of a step is admitted exactly
 once. With a fleet key (:mod:`trainer.identity`), only results signed by a certified actor are
-considered at all; a forged one is dropped and its lease stays with its holder. Every result read is removed from the stream once admitted or dropped; a drop is counted by
-reason, logged once a minute per reason, and told to the actor that submitted it.
+considered at all; a forged one is dropped and its lease stays with its holder. Every result read
+is removed from the stream once admitted or dropped; a drop is counted by reason, logged once a
+minute per reason, and told to the actor that submitted it.
 
 With :meth:`Dispatcher.start`, sweeping, reading, fetching and decoding run on a thread of their
 own, so the training thread only waits for a step's last admission; without it :meth:`collect`
