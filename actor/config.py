@@ -107,6 +107,16 @@ class WorkerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
     $AURORA_METRICS_ADDR."""
+    identity_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_IDENTITY_KEY"))
+    """This actor's Ed25519 private key (a PEM file, or PEM text in the environment): it signs every result.
+    A trainer with a fleet key admits only signed results (``aurora actor-cert issue`` makes the key)."""
+    identity_cert: str | None = field(default=None, metadata=option(metavar="CERT", env="AURORA_IDENTITY_CERT"))
+    """This actor's certificate, signed by the fleet key (a file, or the JSON document in the environment);
+    it names this actor's worker id and key. Given with --identity-key."""
+
+    def __post_init__(self) -> None:
+        if (self.identity_key is None) != (self.identity_cert is None):
+            raise ConfigError("--identity-key and --identity-cert go together: give both or neither")
 
 
 def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:

@@ -9,11 +9,13 @@ its results' stream ids). Results it cannot use, MAX_REFUSED times in a row, sto
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from actor.identity import Identity
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.results import put_payload
 from aurora_store.coord.jobs import JobBoard
@@ -23,8 +25,24 @@ from aurora_store.coord.results import INLINE_MAX, Ref
 from aurora_store.errors import StoreError
 
 log = logging.getLogger("aurora.actor")
-REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor"})
-"""Drops that say this actor's results are unusable (not merely late)."""
+REFUSED = frozenset(
+    {
+        "bad_payload",
+        "wrong_digest",
+        "wrong_actor",
+        "unsigned",
+        "bad_cert",
+        "uncertified",
+        "revoked",
+        "cert_expired",
+        "cert_not_yet_valid",
+        "wrong_cert_run",
+        "wrong_cert_actor",
+        "bad_signature",
+    }
+)
+"""Drops that say this actor's results are unusable (not merely late): a payload the trainer refuses,
+or an identity it does not accept (none, an expired or revoked certificate, ...)."""
 MAX_REFUSED = 3
 KEEP = 4096
 """Stream ids of submitted results remembered (what notices may name)."""
@@ -42,11 +60,14 @@ class Outbox:
         *,
         inline_bytes: int,
         on_refused: Callable[[], None],
+        identity: Identity | None = None,
     ) -> None:
         self.board, self.store = board, store
         self.wid, self.region = worker_id, region
         self.inline_bytes = inline_bytes
         self.on_refused = on_refused
+        self.identity = identity
+        """Signs each result (None: results go unsigned, which a trainer with a fleet key drops)."""
         self.submitted: OrderedDict[str, None] = OrderedDict()
         """Stream ids of the results this actor submitted (the last KEEP)."""
         self._lock = threading.Lock()
@@ -67,8 +88,20 @@ class Outbox:
                 return
             ref = Ref(self.region, key, sha, len(data))
         payload = None if ref is not None else data
+        cert = sig = None
+        if self.identity is not None:
+            sha = ref.sha256 if ref is not None else hashlib.sha256(data).hexdigest()
+            cert = self.identity.cert
+            sig = self.identity.sign(lease, version=version, version_hash=version_hash, payload_sha256=sha)
         rid = self.board.results.submit(
-            lease, actor=self.wid, version=version, version_hash=version_hash, payload=payload, ref=ref
+            lease,
+            actor=self.wid,
+            version=version,
+            version_hash=version_hash,
+            payload=payload,
+            ref=ref,
+            cert=cert,
+            sig=sig,
         )
         with self._lock:
             self.submitted[rid] = None

@@ -34,6 +34,7 @@ import torch
 from actor import assemble
 from actor.config import WorkerConfig
 from actor.engines.base import Completion
+from actor.identity import Identity
 from actor.metrics import ActorMetrics
 from actor.outbox import Outbox
 from actor.rewards import RewardPool
@@ -77,6 +78,7 @@ class Worker:
             sync.region,
             inline_bytes=cfg.rollout.inline_bytes,
             on_refused=self.halt,
+            identity=self._identity(),
         )
         """What this actor submitted, and what the trainer said of it."""
         self.wake = Wakeups(
@@ -93,6 +95,13 @@ class Worker:
         """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
+
+    def _identity(self) -> Identity | None:
+        """This actor's key and certificate (``--identity-key``, ``--identity-cert``), checked; None if not given."""
+        key, cert = self.cfg.identity_key, self.cfg.identity_cert
+        if key is None or cert is None:
+            return None
+        return Identity.load(key, cert, actor=self.wid, run=self.cfg.sync.run_id)
 
     @property
     def refused(self) -> bool:

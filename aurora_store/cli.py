@@ -18,6 +18,8 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from aurora_store.cli_config import register as register_config
+from aurora_store.cli_identity import register as register_identity
+from aurora_store.cli_identity import write_new
 from aurora_store.options import json_object, positive
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     # roles and benchmarks; every role declares how it reads a config file when its module loads, so all
     # are loaded before any registers (a role's defaults come from the whole file, checked)
     registers = [ep.load() for ep in sorted(entry_points(group="aurora.commands"), key=lambda e: e.name)]
-    for register in [*registers, register_config]:
+    for register in [*registers, register_config, register_identity]:
         register(sub)
 
     p = sub.add_parser(
@@ -383,18 +385,11 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     for path in (key_path, pub_path):
         if os.path.lexists(path):
             raise CommandError(f"{path} already exists; refusing to overwrite a key")
-    _write_new(key_path, private, 0o600)
-    _write_new(pub_path, public, 0o644)
+    write_new(key_path, private, 0o600)
+    write_new(pub_path, public, 0o644)
     kid = signing.key_id(signing.load_verify_key(public))
     print(f"wrote {key_path} (private, keep it secret) and {pub_path}; key id {kid}")
     return 0
-
-
-def _write_new(path: str, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, mode)  # the umask may have narrowed (or, for .key, must not have widened) it
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ BENCHMARKS = {
     "retention": "a run's storage with aurora gc every few versions against the same run never collected; see --help",
     "engine": "pause to apply a ~1%% delta on a real vLLM engine vs its full reload and a restart; see --help",
     "state": "what saving the trainer state of every version costs the training thread; see --help",
+    "identity": "actor identities: sign and check microseconds per result, admission signed vs unsigned; see --help",
     "coord": "one Redis and one trainer against 8..1024 actors: round trips, Redis CPU, bytes, memory; see --help",
 }
 

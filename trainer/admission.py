@@ -5,7 +5,9 @@ region bucket (:mod:`aurora_store.coord.results`). :class:`Payloads` fetches the
 in parallel (each checked against its size and SHA-256), then decodes and checks every payload
 with :func:`aurora_store.format.results.decode`: vectorised, no per-token Python loop. It also
 checks what only the trainer knows: the weights digest the actor says it generated on against
-the published one. A payload that fails is a drop reason, never an exception.
+the published one. A payload that fails is a drop reason, never an exception. With an identity
+gate (:mod:`trainer.identity`), a result not signed by a certified actor is refused before its
+payload is fetched.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ class Payloads:
         stores: Mapping[str, ObjectStore],
         digests: Callable[[int], str | None],
         fetchers: int = 16,
+        gate: Callable[[Result], str | None] | None = None,
     ) -> None:
         self.sampling, self.vocab_size = sampling, vocab_size
         self.stores = dict(stores)
         """Region -> the bucket its actors write large payloads to."""
         self.digests = digests
         """Version -> the weights digest published with it (None if unknown)."""
+        self.gate = gate
+        """Why a result is not from a certified actor, or None (``ResultGate.check``); None: no gate."""
         self._pool = ThreadPoolExecutor(max_workers=fetchers, thread_name_prefix="aurora-payload")
         self._lock = threading.Lock()
         self.cpu_s = 0.0
@@ -54,7 +59,12 @@ class Payloads:
     def decode_all(self, results: Sequence[Result]) -> list[Decoded]:
         """Each result's rollouts or drop reason, in order; referenced payloads fetched in parallel."""
         blobs: list[bytes | str | None] = [r.inline for r in results]
-        wanted = [i for i, r in enumerate(results) if r.malformed is None and r.ref is not None]
+        if self.gate is not None:  # before any fetch: a forged reference costs no GET
+            for i, r in enumerate(results):
+                why = self.gate(r) if r.malformed is None else None
+                if why is not None:
+                    blobs[i] = why
+        wanted = [i for i, r in enumerate(results) if r.malformed is None and r.ref is not None and blobs[i] is None]
         for i, got in zip(wanted, self._pool.map(lambda i: self._fetch(results[i]), wanted), strict=True):
             blobs[i] = got
         t0 = time.thread_time()

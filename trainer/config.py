@@ -187,6 +187,13 @@ class TrainerConfig:
     """Other regions' buckets, as a JSON object ``{region: {"uri": URI, "storage_options": {...}}}``: actors
     there put result payloads too large for Redis in their own region's bucket, and the trainer reads them
     from it (the home region's is the trainer's own store). From a config file: every region's."""
+    fleet_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_FLEET_KEY"))
+    """The fleet's Ed25519 public key (a PEM file, or PEM text in the environment): admit only results
+    signed by actors holding a certificate it signed (``aurora actor-cert issue``). Without it results are
+    not authenticated: anyone who can write Redis can submit in an actor's name (docs/SECURITY.md)."""
+    revoked_actors: str | None = field(default=None, metadata=option(metavar="PATH"))
+    """A revocation list (one ``serial:N`` or ``key:KEY_ID`` a line): results under these actor
+    certificates are dropped. Read again within 5 s of a change, without a restart (needs --fleet-key)."""
     seed: int = 0
     """Seeds the model, the order of the data, the prompts of built-in tasks and the warm start."""
     model: ModelConfig = field(default_factory=ModelConfig)

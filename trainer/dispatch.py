@@ -8,8 +8,10 @@ live actors come from :class:`~aurora_store.coord.roster.Roster` (what changed s
 sweep), expired leases from the deadline index, and the holder of every lease is known here
 (this trainer made them). A result is admitted only after its payload passes every check
 (:mod:`trainer.admission`: it is hostile input), and every prompt of a step is admitted exactly
-once. Every result read is removed from the stream once admitted or dropped; a drop is counted by
-reason, logged once a minute per reason, and told to the actor that submitted it.
+once. With a fleet key (:mod:`trainer.identity`), only results signed by a certified actor are
+considered at all; a forged one is dropped and its lease stays with its holder. Every result read
+is removed from the stream once admitted or dropped; a drop is counted by reason, logged once a
+minute per reason, and told to the actor that submitted it.
 
 With :meth:`Dispatcher.start`, sweeping, reading, fetching and decoding run on a thread of their
 own, so the training thread only waits for a step's last admission; without it :meth:`collect`
@@ -45,6 +47,8 @@ from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from trainer.admission import Payloads
 from trainer.config import ScheduleConfig
+from trainer.identity import REASONS as IDENTITY_REASONS
+from trainer.identity import ResultGate
 from trainer.leasing import Leases
 
 log = logging.getLogger("aurora.trainer")
@@ -62,6 +66,7 @@ TELL = frozenset(
         "expired",
         "payload_unavailable",
         "unknown_region",
+        *IDENTITY_REASONS,
     }
 )
 """Drops the submitting actor is told of: it can act on them (fix itself, or stop)."""
@@ -98,8 +103,11 @@ class Dispatcher:
         tag: str,
         admissions: IO[str] | None = None,
         stores: Mapping[str, ObjectStore] | None = None,
+        identity: ResultGate | None = None,
     ) -> None:
         self.coord, self.board = coord, board
+        self.identity = identity
+        """Which results come from certified actors (None: no check, as before identities)."""
         self.digests: dict[int, str] = {}
         """Version -> its weights digest (results carry the digest of the weights they were generated on)."""
         self.admissions = admissions
@@ -108,7 +116,11 @@ class Dispatcher:
         self.vocab_size = vocab_size
         self.tag = tag
         self.payloads = Payloads(
-            sampling=sampling, vocab_size=vocab_size, stores=stores or {}, digests=self.digests.get
+            sampling=sampling,
+            vocab_size=vocab_size,
+            stores=stores or {},
+            digests=self.digests.get,
+            gate=identity.check if identity is not None and identity.on else None,
         )
         """Fetches, decodes and checks result payloads (and counts the CPU it spends)."""
         self.published: dict[int, str] = {}
@@ -300,7 +312,9 @@ class Dispatcher:
 
     def _refused(self, res: Result, step: int, why: str) -> None:
         self._drop(res, why)
-        unusable = why in RELEASE or res.malformed is not None
+        # with identities on, a malformed entry (which cannot be authenticated) is anyone's: the lease stays
+        ungated = self.identity is None or not self.identity.on
+        unusable = why in RELEASE or (res.malformed is not None and ungated)
         if unusable and step not in self.leases.closed and res.job not in self.admitted.get(step, {}):
             self.leases.again(res.job, step)  # lease it again now
 

@@ -40,6 +40,7 @@ from trainer.config import TrainerConfig
 from trainer.dispatch import Admitted, Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
+from trainer.identity import ResultGate
 from trainer.metrics import TrainerMetrics
 from trainer.publication import ModelPublisher, artefact_for
 from trainer.rollout_policy import RolloutPolicy
@@ -155,6 +156,7 @@ class Trainer:
             tag=self.tag,
             admissions=self._admissions,
             stores=self._result_stores(),
+            identity=ResultGate.of(self.cfg.fleet_key, self.cfg.run_id, revoked=self.cfg.revoked_actors),
         )
         self.dispatch.on_lost = self._announce_again
         self.metrics.watch_dispatch(self.dispatch)

@@ -4,7 +4,10 @@ An entry names the job, the lease's fencing token, the actor, the version it gen
 that version's hash, and carries its payload (:mod:`aurora_store.format.results`, packed binary)
 in one of two ways: inline (field ``bin``, at most :data:`INLINE_MAX` bytes), or by reference to
 an immutable, content-addressed object in the actor's region bucket (``ref``, ``sha256``,
-``size``, ``region``), which the trainer fetches and checks against the hash. Entries are read
+``size``, ``region``), which the trainer fetches and checks against the hash. An actor with an
+identity adds ``cert`` (its certificate, :mod:`aurora_store.format.identity`) and ``sig`` (its
+signature over the result); an entry without them is unsigned (what actors before identities
+wrote), and whether an unsigned result is admitted is the trainer's call. Entries are read
 with a client that does not decode (payloads are bytes), at most :data:`READ_BYTES` per read:
 an entry is never larger than ``INLINE_MAX`` plus its small fields when its writer is honest, and
 a larger one is refused unread.
@@ -30,10 +33,13 @@ INLINE_MAX = 64 << 10
 """The largest payload an entry carries inline; larger ones go to the actor's region bucket."""
 READ_BYTES = 4 << 20
 """Bytes one read of the results stream may return (from honest writers): entries per read =
-``READ_BYTES // (INLINE_MAX + 1 KiB)``."""
-ENTRIES_PER_READ = max(1, READ_BYTES // (INLINE_MAX + 1024))
+``READ_BYTES // (INLINE_MAX + 2 KiB)`` (small fields and a certificate)."""
+ENTRIES_PER_READ = max(1, READ_BYTES // (INLINE_MAX + 2048))
 MAX_FIELD_BYTES = 256
-"""Any field but ``bin`` longer than this makes the entry malformed."""
+"""Any field but ``bin`` and ``cert`` longer than this makes the entry malformed."""
+MAX_CERT_FIELD = 2048
+"""A ``cert`` field is cut to this many bytes (over any certificate :mod:`aurora_store.format.identity`
+accepts, so a longer one is still refused as too long); the identity gate checks the rest."""
 RESULTS_MAXLEN = 100_000
 _REF = re.compile(r"results/[0-9a-f]{64}\.bin")
 
@@ -64,6 +70,11 @@ class Result:
     """Where the payload is when it does not."""
     malformed: str | None = None
     """Why the entry is unusable (its fields failed their checks), None if it parsed."""
+    cert: bytes | None = None
+    """The submitting actor's certificate, as read (unchecked; at most MAX_CERT_FIELD bytes kept);
+    None: the result is unsigned."""
+    sig: str | None = None
+    """The actor's signature over the result, as read (unchecked); None: the result is unsigned."""
 
 
 def _text(f: dict[Any, Any], name: str) -> Any:
@@ -89,13 +100,14 @@ def parse_result(eid: Any, f: dict[Any, Any]) -> Result:
         token = wire.uint(_text(f, "token"), "token")
         version = wire.version(_text(f, "version"))
         version_hash = wire.hex64(_text(f, "version_hash"), "version_hash")
+        cert, sig = _identity(f)
         inline = f.get(b"bin", f.get("bin"))
         if inline is not None:
             if not isinstance(inline, bytes):
                 raise wire.BadEntry("bad_payload", "an inline payload is bytes")
             if len(inline) > INLINE_MAX:
                 raise wire.BadEntry("payload_too_large", f"inline payload of {len(inline)} bytes, over {INLINE_MAX}")
-            return Result(sid, job, token, actor, version, version_hash, inline=inline)
+            return Result(sid, job, token, actor, version, version_hash, inline=inline, cert=cert, sig=sig)
         key = _text(f, "ref")
         if not (isinstance(key, str) and _REF.fullmatch(key)):
             raise wire.BadEntry("bad_payload", f"neither an inline payload nor a results/ reference: {key!r:.80}")
@@ -103,7 +115,7 @@ def parse_result(eid: Any, f: dict[Any, Any]) -> Result:
         if key != f"results/{sha}.bin":
             raise wire.BadEntry("bad_payload", f"reference {key} is not the object of hash {sha}")
         ref = Ref(wire.name(_text(f, "region"), "region"), key, sha, wire.uint(_text(f, "size"), "size", 1 << 40))
-        return Result(sid, job, token, actor, version, version_hash, ref=ref)
+        return Result(sid, job, token, actor, version, version_hash, ref=ref, cert=cert, sig=sig)
     except wire.BadEntry as exc:
         try:
             bad_job, bad_actor = (str(_text(f, k) or "")[:200] for k in ("job", "actor"))
@@ -112,8 +124,30 @@ def parse_result(eid: Any, f: dict[Any, Any]) -> Result:
         return Result(sid, bad_job, -1, bad_actor, -1, "", malformed=exc.reason)
 
 
+def _identity(f: dict[Any, Any]) -> tuple[bytes | None, str | None]:
+    """The entry's certificate and signature, unchecked (the trainer's identity gate checks them, and
+    a bad one is its drop reason, not a malformed entry): only cut to a size that still shows it was
+    too large, and the signature made text whatever its bytes."""
+    cert = f.get(b"cert", f.get("cert"))
+    if cert is not None:
+        cert = bytes(cert[:MAX_CERT_FIELD]) if isinstance(cert, (bytes, bytearray)) else b""
+    sig = f.get(b"sig", f.get("sig"))
+    if sig is not None:
+        sig = sig[:200].decode("ascii", "replace") if isinstance(sig, (bytes, bytearray)) else ""
+    return cert, sig
+
+
 def entry(
-    job: str, token: int, actor: str, version: int, version_hash: str, *, inline: bytes | None, ref: Ref | None
+    job: str,
+    token: int,
+    actor: str,
+    version: int,
+    version_hash: str,
+    *,
+    inline: bytes | None,
+    ref: Ref | None,
+    cert: bytes | None = None,
+    sig: str | None = None,
 ) -> dict[str, Any]:
     """The fields of a result entry, as :func:`parse_result` reads them back."""
     fields: dict[str, Any] = {
@@ -127,6 +161,8 @@ def entry(
         fields["bin"] = inline
     elif ref is not None:
         fields.update(ref=ref.key, sha256=ref.sha256, size=ref.size, region=ref.region)
+    if cert is not None and sig is not None:
+        fields.update(cert=cert, sig=sig)
     return fields
 
 
@@ -149,16 +185,21 @@ class ResultStream:
         version_hash: str,
         payload: bytes | None = None,
         ref: Ref | None = None,
+        cert: bytes | None = None,
+        sig: str | None = None,
     ) -> str:
         """Post a result for ``lease``, its payload inline (at most INLINE_MAX bytes) or by reference
-        to a bucket object; the trainer decides whether to admit it."""
+        to a bucket object, signed when ``cert`` and ``sig`` are given; the trainer decides whether to
+        admit it."""
         if (payload is None) == (ref is None):
             raise JobError(f"result for job {lease.job!r}: give its payload or a reference to it, not both")
         if payload is not None and not isinstance(payload, bytes):
             raise JobError(f"result for job {lease.job!r}: a payload is bytes (aurora_store.format.results)")
         if payload is not None and len(payload) > INLINE_MAX:
             raise JobError(f"result for job {lease.job!r} is {len(payload)} bytes, over {INLINE_MAX} inline")
-        fields = entry(lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref)
+        fields = entry(
+            lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref, cert=cert, sig=sig
+        )
         rid = self.keys.call(self.keys.rb.xadd, self.key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
         return rid.decode() if isinstance(rid, bytes) else str(rid)
 
