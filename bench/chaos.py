@@ -3,14 +3,15 @@
 A real ``redis-server`` (no persistence), a moto S3 server per region (home, eu, ap), each other
 region's reads of home through a `bench.world.ProxyProcess` WAN link, and all of that region's
 traffic to Redis and home through a partitionable gate (`bench.chaos_gates.Gates`); the trainer
-(``aurora train``, signed, resumable every version), a relay into each other region and actors in
-all three (`bench.chaos_world.World`). The schedule (`bench.chaos_schedule`, ``random.Random(seed)``)
-kills roles at chosen moments, restarts or flushes Redis, partitions regions, damages and forges
-objects and Redis entries (`bench.chaos_faults.Faults`); a supervisor (`bench.chaos_supervisor`)
-restarts what died after a short seeded delay, as systemd would. After a settle period in which the
-trainer must finish its steps, `bench.chaos_check` checks the invariants. Every process runs in a
-process group of its own and all are stopped at the end, on Ctrl-C and on errors too; their logs stay
-in the run's work directory.
+(``aurora train``, signed, its state saved every ``--state-every`` versions), a relay into each
+other region and actors in all three (`bench.chaos_world.World`). The schedule
+(`bench.chaos_schedule`, ``random.Random(seed)``) kills roles at chosen moments, restarts or flushes
+Redis, partitions regions, damages and forges objects and Redis entries
+(`bench.chaos_faults.Faults`); a supervisor (`bench.chaos_supervisor`) restarts what died after a
+short seeded delay, as systemd would. After a settle period in which the trainer must finish its
+steps, `bench.chaos_check` checks the invariants. Every process runs in a process group of its own
+and all are stopped at the end, on Ctrl-C and on errors too; their logs stay in the run's work
+directory.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ class Flags(Output):
     """Prompts per step."""
     lease_s: float = _DEFAULT.lease_s
     """Job lease length, seconds."""
+    state_every: int = _DEFAULT.state_every
+    """The trainer's --state-every (2: kills between states force rollbacks)."""
     settle_s: float = _DEFAULT.settle_s
     """Longest settle after the schedule, seconds."""
     workdir: str | None = _DEFAULT.workdir

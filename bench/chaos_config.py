@@ -25,6 +25,10 @@ class Config:
     sft_steps: int = 30
     """Warm-start steps: enough that rewards differ within groups, so versions are real deltas."""
     lease_s: float = 8.0
+    state_every: int = 2
+    """The trainer's --state-every: with 2, a kill after an odd version's commit always resumes from an
+    older state (a rollback the next version must declare), and one after an even version's commit
+    does so when it lands before that version's state is committed (trainer_kill_before_state)."""
     heartbeat_s: float = 3.0
     slowdown: float = 25.0
     """Every actor's emulated slowdown, so that a batch lasts long enough to be interrupted."""

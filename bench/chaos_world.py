@@ -88,7 +88,8 @@ class World:
             "train",
             store=self.uri("home"), storage_options=self.options("home"), redis=self.redis.url, run_id=RUN,
             seed=c.seed, steps=c.total_steps, prompts=c.prompts, group=c.group, max_new_tokens=c.max_new_tokens,
-            sft_steps=c.sft_steps, lr=5e-4, state_every=1, lease_s=c.lease_s, admissions_log=self.admissions,
+            sft_steps=c.sft_steps, lr=5e-4, state_every=c.state_every, lease_s=c.lease_s,
+            admissions_log=self.admissions,
         )  # fmt: skip
         return Proc("trainer", "trainer", "home", argv, self.sign_env, self.work / "trainer.log")
 
