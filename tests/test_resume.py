@@ -257,3 +257,24 @@ def test_the_rollback_field_is_checked_by_the_parser(redis_server: Any, tmp_path
     older = {k: v for k, v in raw.items() if k != "rolls_back_to"} | {"format": "aurora/3"}
     with pytest.raises(CorruptError):  # aurora/3 has no such field
         parse_manifest(json.dumps({**older, "rolls_back_to": raw["rolls_back_to"]}).encode(), expect_version=5)
+
+
+def test_states_planted_above_the_latest_version_do_not_make_gc_drop_real_ones(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """Someone with write access plants committed-looking states for versions that do not exist yet:
+    gc neither counts them as the newest states (deleting the real ones) nor does a restart use them."""
+    cfg = _config(tmp_path, redis_server.url)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 3)
+    run = open_run(cfg.store)
+    for v in (10**9, 10**9 + 1):
+        run.state.put(v, TENSORS, b"junk")
+        run.state.commit(v, b'{"format": "aurora-trainer-state/2"}')
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, keep_states=1, holds={}))
+    assert p.states_kept == [3] and 10**9 not in p.states_deleted
+    gc.apply(run, p)
+    assert 3 in run.state.versions()
+    with Trainer(cfg) as second:
+        assert second.start() == 3 and second.weights_version == 3 and second.rollback is None

@@ -141,7 +141,10 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         for v in committed:
             if v >= floor:
                 keep(v, f"at or after version {floor}, which {who} holds")
-    states = run.state.versions()
+    # a state is written after its version's commit: one above the latest committed version is not a
+    # state a restart can use (planted, or of a version being committed now): never counted as kept
+    latest_committed = committed[-1] if committed else -1
+    states = [s for s in run.state.versions() if s <= latest_committed]
     states_kept = states[-policy.keep_states :]
     for s in states_kept:
         if s in committed:
