@@ -49,7 +49,14 @@ from trainer.leasing import Leases
 
 log = logging.getLogger("aurora.trainer")
 T = TypeVar("T")
-RELEASE = ("bad_payload", "wrong_version", "wrong_version_hash", "wrong_digest", "payload_unavailable")
+RELEASE = (
+    "bad_payload",
+    "wrong_version",
+    "wrong_version_hash",
+    "wrong_digest",
+    "payload_unavailable",
+    "rewards_crashed",
+)
 """Drops after which the prompt is leased again at once (its holder produced something unusable)."""
 TELL = frozenset(
     {
@@ -62,6 +69,7 @@ TELL = frozenset(
         "expired",
         "payload_unavailable",
         "unknown_region",
+        "rewards_crashed",
     }
 )
 """Drops the submitting actor is told of: it can act on them (fix itself, or stop)."""

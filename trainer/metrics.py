@@ -40,7 +40,7 @@ DROPPED = Spec(
     "aurora_trainer_results_dropped_total",
     "counter",
     "Results dropped, by reason: stale_lease, expired, wrong_actor, wrong_version, wrong_version_hash, "
-    "wrong_digest, bad_payload, duplicate, unknown_job, or what made the entry malformed.",
+    "wrong_digest, bad_payload, rewards_crashed, duplicate, unknown_job, or what made the entry malformed.",
     ("reason",),
 )
 LEASES_EXPIRED = Spec(
