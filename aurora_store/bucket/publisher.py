@@ -68,7 +68,7 @@ from aurora_store.bucket.plan import (
 )
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
-from aurora_store.errors import ConflictError, StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.errors import ConflictError, LimitError, StoreError, UnauthenticatedError, UnsupportedError
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
@@ -179,6 +179,25 @@ class Publisher:
             signer=self.signer,
         )
 
+    def _fits(self, plan: PublishPlan, step: int | None, meta: Mapping[str, str] | None) -> PublishPlan:
+        """``plan``, after checking that its manifest can fit the readers' cap: LimitError before a
+        byte is written if even its smallest manifest (:meth:`PublishPlan.skeleton`, sealed as the
+        commit seals it) would not. An ``auto`` plan may turn full, so it must fit as a full version."""
+        cap = self.config.limits.max_manifest_bytes
+        full = plan.full or plan.kind == "auto"
+        m = plan.skeleton(shard_bytes=self.config.shard_bytes, files=self.files.refs(), step=step, meta=meta, full=full)
+        size = len(signing.seal(m, self.signing_key).to_bytes())
+        if size > cap:
+            what = f"a full version's {len(m.segments)} shards and " if full else ""
+            raise LimitError(
+                f"{self.store.url(manifest_key(plan.version))}: version {plan.version}: its manifest would be at "
+                f"least {size} bytes, over the cap of {cap} ({what}a table of {len(plan.specs)} tensors); "
+                "raise the readers' max_manifest_bytes (every reader of the run needs it too) or publish fewer, "
+                "larger tensors",
+                url=self.store.url(manifest_key(plan.version)),
+            )
+        return plan
+
     def resume(self) -> Tip | None:
         """Hold the last committed version's bits as this single publisher's baseline now (what a
         restarted trainer does before its first step), so the next publish diffs against it at once."""
@@ -211,7 +230,9 @@ class Publisher:
         comm = self.collective
         planned, failure = None, None
         if comm.rank == 0:
-            planned, failure = _attempt(lambda: self.plan(share.specs, kind=kind, version=version))
+            planned, failure = _attempt(
+                lambda: self._fits(self.plan(share.specs, kind=kind, version=version), step, meta)
+            )
         hello = comm.all_gather_json(_report(failure) or self._hello(share, planned))
         self._check(hello, failure)
         if len({h["layout"] for h in hello}) != 1:
