@@ -13,6 +13,7 @@ import torch
 import aurora_store
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.format.manifest_parser import parse_manifest
+from tests.helpers import bits_equal
 
 
 def _run() -> Any:
@@ -112,3 +113,23 @@ def test_a_manifest_over_the_cap_is_refused_before_the_first_byte(tmp_path: Any)
         assert sorted(small.store.list_keys("")) == before, f"no {kind} segment was written either"
     small.publish(_many_tiny(50, seed=1), kind="delta", meta={"note": "x"})  # the run goes on
     assert small.versions() == [0, 1]
+
+
+def test_an_auto_delta_whose_manifest_would_not_fit_is_published_full(tmp_path: Any) -> None:
+    """A delta's blocks are known once it is encoded: an ``auto`` delta held until then (the first of a
+    publisher) whose manifest would be over the cap is published full instead, none of its segments
+    written; the run stays readable under the cap."""
+    from aurora_store.bucket.limits import Limits
+
+    g = torch.Generator().manual_seed(0)
+    w = {f"t{i}": torch.randn(65536, generator=g).to(torch.bfloat16) for i in range(4)}
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri, segment_bytes=512, limits=Limits(max_manifest_bytes=2048))
+    assert run.publish(w).kind == "full"  # a manifest of ~1 KB
+    for t in w.values():  # ~1% changed: a delta of ~7 KB in ~14 segments of 512 bytes: ~3.4 KB of manifest
+        idx = torch.randperm(t.numel(), generator=g)[:600]
+        t.view(-1)[idx] = (t.view(-1)[idx].float() + 0.5).to(torch.bfloat16)
+    info = run.publish(w)
+    assert info.kind == "full", "not a delta its readers would refuse"
+    assert not [k for k in run.store.list_keys("versions/0000000001") if k.endswith(".seg")], "no segment written"
+    assert bits_equal(aurora_store.open_run(uri, limits=Limits(max_manifest_bytes=2048)).materialize(1), w)
