@@ -320,6 +320,14 @@ class Worker:
                 [list(p.ids) for _, p in batch], seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode())
             )
         self._emulate_slowdown(time.perf_counter() - t0)
+        tokens = self._submit_all(batch, outs, held)
+        if tokens is not None:
+            tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+            self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
+
+    def _submit_all(self, batch: list[tuple[Lease, Prompt]], outs: list[list[Completion]], held: Held) -> int | None:
+        """Score and submit each job's completions; the tokens submitted, or None when the actor stopped
+        while they were scored: the jobs not submitted are given back (the trainer leases them again)."""
         tokens = 0
         for i, ((lease, prompt), comps) in enumerate(zip(batch, outs, strict=True)):
             if not self._submit(lease, prompt, comps, held):
@@ -329,10 +337,9 @@ class Worker:
                 for unscored, _ in batch[i:]:
                     with contextlib.suppress(CoordinationError):
                         self.board.release(unscored)
-                return
+                return None
             tokens += sum(len(c.token_ids) for c in comps)
-        tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
-        self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
+        return tokens
 
     def _submit(self, lease: Lease, prompt: Prompt, comps: list[Completion], held: Held) -> bool:
         """Score one job's completions and submit the result; False, submitting nothing, when the

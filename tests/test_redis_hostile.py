@@ -278,7 +278,22 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     from aurora_store.testing.processes import wait_for
 
     d = _dispatcher(redis_server.url)
-    lease = _one_job(d)
+    d.coord.workers.register("actor", "home", worker_id="a", ttl_s=30)
+    d.coord.workers.update("a", version=0)
+    prompts = [Prompt(f"p{i}", "1+1=", "2", (3, 4)) for i in range(2)]
+    d.post(1, prompts)
+
+    def take(n: int) -> list[Any]:
+        taken: list[Any] = []  # (again) leased at a sweep
+        wait_for(
+            lambda: bool(
+                d._collect_once() or taken.extend(d.board.take("a", max_jobs=n, block_s=0)) or len(taken) >= n
+            ),
+            f"{n} leases",
+        )
+        return taken
+
+    leases = take(2)
     sync = SyncConfig(
         store=f"memory://redis-hostile/{uuid.uuid4().hex}/run",
         region="home",
@@ -297,32 +312,31 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text(), "its end")
         comps = [Completion((5, 1), (-0.5, -0.5), "stop"), Completion((6, 1), (-0.5, -0.5), "stop")]
         held = Held(0, "0" * 64, "d" * 32)
-        assert not w._submit(lease, Prompt("p", "1+1=", "2", (3, 4)), comps, held), "nothing submitted"
+        assert w._submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], held) is None
     finally:
         w.close()
     assert d.board.results.read("0-0", block_ms=1) == [], "no result of zeros reached the trainer"
+    again = take(2)
+    assert sorted(x.job for x in again) == sorted(x.job for x in leases), "both jobs given back and leased again"
+    lease = again[0]
 
     # what an actor without this fix (or a hostile one) sends: every reward crashed, scored 0
     crashed = payloads.encode(
         [([5, 1], [-0.5, -0.5], "stop", 0.0)] * 2, failures={"crashed": 2}, weights_digest="d" * 32
     )
     d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=crashed)
-    wait_for(lambda: bool(d._collect_once() or d.dropped), "the result to be read")
-    assert d.dropped == {"rewards_crashed": 1} and d.admitted_total == 0
+    wait_for(lambda: bool(d._collect_once() or d.dropped["rewards_crashed"]), "the result to be read")
+    assert d.dropped["rewards_crashed"] == 1 and d.admitted_total == 0
     assert d.board.notices.read("a", "0-0")[0].reason == "rewards_crashed", "the actor is told"
-    taken: list[Any] = []  # leased again at the next sweep, with a new token
-    wait_for(
-        lambda: bool(d._collect_once() or taken.extend(d.board.take("a", max_jobs=1, block_s=0)) or taken),
-        "a new lease",
-    )
-    (again,) = taken
-    assert again.job == lease.job and again.token != lease.token
+    (again1,) = take(1)  # leased again at once (at the next sweep), with a new token
+    assert again1.job == lease.job and again1.token != lease.token
     # half the group crashed (each completion killed two processes): those zeros are its scores
     half = payloads.encode(
         [([5, 1], [-0.5, -0.5], "stop", 0.0), ([5, 1], [-0.5, -0.5], "stop", 1.0)],
         failures={"crashed": 1},
         weights_digest="d" * 32,
     )
-    d.board.results.submit(again, actor="a", version=0, version_hash="0" * 64, payload=half)
-    (admitted,) = d.collect(1)
-    assert list(admitted.rollouts.rewards) == [0.0, 1.0] and d.reward_failures == {"crashed": 1}
+    d.board.results.submit(again1, actor="a", version=0, version_hash="0" * 64, payload=half)
+    d.board.results.submit(again[1], actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    admitted = {r.job: r for r in d.collect(1)}
+    assert list(admitted[lease.job].rollouts.rewards) == [0.0, 1.0] and d.reward_failures == {"crashed": 1}
