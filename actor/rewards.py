@@ -7,6 +7,13 @@ model) that loads the reward once and answers one call at a time. A call that ra
 something that is not a finite number, outlives the time limit or kills its process scores 0
 and is counted by kind; the process is restarted when it hangs or dies. The actor never dies of
 a reward and a step never waits more than the time limit per completion.
+
+A process that dies is not a score. It may have been killed from outside: the OOM killer, or a
+SIGTERM to the actor's process group, which reaches the child too. So a call that finds its
+process dead is tried once more in a fresh one; only a completion that kills two processes scores
+0 as ``crashed``. While the actor is stopping (``stop`` set) nothing is retried and
+:meth:`RewardPool.score_group` answers None: the group was never scored, and no reward, not even
+0, may stand for it (the actor gives its lease back instead of submitting).
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import contextlib
 import logging
 import math
 import multiprocessing
+import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -52,11 +61,13 @@ def _serve(spec: str, conn: Connection) -> None:
 
 
 class RewardPool:
-    """Scores completions with the reward ``spec`` in a child process, ``timeout_s`` per call."""
+    """Scores completions with the reward ``spec`` in a child process, ``timeout_s`` per call; ``stop``
+    is the actor's: once set, a dead process is not restarted."""
 
-    def __init__(self, spec: str, *, timeout_s: float) -> None:
+    def __init__(self, spec: str, *, timeout_s: float, stop: threading.Event | None = None) -> None:
         self.spec = spec
         self.timeout_s = timeout_s
+        self.stop = stop
         self.failures: Counter[str] = Counter()
         """Every failed call so far, by kind: error, invalid, timeout, crashed."""
         self._ctx = multiprocessing.get_context("spawn")
@@ -82,6 +93,11 @@ class RewardPool:
             self._kill()
             raise TaskError(f"reward {self.spec!r}: {detail}")
 
+    @property
+    def pid(self) -> int | None:
+        """The reward process's pid, while one runs."""
+        return self._proc.pid if self._conn is not None and self._proc is not None else None
+
     def _kill(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -92,7 +108,37 @@ class RewardPool:
             self._proc.join(10)
 
     def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str | None]:
-        """(reward, None), or (0.0, the kind of failure)."""
+        """(reward, None), or (0.0, the kind of failure). A call whose process died is tried once more
+        in a fresh process, unless the actor is stopping."""
+        value, failure = self._call(prompt, completion, answer)
+        if failure == "crashed" and not self._stopping():
+            log.warning("reward %s: its process died; trying the completion once more in a fresh one", self.spec)
+            value, failure = self._call(prompt, completion, answer)
+        if failure is None:
+            return value, None
+        self.failures[failure] += 1
+        log.warning("reward %s: %s; scored 0", self.spec, failure)
+        return 0.0, failure
+
+    def score_group(
+        self, prompt: str, completions: Sequence[str], answer: str
+    ) -> tuple[list[float], Counter[str]] | None:
+        """Each completion's reward and the failures by kind; None when a call crashed while the actor
+        is stopping (its process died with the actor's: the group was never scored)."""
+        rewards, failures = [], Counter[str]()
+        for completion in completions:
+            reward, failure = self.score(prompt, completion, answer)
+            if failure == "crashed" and self._stopping():
+                return None
+            if failure is not None:
+                failures[failure] += 1
+            rewards.append(reward)
+        return rewards, failures
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def _call(self, prompt: str, completion: str, answer: str) -> tuple[float, str | None]:
         if self._conn is None:
             self._start()
         assert self._conn is not None
@@ -111,10 +157,9 @@ class RewardPool:
             failure = "invalid"
         if failure is None:
             return float(value), None
-        self.failures[failure] += 1
-        log.warning("reward %s: %s after %.2f s; scored 0", self.spec, failure, time.monotonic() - t0)
         if failure in ("timeout", "crashed"):
             self._kill()  # the next call starts a fresh process
+        log.debug("reward %s: %s after %.2f s", self.spec, failure, time.monotonic() - t0)
         return 0.0, failure
 
     def close(self) -> None:

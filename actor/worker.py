@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -126,7 +126,7 @@ class Worker:
         files = assemble.run_files(self.run, self._wait_for_version())
         self.spec = assemble.run_spec(self.run, files)
         self.tok = assemble.tokenizer(self.spec, files)
-        self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s)
+        self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s, stop=self.stop)
         self.engine = assemble.engine(self.run, self.spec, files, self.cfg.engine, self.wid)
         self.up = Updater(
             self.run,
@@ -329,22 +329,41 @@ class Worker:
                 [list(p.ids) for _, p in batch], seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode())
             )
         self._emulate_slowdown(time.perf_counter() - t0)
+        tokens = self._submit_all(batch, outs, held)
+        if tokens is not None:
+            tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
+            self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
+
+    def _submit_all(self, batch: list[tuple[Lease, Prompt]], outs: list[list[Completion]], held: Held) -> int | None:
+        """Score and submit each job's completions; the tokens submitted, or None when the actor stopped
+        while they were scored: the jobs not submitted are given back (the trainer leases them again)."""
         tokens = 0
+        for i, ((lease, prompt), comps) in enumerate(zip(batch, outs, strict=True)):
+            if not self._submit(lease, prompt, comps, held):
+                log.warning(
+                    "actor %s: stopping while its rewards were scored; giving back %d leases", self.wid, len(batch) - i
+                )
+                for unscored, _ in batch[i:]:
+                    with contextlib.suppress(CoordinationError):
+                        self.board.release(unscored)
+                return None
+            tokens += sum(len(c.token_ids) for c in comps)
+        return tokens
+
+    def _submit(self, lease: Lease, prompt: Prompt, comps: list[Completion], held: Held) -> bool:
+        """Score one job's completions and submit the result; False, submitting nothing, when the
+        reward process died because the actor is stopping (a crashed reward is no reward)."""
         rewards = self.rewards
         assert rewards is not None, "setup() starts the reward pool"
-        for (lease, prompt), comps in zip(batch, outs, strict=True):
-            rows, failures = [], Counter[str]()
-            for c in comps:
-                reward, failure = rewards.score(prompt.text, self.tok.decode(c.token_ids), prompt.answer)
-                if failure is not None:
-                    failures[failure] += 1
-                rows.append((c.token_ids, c.logprobs, c.finish_reason, reward))
-            tokens += sum(len(c.token_ids) for c in comps)
-            # weights_digest: verified when these weights were applied
-            data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
-            self.outbox.submit(lease, held.version, held.version_hash, data)
-        tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
-        self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
+        scored = rewards.score_group(prompt.text, [self.tok.decode(c.token_ids) for c in comps], prompt.answer)
+        if scored is None:
+            return False
+        values, failures = scored
+        rows = [(c.token_ids, c.logprobs, c.finish_reason, r) for c, r in zip(comps, values, strict=True)]
+        # weights_digest: verified when these weights were applied
+        data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
+        self.outbox.submit(lease, held.version, held.version_hash, data)
+        return True
 
     def _heartbeat(self) -> None:
         """Beat on a thread of its own, so a long batch does not look like a dead actor; when the beat

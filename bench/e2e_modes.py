@@ -168,14 +168,14 @@ def synced(
             return {"version": v, "kind": info.kind, "bytes": info.bytes, "changed": info.changed}
 
         before = world.snapshot()
-        start = {rl.dest_region: (len(rl.stats.versions), rl.stats.bytes) for rl in s.relays}
+        start = {rl.dest_region: (rl.stats.versions, rl.stats.bytes) for rl in s.relays}
         loop = run_steps(weights, publish, timing, check=phase.tracker.check, base_version=base)
         _add_sync_times(loop, started, followers, timing)
         after = world.snapshot()
         relayed = {}
         for rl in s.relays:
             n0, b0 = start[rl.dest_region]
-            relayed[rl.dest_region] = (len(rl.stats.versions) - n0, rl.stats.bytes - b0)
+            relayed[rl.dest_region] = (rl.stats.versions - n0, rl.stats.bytes - b0)
         final = []
         for a in s.actors:
             assert a.updater.held is not None

@@ -102,7 +102,7 @@ class RelayMetrics:
         self.m.pull(OBJECTS_COPIED, lambda: stats.copied, self.region)
         self.m.pull(OBJECTS_SKIPPED, lambda: stats.skipped, self.region)
         self.m.pull(COPIED_BYTES, lambda: stats.bytes, self.region)
-        self.m.pull(VERSIONS_COMMITTED, lambda: len(stats.versions), self.region)
+        self.m.pull(VERSIONS_COMMITTED, lambda: stats.versions, self.region)
         if coord is not None:
             self.m.redis_skipped(coord.skipped.snapshot)
 

@@ -17,7 +17,7 @@ class RelayStats:
     """Objects found already at the destination and verified there."""
     bytes: int = 0
     """Bytes copied across regions."""
-    versions: list[int] = field(default_factory=list)
-    """Versions this relay committed at the destination."""
+    versions: int = 0
+    """Versions this relay committed at the destination (a count: a relay runs for ever)."""
     rejected: dict[str, int] = field(default_factory=dict)
     """What this relay refused (bad announcements, versions that fail their checks), by error kind."""

@@ -9,6 +9,11 @@ on start the relay backfills every committed version the destination lacks. Anno
 segments are copied on a small pool of their own, so the segments of one version (a full
 checkpoint's shards, a large delta's segments) cross the WAN in parallel; a copy already in
 flight is waited for, never started twice. No torch.
+
+What the relay remembers is bounded by the versions it may still need: objects it verified are
+kept by version only until that version is committed at the destination (versions commit in
+order, so every version up to the last committed one is done: an announcement of one of its
+objects is a no-op), plus the run's attachments.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format import retention, signing
-from aurora_store.format.keys import manifest_key
+from aurora_store.format.keys import manifest_key, object_version
 from aurora_store.format.manifest import Manifest, Segment, check_link
 from aurora_store.format.retention import Retired
 from relay.metrics import RelayMetrics
@@ -65,7 +70,10 @@ class Relay:
         self.stats = RelayStats()
         self._retired = Retired()
         """What the destination's retention records retire (read with every backfill)."""
-        self._verified: set[tuple[str, str]] = set()
+        self._verified: dict[int | None, set[tuple[str, str]]] = {}
+        """Objects verified at the destination, by version (None: attachments), for uncommitted versions only."""
+        self._committed = -1
+        """The latest version committed at the destination (every one before it is committed or retired)."""
         self._inflight: dict[tuple[str, str], Future[None]] = {}
         self._lock = threading.Lock()
         self._last_warned: dict[str, float] = {}
@@ -82,7 +90,7 @@ class Relay:
         If an announced copy of it is in flight, wait for that one (and redo it only if it failed)."""
         ident = (entry.key, entry.sha256)
         with self._lock:
-            if ident in self._verified:
+            if self._is_verified(ident):
                 return
             running = self._inflight.get(ident)
         if running is not None:
@@ -94,10 +102,11 @@ class Relay:
         self._copy(entry)
 
     def copy_announced(self, entry: Segment) -> Future[None] | None:
-        """Start copying an announced segment in the background (None if done or already under way)."""
+        """Start copying an announced segment in the background (None if done or already under way, or
+        if its version is committed at the destination already)."""
         ident = (entry.key, entry.sha256)
         with self._lock:
-            if ident in self._verified or ident in self._inflight:
+            if self._is_verified(ident) or ident in self._inflight or self._is_committed(entry.key):
                 return None
             fut = self._copies.submit(self._copy_logged, entry)
             self._inflight[ident] = fut
@@ -116,21 +125,42 @@ class Relay:
     def _copy(self, entry: Segment) -> None:
         ident = (entry.key, entry.sha256)
         with self._lock:
-            if ident in self._verified:
+            if self._is_verified(ident):
                 return
         if self.dest.exists(entry.key):
             self._verify_dest(entry)  # a corrupt object here is refused, never overwritten
             with self._lock:
-                self._verified.add(ident)
+                self._remember(ident)
                 self.stats.skipped += 1
             return
         data = self.src.fetch(entry)  # verified at the source before it crosses the WAN
         self.dest.put_if_absent(entry.key, data)  # False: a concurrent relay won; verified below either way
         self._verify_dest(entry)
         with self._lock:
-            self._verified.add(ident)
+            self._remember(ident)
             self.stats.copied += 1
             self.stats.bytes += entry.size
+
+    def _is_verified(self, ident: tuple[str, str]) -> bool:
+        return ident in self._verified.get(object_version(ident[0]), ())
+
+    def _is_committed(self, key: str) -> bool:
+        v = object_version(key)
+        return v is not None and v <= self._committed
+
+    def _remember(self, ident: tuple[str, str]) -> None:
+        """Record a verified object (under the lock), unless its version is committed already."""
+        if not self._is_committed(ident[0]):
+            self._verified.setdefault(object_version(ident[0]), set()).add(ident)
+
+    def _committed_through(self, version: int) -> None:
+        """Every version up to ``version`` is committed at the destination: forget their objects."""
+        with self._lock:
+            if version <= self._committed:
+                return
+            self._committed = version
+            for v in [v for v in self._verified if v is not None and v <= version]:
+                del self._verified[v]
 
     def _verify_dest(self, entry: Segment) -> None:
         try:
@@ -156,7 +186,7 @@ class Relay:
             pass
         if self.dest.put_if_absent(manifest_key(version), raw):
             with self._lock:
-                self.stats.versions.append(version)
+                self.stats.versions += 1
             self.metrics.committed(version)
         elif self.dest.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes) != raw:
             raise CorruptError(f"{self.dest.url(manifest_key(version))} differs from the source's manifest")
@@ -190,6 +220,7 @@ class Relay:
                 check_link(self.dst.manifest(m.parent.version), m)
 
     def _advance(self, m: Manifest) -> None:
+        self._committed_through(m.version)
         self.metrics.region_at(m.version)
         if self.coord is not None:
             self.coord.regions.commit(self.dest_region, m.version, m.version_hash, m.kind)

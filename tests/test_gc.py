@@ -229,6 +229,41 @@ def _gc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=120)
 
 
+def test_gc_reads_only_the_live_workers_registrations(tmp_path: Path, redis_server: Any) -> None:
+    """Hole (issue 22): ``Coordinator.holds()`` read every registration ever made (HGETALL). Now it reads
+    the live workers' only, from the liveness registry: thousands of dead registrations cost nothing,
+    live actors still protect what they hold, and a damaged live entry is still reported and counted."""
+    run = aurora_store.open_run((tmp_path / "h").as_uri(), full_every=4)
+    coord = Coordinator(redis_server.url, "h")
+    run.announcer = RegionAnnouncer(coord, "home")
+    _publish(run, 10)
+    for i, v in enumerate((5, 7)):
+        coord.workers.register("actor", "eu", worker_id=f"a{i}", ttl_s=60)
+        coord.workers.update(f"a{i}", version=v)
+    long_ago = int((time.time() - 600) * 1000)  # expired ten minutes ago, not pruned yet
+    pad = "x" * 200
+    pipe = coord.r.pipeline(transaction=False)
+    for i in range(5000):
+        doc = json.dumps({"role": "actor", "region": "eu", "protocol": 2, "version": 1, "pad": pad})
+        pipe.hset(coord.key("workers"), f"dead{i}", doc)
+        pipe.zadd(coord.key("alive"), {f"dead{i}": long_ago})
+    pipe.hset(coord.key("workers"), "ghost", "{not json")  # a live worker whose registration is damaged
+    pipe.zadd(coord.key("alive"), {"ghost": int((time.time() + 600) * 1000)})
+    pipe.execute()
+
+    coord.r.config_resetstat()
+    held, unreadable = coord.holds()
+    sent = int(coord.r.info("stats")["total_net_output_bytes"])
+    assert held == {"actor a0 in eu": 5, "actor a1 in eu": 7, "region home": 9}, "dead registrations hold nothing"
+    assert len(unreadable) == 1 and "ghost" in unreadable[0]
+    assert coord.skipped.counts["registration_not_json"] == 1, "the damaged live entry is counted too"
+    assert sent < 20_000, f"Redis sent {sent} bytes for 2 live workers among 5,000 dead ones (~1.3 MB of them)"
+
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, holds=held))
+    assert sorted(p.kept) == [0, 4, 5, 6, 7, 8, 9], "from what a0 holds on (and its chain); not what the dead held"
+    assert 1 in p.retire
+
+
 def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, redis_server: Any) -> None:
     uri = (tmp_path / "home" / "g").as_uri()
     run = aurora_store.open_run(uri, full_every=4)

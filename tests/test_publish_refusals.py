@@ -13,6 +13,7 @@ import torch
 import aurora_store
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.format.manifest_parser import parse_manifest
+from tests.helpers import bits_equal
 
 
 def _run() -> Any:
@@ -81,3 +82,54 @@ def test_an_unsorted_tensor_table_is_refused_before_the_first_byte() -> None:
     with pytest.raises(StoreError, match="unique and sorted"):
         run.publish_words(specs, {s.name: np.zeros(2, dtype="<u2") for s in specs})
     assert run.store.list_keys("") == []
+
+
+def _many_tiny(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{i:05d}.w": torch.randn(4, generator=g).to(torch.bfloat16) for i in range(n)}
+
+
+def test_a_manifest_over_the_cap_is_refused_before_the_first_byte(tmp_path: Any) -> None:
+    """Hole (issue 22): the manifest cap was checked at commit, after every shard of the version was
+    uploaded. Its size is known from the plan (tensor table, shards, files): a version whose
+    manifest cannot fit fails at once, and the bucket holds nothing new."""
+    from aurora_store.bucket.limits import Limits
+    from aurora_store.errors import LimitError
+
+    weights = _many_tiny(2000)  # ~2,000 table entries: ~130 KB of manifest
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri, shard_bytes=4096, limits=Limits(max_manifest_bytes=64 << 10))
+    with pytest.raises(LimitError, match=r"version 0: its manifest would be at least \d+ bytes, over the cap of 65536"):
+        run.publish(weights)
+    assert run.store.list_keys("") == [], "refused before the first byte is written"
+
+    small = aurora_store.open_run(uri, shard_bytes=4096, limits=Limits(max_manifest_bytes=64 << 10))
+    small.publish(_many_tiny(50))  # a table that fits; then a delta whose meta does not
+    before = sorted(small.store.list_keys(""))
+    meta = {f"note{i:04d}": "x" * 100 for i in range(1000)}
+    for kind in ("delta", "auto"):
+        with pytest.raises(LimitError, match="version 1: its manifest would be at least"):
+            small.publish(_many_tiny(50, seed=1), kind=kind, meta=meta)
+        assert sorted(small.store.list_keys("")) == before, f"no {kind} segment was written either"
+    small.publish(_many_tiny(50, seed=1), kind="delta", meta={"note": "x"})  # the run goes on
+    assert small.versions() == [0, 1]
+
+
+def test_an_auto_delta_whose_manifest_would_not_fit_is_published_full(tmp_path: Any) -> None:
+    """A delta's blocks are known once it is encoded: an ``auto`` delta held until then (the first of a
+    publisher) whose manifest would be over the cap is published full instead, none of its segments
+    written; the run stays readable under the cap."""
+    from aurora_store.bucket.limits import Limits
+
+    g = torch.Generator().manual_seed(0)
+    w = {f"t{i}": torch.randn(65536, generator=g).to(torch.bfloat16) for i in range(4)}
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri, segment_bytes=512, limits=Limits(max_manifest_bytes=2048))
+    assert run.publish(w).kind == "full"  # a manifest of ~1 KB
+    for t in w.values():  # ~1% changed: a delta of ~7 KB in ~14 segments of 512 bytes: ~3.4 KB of manifest
+        idx = torch.randperm(t.numel(), generator=g)[:600]
+        t.view(-1)[idx] = (t.view(-1)[idx].float() + 0.5).to(torch.bfloat16)
+    info = run.publish(w)
+    assert info.kind == "full", "not a delta its readers would refuse"
+    assert not [k for k in run.store.list_keys("versions/0000000001") if k.endswith(".seg")], "no segment written"
+    assert bits_equal(aurora_store.open_run(uri, limits=Limits(max_manifest_bytes=2048)).materialize(1), w)

@@ -254,3 +254,89 @@ def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: A
     assert len(d.leases.step_jobs) == 3 and d.board.r.exists(d.board._k("job", "t:1:0")) == 0, (
         "old steps' jobs are gone"
     )
+
+
+# ---------------------------------------------------------------- a crashed reward is no reward
+
+
+def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_zeros(redis_server: Any) -> None:
+    """Hole (issue 22): a SIGTERM to an actor's process group kills its reward process too; the
+    in-flight group was scored ``crashed`` (0 each) and submitted, and the trainer admitted those
+    zeros as rewards. Now the stopping actor submits nothing, and the trainer drops a result most of
+    whose rewards crashed (an older or hostile actor's), leasing the prompt again."""
+    import os
+    import signal
+
+    from actor.config import SyncConfig, WorkerConfig
+    from actor.engines.base import Completion
+    from actor.rewards import RewardPool
+    from actor.updater import Held
+    from actor.worker import Worker
+    from aurora_store.format import results as payloads
+    from aurora_store.rl.tasks import Prompt
+    from aurora_store.rl.tokenizers import CharTokenizer
+    from aurora_store.testing.processes import wait_for
+
+    d = _dispatcher(redis_server.url)
+    d.coord.workers.register("actor", "home", worker_id="a", ttl_s=30)
+    d.coord.workers.update("a", version=0)
+    prompts = [Prompt(f"p{i}", "1+1=", "2", (3, 4)) for i in range(2)]
+    d.post(1, prompts)
+
+    def take(n: int) -> list[Any]:
+        taken: list[Any] = []  # (again) leased at a sweep
+        wait_for(
+            lambda: bool(
+                d._collect_once() or taken.extend(d.board.take("a", max_jobs=n, block_s=0)) or len(taken) >= n
+            ),
+            f"{n} leases",
+        )
+        return taken
+
+    leases = take(2)
+    sync = SyncConfig(
+        store=f"memory://redis-hostile/{uuid.uuid4().hex}/run",
+        region="home",
+        redis=redis_server.url,
+        run_id=d.coord.run_id,
+        worker_id="a",
+    )
+    w = Worker(WorkerConfig(sync=sync))
+    w.tok = CharTokenizer()
+    w.rewards = RewardPool("tests.reward_fns:length_over_ten", timeout_s=5, stop=w.stop)
+    try:
+        pid = w.rewards.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # the process group's SIGTERM reaches the reward process ...
+        w.halt()  # ... and the actor's handler
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text(), "its end")
+        comps = [Completion((5, 1), (-0.5, -0.5), "stop"), Completion((6, 1), (-0.5, -0.5), "stop")]
+        held = Held(0, "0" * 64, "d" * 32)
+        assert w._submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], held) is None
+    finally:
+        w.close()
+    assert d.board.results.read("0-0", block_ms=1) == [], "no result of zeros reached the trainer"
+    again = take(2)
+    assert sorted(x.job for x in again) == sorted(x.job for x in leases), "both jobs given back and leased again"
+    lease = again[0]
+
+    # what an actor without this fix (or a hostile one) sends: every reward crashed, scored 0
+    crashed = payloads.encode(
+        [([5, 1], [-0.5, -0.5], "stop", 0.0)] * 2, failures={"crashed": 2}, weights_digest="d" * 32
+    )
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=crashed)
+    wait_for(lambda: bool(d._collect_once() or d.dropped["rewards_crashed"]), "the result to be read")
+    assert d.dropped["rewards_crashed"] == 1 and d.admitted_total == 0
+    assert d.board.notices.read("a", "0-0")[0].reason == "rewards_crashed", "the actor is told"
+    (again1,) = take(1)  # leased again at once (at the next sweep), with a new token
+    assert again1.job == lease.job and again1.token != lease.token
+    # half the group crashed (each completion killed two processes): those zeros are its scores
+    half = payloads.encode(
+        [([5, 1], [-0.5, -0.5], "stop", 0.0), ([5, 1], [-0.5, -0.5], "stop", 1.0)],
+        failures={"crashed": 1},
+        weights_digest="d" * 32,
+    )
+    d.board.results.submit(again1, actor="a", version=0, version_hash="0" * 64, payload=half)
+    d.board.results.submit(again[1], actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    admitted = {r.job: r for r in d.collect(1)}
+    assert list(admitted[lease.job].rollouts.rewards) == [0.0, 1.0] and d.reward_failures == {"crashed": 1}

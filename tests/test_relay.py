@@ -111,13 +111,53 @@ def test_announced_segments_copy_in_parallel_and_once(tmp_path: Path) -> None:
     assert relay.stats.skipped == 0, "nothing was copied twice or found half-done"
     assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
     assert all(relay.copy_announced(seg) is None for seg in m2.segments), "verified: never started again"
-    seg = m2.segments[0]
-    missing = type(seg)(seg.key + "-gone", 10, "0" * 64)
+    seg = m2.segments[0]  # a segment of a version not committed yet, which is not at the source
+    missing = type(seg)(seg.key.replace("versions/0000000002/", "versions/0000000003/"), 10, "0" * 64)
     failed = relay.copy_announced(missing)
     assert failed is not None and isinstance(failed.exception(), MissingError)
     with pytest.raises(MissingError):
         relay.copy_object(missing)  # the commit path tries again and reports it
     relay.close()
+
+
+def _remembered(relay: Relay) -> dict[int | None, int]:
+    """How many verified objects the relay remembers, by version."""
+    return {v: len(objects) for v, objects in relay._verified.items()}
+
+
+def test_a_relay_remembers_only_the_versions_it_may_still_need(tmp_path: Path) -> None:
+    """Hole (issue 22): a relay's set of verified objects gained every object it ever copied. Now a
+    version's objects are forgotten once it is committed at the destination; gc on both sides and
+    announcements of committed versions change nothing, and every version still arrives bit-exact."""
+    from aurora_store.bucket import gc
+
+    home, eu = f"file://{tmp_path}/home/run", f"file://{tmp_path}/eu/run"
+    src_run = aurora_store.open_run(home, full_every=3, segment_bytes=512)
+    relay = Relay(ObjectStore(home), ObjectStore(eu), None, source_region="home", dest_region="eu")
+    sd, hist, most = state_dict(), [], 0
+    for v in range(24):
+        src_run.publish(sd)
+        hist.append(sd)
+        m = src_run.manifest(v)
+        for seg in m.objects:  # cut-through: every object announced before the commit
+            relay.copy_announced(seg)
+        most = max(most, sum(_remembered(relay).values()))
+        assert relay.copy_version(v)
+        assert all(k is None or k > v for k in _remembered(relay)), f"version {v}'s objects forgotten at its commit"
+        assert all(relay.copy_announced(seg) is None for seg in m.objects), "a committed version is not copied again"
+        if v % 8 == 7:  # gc on both sides keeps the last two versions
+            for uri in (home, eu):
+                run = aurora_store.open_run(uri)
+                gc.apply(run, gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1)))
+            relay.backfill()  # copies the retention records; nothing retired comes back
+        sd = step(sd, v)
+    relay.close()
+    largest = max(len(src_run.manifest(v).objects) for v in src_run.versions())
+    assert sum(_remembered(relay).values()) == 0 and most <= largest, "bounded by one version in flight"
+    dest = aurora_store.open_run(eu)
+    assert dest.versions() == src_run.versions() and dest.versions()[-1] == 23
+    for v in dest.versions():
+        assert bits_equal(dest.materialize(v), hist[v]), f"version {v} arrives bit-exact after pruning"
 
 
 def test_corrupt_object_at_the_destination_is_refused_not_overwritten(tmp_path: Path) -> None:

@@ -3,6 +3,9 @@ actor's reward process surviving rewards that raise, hang, lie or die."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from actor.rewards import RewardPool
 from aurora_store.rl.errors import TaskError
 from aurora_store.rl.rewards import final_answer, load_reward
 from aurora_store.rl.tasks import load_task
+from aurora_store.testing.processes import wait_for
 
 
 @pytest.mark.parametrize(
@@ -108,3 +112,40 @@ def test_a_hanging_reward_is_cut_off_at_its_time_limit() -> None:
 def test_a_reward_that_cannot_load_is_refused_at_start() -> None:
     with pytest.raises(TaskError, match="cannot import"):
         RewardPool("no.such.module:f", timeout_s=1)
+
+
+def _kill_reward_process(pool: RewardPool) -> None:
+    """SIGTERM the pool's child, as a SIGTERM to the actor's process group does, and wait until it is gone."""
+    pid = pool.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: _gone(pid), f"reward process {pid} to end", 10)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_reward_process_killed_from_outside_is_no_score_the_call_is_retried() -> None:
+    """Hole (issue 22): the reward child killed from outside (the OOM killer, a signal to the process
+    group) scored its in-flight completion 0 as if the completion had earned it."""
+    with RewardPool("tests.reward_fns:length_over_ten", timeout_s=5) as pool:
+        _kill_reward_process(pool)
+        assert pool.score("q", "abcdefghi", "") == (0.9, None), "tried again in a fresh process: the real score"
+        assert pool.failures == {}
+    with RewardPool("tests.reward_fns:dies", timeout_s=5) as pool:  # a completion that kills every process
+        assert pool.score("q", "fatal", "") == (0.0, "crashed")
+        assert pool.failures == {"crashed": 1}
+
+
+def test_a_reward_process_killed_while_the_actor_stops_leaves_the_group_unscored() -> None:
+    stop = threading.Event()
+    with RewardPool("tests.reward_fns:length_over_ten", timeout_s=5, stop=stop) as pool:
+        assert pool.score_group("q", ["abcde", "abcdefghijkl"], "") == ([0.5, 1.0], {})
+        _kill_reward_process(pool)
+        stop.set()  # what the actor's SIGTERM handler does
+        assert pool.score_group("q", ["abcde", "abcdefghijkl"], "") is None, "never a group of zeros"
+        assert pool.pid is None, "no fresh process is started for an actor that is stopping"

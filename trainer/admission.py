@@ -5,9 +5,12 @@ region bucket (:mod:`aurora_store.coord.results`). :class:`Payloads` fetches the
 in parallel (each checked against its size and SHA-256), then decodes and checks every payload
 with :func:`aurora_store.format.results.decode`: vectorised, no per-token Python loop. It also
 checks what only the trainer knows: the weights digest the actor says it generated on against
-the published one. A payload that fails is a drop reason, never an exception. With an identity
-gate (:mod:`trainer.identity`), a result not signed by a certified actor is refused before its
-payload is fetched.
+the published one, and what only the trainer may decide: whether the group was scored at all. A
+reward whose process crashed is no reward, so a result with more than
+:data:`MAX_CRASHED_FRACTION` of its completions' rewards ``crashed`` is dropped
+(``rewards_crashed``) and its prompt leased again (docs/RL.md, "Reward"). A payload that fails is a
+drop reason, never an exception. With an identity gate (:mod:`trainer.identity`), a result not
+signed by a certified actor is refused before its payload is fetched.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from aurora_store.coord.results import Result
 from aurora_store.errors import PayloadError, StoreError
 from aurora_store.format import results as payloads
 from aurora_store.rl.sampling import SamplingConfig
+
+MAX_CRASHED_FRACTION = 0.5
+"""The largest fraction of a group whose rewards may have crashed for the result to be admitted.
+An actor retries a crashed call once in a fresh process, so a ``crashed`` it reports is a
+completion that killed two processes (its 0 stands, like a timeout's); beyond half the group, the
+reward environment, not the completions, is what is broken, and the group's advantages would be
+measured against scores that were never made."""
 
 Decoded = tuple[payloads.Rollouts | None, str | None]
 """A payload's rollouts, or why it is refused."""
@@ -108,6 +118,8 @@ class Payloads:
             return None, "bad_payload" if exc.reason != "unknown_format" else "unknown_format"
         if got.weights_digest is not None and got.weights_digest != self.digests(res.version):
             return None, "wrong_digest"
+        if got.failures.get("crashed", 0) > MAX_CRASHED_FRACTION * len(got):
+            return None, "rewards_crashed"
         return got, None
 
     def close(self) -> None:

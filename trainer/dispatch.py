@@ -53,7 +53,14 @@ from trainer.leasing import Leases
 
 log = logging.getLogger("aurora.trainer")
 T = TypeVar("T")
-RELEASE = ("bad_payload", "wrong_version", "wrong_version_hash", "wrong_digest", "payload_unavailable")
+RELEASE = (
+    "bad_payload",
+    "wrong_version",
+    "wrong_version_hash",
+    "wrong_digest",
+    "payload_unavailable",
+    "rewards_crashed",
+)
 """Drops after which the prompt is leased again at once (its holder produced something unusable)."""
 TELL = frozenset(
     {
@@ -67,6 +74,7 @@ TELL = frozenset(
         "payload_unavailable",
         "unknown_region",
         *IDENTITY_REASONS,
+        "rewards_crashed",
     }
 )
 """Drops the submitting actor is told of: it can act on them (fix itself, or stop)."""

@@ -41,9 +41,9 @@ DROPPED = Spec(
     "aurora_trainer_results_dropped_total",
     "counter",
     "Results dropped, by reason: stale_lease, expired, wrong_actor, wrong_version, wrong_version_hash, "
-    "wrong_digest, bad_payload, duplicate, unknown_job, what made the entry malformed, or, with a fleet key, "
-    "why the result is not from a certified actor (unsigned, bad_cert, uncertified, revoked, cert_expired, "
-    "cert_not_yet_valid, wrong_cert_run, wrong_cert_actor, bad_signature).",
+    "wrong_digest, bad_payload, rewards_crashed, duplicate, unknown_job, what made the entry malformed, or, "
+    "with a fleet key, why the result is not from a certified actor (unsigned, bad_cert, uncertified, "
+    "revoked, cert_expired, cert_not_yet_valid, wrong_cert_run, wrong_cert_actor, bad_signature).",
     ("reason",),
 )
 LEASES_EXPIRED = Spec(

@@ -27,7 +27,7 @@ from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest, tensor_keys
-from aurora_store.format.manifest import Block, Segment, TensorSpec
+from aurora_store.format.manifest import Block, Segment, TensorSpec, canonical
 
 Words = Mapping[str, Any]
 """Tensor name -> its flat words: a little-endian numpy word array on the host, or a flat signed
@@ -191,6 +191,8 @@ class Uploads:
         self._entries: list[Segment] = []
         self._failure: BaseException | None = None
         self._held: list[SealedObject] | None = [] if hold else None
+        self.entry_bytes: list[int] = []
+        """The bytes each delta object submitted adds to its manifest (its entry, canonical JSON)."""
 
     @property
     def held_bytes(self) -> int:
@@ -201,7 +203,7 @@ class Uploads:
         """Upload every object held back, and from now on upload as they come."""
         held, self._held = self._held or [], None
         for obj in held:
-            self.submit(obj)
+            self._start(obj, None)
 
     def drop(self) -> None:
         """Forget the objects held back: none of them was written."""
@@ -210,11 +212,16 @@ class Uploads:
 
     def submit(self, obj: SealedObject, staged: Staged | None = None) -> None:
         """Upload ``obj`` (whose bytes are already in ``staged``, when given)."""
+        if obj.entry.blocks:
+            self.entry_bytes.append(len(canonical(obj.entry.to_dict("delta"))))
         if self._held is not None:
             if staged is not None:
                 raise StoreError(f"{obj.entry.key}: a staged write cannot be held back")
             self._held.append(obj)
             return
+        self._start(obj, staged)
+
+    def _start(self, obj: SealedObject, staged: Staged | None) -> None:
         if self._max is not None:
             while sum(not f.done() for f in self._pending) >= self._max:
                 self._settle(next(f for f in self._pending if not f.done()))

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from aurora_store.codec.classed import NAME as CLASSED
 from aurora_store.errors import ConflictError, LayoutError, StoreError, UnauthenticatedError
+from aurora_store.format.full import plan_shards
+from aurora_store.format.keys import index_key, object_key
 from aurora_store.format.manifest import (
     EXTENDED,
     FORMAT,
@@ -32,6 +34,7 @@ from aurora_store.format.manifest import (
 )
 from aurora_store.format.manifest_parser import check_meta, check_step, check_tensor_name
 
+_ZERO64, _ZERO32 = "0" * 64, "0" * 32
 Kind = Literal["auto", "full", "delta"]
 KINDS = ("auto", "full", "delta")
 
@@ -201,6 +204,45 @@ class PublishPlan:
             files=files,
             run=self.run,
             rolls_back_to=rolls_back_to,
+        )
+
+    def skeleton(
+        self,
+        *,
+        shard_bytes: int,
+        files: tuple[Segment, ...],
+        step: int | None,
+        meta: Mapping[str, str] | None,
+        full: bool | None = None,
+    ) -> Manifest:
+        """The smallest manifest this plan can commit (as a full version when ``full``, else as the
+        plan says), not yet sealed: the tensor table, attachments, step and meta, and for a full
+        version an entry per shard of :func:`plan_shards` naming its tensors, with placeholder hashes
+        and sizes no larger than the real ones. A delta's blocks are not known before it is encoded
+        and are left out: they only add to it. What the publisher checks against the manifest cap
+        before it writes a byte."""
+        if not (self.full if full is None else full):
+            return dataclasses.replace(self, full=False).manifest(
+                segments=(), index=None, changed=0, weights_digest=_ZERO32, files=files, step=step, meta=meta
+            )
+        at = {s.name: i for i, s in enumerate(self.specs)}
+        shards = tuple(
+            Segment(
+                object_key(self.version, g, _ZERO64, "safetensors"),
+                sum(s.numel * s.width for s in members),
+                _ZERO64,
+                tensors=tuple(sorted(at[s.name] for s in members)),
+            )
+            for g, members in enumerate(plan_shards(self.specs, shard_bytes))
+        )
+        return dataclasses.replace(self, full=True).manifest(
+            segments=shards,
+            index=Segment(index_key(self.version, _ZERO64), 0, _ZERO64),
+            changed=0,
+            weights_digest=_ZERO32,
+            files=files,
+            step=step,
+            meta=meta,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -68,7 +68,7 @@ from aurora_store.bucket.plan import (
 )
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
-from aurora_store.errors import ConflictError, StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.errors import ConflictError, LimitError, StoreError, UnauthenticatedError, UnsupportedError
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
@@ -179,6 +179,32 @@ class Publisher:
             signer=self.signer,
         )
 
+    def _fits(self, plan: PublishPlan, step: int | None, meta: Mapping[str, str] | None) -> tuple[PublishPlan, int]:
+        """``plan`` and the bytes of its smallest delta manifest (what every delta entry adds to), after
+        checking that its manifest can fit the readers' cap: LimitError before a byte is written if
+        even its smallest manifest (:meth:`PublishPlan.skeleton`, sealed as the commit seals it) would
+        not. An ``auto`` plan may turn full, so it must fit as a full version."""
+        cap = self.config.limits.max_manifest_bytes
+        files = self.files.refs()
+
+        def size(full: bool) -> tuple[int, int]:
+            m = plan.skeleton(shard_bytes=self.config.shard_bytes, files=files, step=step, meta=meta, full=full)
+            return len(signing.seal(m, self.signing_key).to_bytes()), len(m.segments)
+
+        floor, _ = size(False)
+        full = plan.full or plan.kind == "auto"
+        least, shards = size(True) if full else (floor, 0)
+        if least > cap:
+            what = f"a full version's {shards} shards and " if full else ""
+            url = self.store.url(manifest_key(plan.version))
+            raise LimitError(
+                f"{url}: version {plan.version}: its manifest would be at least {least} bytes, over the cap of "
+                f"{cap} ({what}a table of {len(plan.specs)} tensors); raise the readers' max_manifest_bytes "
+                "(every reader of the run needs it too) or publish fewer, larger tensors",
+                url=url,
+            )
+        return plan, floor
+
     def resume(self) -> Tip | None:
         """Hold the last committed version's bits as this single publisher's baseline now (what a
         restarted trainer does before its first step), so the next publish diffs against it at once."""
@@ -214,8 +240,11 @@ class Publisher:
         comm = self.collective
         planned, failure = None, None
         if comm.rank == 0:
-            planned, failure = _attempt(lambda: self.plan(share.specs, kind=kind, version=version))
+            planned, failure = _attempt(
+                lambda: self._fits(self.plan(share.specs, kind=kind, version=version), step, meta)
+            )
         hello = comm.all_gather_json(_report(failure) or self._hello(share, planned))
+        floor = hello[0].get("floor", 0)
         self._check(hello, failure)
         if len({h["layout"] for h in hello}) != 1:
             raise UnsupportedError("ranks disagree on the tensor table or the run's segment/shard sizes")
@@ -226,7 +255,7 @@ class Publisher:
         builder: DeltaBuilder | None = None
         parts: list[Part] = []
         if not plan.full:
-            builder, parts = self._delta(plan, share)
+            builder, parts = self._delta(plan, share, floor)
             if builder is None:
                 plan = plan.as_full()
         after_full: dict[str, np.ndarray] = {}
@@ -249,7 +278,8 @@ class Publisher:
 
     # ------------------------------------------------------------ phases
 
-    def _hello(self, share: Share, plan: PublishPlan | None) -> dict[str, Any]:
+    def _hello(self, share: Share, planned: tuple[PublishPlan, int] | None) -> dict[str, Any]:
+        plan, floor = planned if planned is not None else (None, 0)
         cfg = self.config
         ident = [[s.name, s.dtype, list(s.shape)] for s in share.specs], cfg.segment_bytes, cfg.shard_bytes
         base = self._base
@@ -259,6 +289,7 @@ class Publisher:
             "ranges": {k: list(v) for k, v in share.ranges.items()},
             "base": base.tip.version_hash if base is not None and fits else None,
             "plan": None if plan is None else plan.to_dict(),
+            "floor": floor,
         }
 
     def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> None:
@@ -284,13 +315,14 @@ class Publisher:
                 comm.exchange([], [(0, words[s.name])])
         self._base = Baseline(parent, dict(share.ranges), words)
 
-    def _delta(self, plan: PublishPlan, share: Share) -> tuple[DeltaBuilder | None, list[Part]]:
+    def _delta(self, plan: PublishPlan, share: Share, floor: int) -> tuple[DeltaBuilder | None, list[Part]]:
         """Every rank's delta part, or (None, []) when the plan turns full. A delta the plan may still
         turn full (``auto``) streams its segments as they are sealed (cut-through) only when this
         publisher's last delta says it will fit the chain budget with room to spare
         (:data:`STREAM_MARGIN`); otherwise it is held until every rank's size is known and uploaded only
-        if the chain stays within a full copy's bytes. A streamed delta that outgrows the budget all
-        the same is published full, and its segments are removed again (no manifest names them)."""
+        if the chain stays within a full copy's bytes and its manifest (``floor`` bytes without its
+        segments, plus theirs) within the readers' cap. A streamed delta that outgrows either all the
+        same is published full, and its segments are removed again (no manifest names them)."""
         comm = self.collective
         stream = self._streams(plan)
         uploads = self._uploads(plan.version, hold=not stream)
@@ -298,19 +330,39 @@ class Publisher:
         if stream:  # a streamed delta's uploads have all finished before any rank moves on
             _, failed = _attempt(uploads.wait)
             failure = failure or failed
-        mine = None if encoded is None else {"bytes": encoded[0].encoded_bytes, "stopped": encoded[1]}
+        mine = None
+        if encoded is not None:
+            mine = {
+                "bytes": encoded[0].encoded_bytes,
+                "stopped": encoded[1],
+                "entries": [sum(uploads.entry_bytes), len(uploads.entry_bytes)],
+            }
         sizes = comm.all_gather_json(_report(failure) or mine)
         self._check(sizes, failure)
         assert encoded is not None
         builder, _ = encoded
-        if plan.kind == "auto" and (any(s["stopped"] for s in sizes) or plan.outgrows(sum(s["bytes"] for s in sizes))):
+        n = sum(s["entries"][1] for s in sizes)  # with their commas: never more than the real manifest
+        manifest_bytes = floor + sum(s["entries"][0] for s in sizes) + max(n - 1, 0)
+        too_big = manifest_bytes > self.config.limits.max_manifest_bytes
+        if plan.kind == "auto" and (
+            any(s["stopped"] for s in sizes) or plan.outgrows(sum(s["bytes"] for s in sizes)) or too_big
+        ):
+            if too_big:
+                log.warning(
+                    "%s: version %d: a delta manifest of at least %d bytes would be over the cap of %d; "
+                    "publishing it full",
+                    self.store.uri,
+                    plan.version,
+                    manifest_bytes,
+                    self.config.limits.max_manifest_bytes,
+                )
             if stream:
                 self._remove(plan, uploads.wait())
             uploads.drop()
             return None, []
         uploads.release()
-        entries, failure = _attempt(uploads.wait)
-        part = None if entries is None else Part(entries, builder.changed, builder.digest_change())
+        done, failure = _attempt(uploads.wait)
+        part = None if done is None else Part(done, builder.changed, builder.digest_change())
         return builder, self._gather(plan, part, failure)
 
     def _streams(self, plan: PublishPlan) -> bool:
@@ -325,11 +377,10 @@ class Publisher:
         """Remove the segments of a streamed delta that was abandoned for a full version (best effort:
         they belong to no manifest either way; a relay may already hold copies)."""
         log.warning(
-            "%s: version %d: a delta %dx the last one outgrew the chain budget after its segments were "
+            "%s: version %d: a delta outgrew the chain budget or the manifest cap after its segments were "
             "uploaded; publishing it full and removing its %d segments",
             self.store.uri,
             plan.version,
-            STREAM_MARGIN,
             len(entries),
         )
         try:

@@ -86,7 +86,8 @@ class Coordinator:
         """What ``aurora gc`` must not delete from under anyone: the version every live actor holds
         and every region is at (relays copy what comes after it), by who (``actor a1 in eu``,
         ``region eu``); and the entries that could not be read (a live worker whose held version is
-        unknown, a damaged region). One pass over every worker and region: for gc, not for a loop."""
+        unknown, a damaged region). Reads the live workers' registrations only (:meth:`Workers.held`)
+        and every region's entry: for gc, not for a loop."""
         held, unreadable = self.workers.held()
         for region, got in self.regions.versions().items():
             if got is None:

@@ -88,6 +88,14 @@ def committed_version(key: str) -> int | None:
     return None
 
 
+def object_version(key: str) -> int | None:
+    """The version whose directory holds ``key`` (``versions/NNNNNNNNNN/...``), None for any key outside one."""
+    parts = key.split("/", 2)
+    if len(parts) == 3 and parts[0] == VERSIONS_DIR and _VERSION_DIR.fullmatch(parts[1]):
+        return int(parts[1])
+    return None
+
+
 def committed_state(key: str) -> int | None:
     """The version whose trainer-state commit marker ``key`` is, or None for any other key."""
     parts = key.split("/")
