@@ -28,6 +28,7 @@ from aurora_store.bucket.audit import audit
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.results import put_payload
 from aurora_store.bucket.retention import records
+from aurora_store.bucket.state import StateName
 from aurora_store.cli import main
 from aurora_store.cli_gc import RESULTS_MAX_AGE_S, add_results_arguments
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
@@ -70,15 +71,15 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     weights = _publish(run, 14)  # fulls at 0, 4, 8, 12
     assert [v for v, k in _kinds(run).items() if k == "full"] == [0, 4, 8, 12]
     for s in (5, 9, 13):  # three saved trainer states
-        run.state.put(s, "tensors.safetensors", b"x" * 10)
-        run.state.commit(s, json.dumps({"version": s}).encode())
+        run.state.put(StateName(s), "tensors.safetensors", b"x" * 10)
+        run.state.commit(StateName(s), json.dumps({"version": s}).encode())
     p = gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
     # 0: identity; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
     # 9, 13: kept states; chains: 10 and 11 and 9 need 8
     assert sorted(p.kept) == [0, 8, 9, 10, 11, 12, 13]
     assert p.retire == [1, 2, 3, 4, 5, 6, 7]
     assert "which actor a in eu holds" in p.kept[10] and "in the chain of version" in p.kept[8]
-    assert sorted(p.states_deleted) == [5] and p.states_kept == [9, 13]
+    assert sorted(n.version for n in p.states_deleted) == [5] and p.states_kept == [9, 13]
     before = sorted(run.store.list_keys(""))
     assert gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1)).retire  # planning twice deletes nothing
     assert sorted(run.store.list_keys("")) == before

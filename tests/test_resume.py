@@ -22,10 +22,10 @@ from prometheus_client import generate_latest
 from aurora_store.bucket import gc
 from aurora_store.bucket.audit import audit
 from aurora_store.bucket.run import open_run
+from aurora_store.bucket.state import StateName
 from aurora_store.cli import main as aurora
 from aurora_store.errors import ChainError, ConfigError, CorruptError, StoreError, UnauthenticatedError
 from aurora_store.format import signing, trainer_state
-from aurora_store.format.keys import state_dir
 from aurora_store.format.manifest import Rollback
 from aurora_store.format.manifest_parser import parse_manifest
 from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
@@ -55,6 +55,11 @@ def _steps(trainer: Trainer, first: int, last: int) -> None:
     trainer.states.flush()
 
 
+def _state_dir(tmp_path: Path, run: Any, version: int) -> Path:
+    """Where the state of committed ``version`` lives on disk (named by the version's hash)."""
+    return tmp_path / "run" / StateName.of(version, run.manifest(version).version_hash).dir
+
+
 def _masters(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
@@ -81,7 +86,9 @@ def test_every_version_has_a_state_and_a_restart_is_exact(redis_server: Any, tmp
         assert first.states.cost.bytes > 0
     run = open_run(cfg.store, signing_key=str(key))
     assert run.state.versions() == [0, 1, 2, 3]
-    doc = trainer_state.parse(run.state.get_commit(3, max_bytes=1 << 20), expect_version=3, what="state 3")
+    name = StateName.of(3, run.manifest(3).version_hash)
+    assert (tmp_path / "run" / "trainer" / f"state-0000000003-{run.manifest(3).version_hash[:16]}").is_dir()
+    doc = trainer_state.parse(run.state.get_commit(name, max_bytes=1 << 20), expect_version=3, what="state 3")
     assert doc.version_hash == run.manifest(3).version_hash and doc.origin == run.manifest(0).version_hash
     assert doc.signature is not None and doc.signature.key_id == run.manifest(3).signature.key_id  # type: ignore[union-attr]
     with Trainer(cfg) as second:
@@ -151,7 +158,7 @@ def test_a_damaged_or_planted_latest_state_is_refused(
         first.start()
         _steps(first, 1, 3)
     run = open_run(cfg.store, signing_key=str(key))
-    d3 = tmp_path / "run" / state_dir(3)
+    d3 = _state_dir(tmp_path, run, 3)
     doc = json.loads((d3 / "state.json").read_bytes())
     if damage == "tensors":
         blob = bytearray((d3 / TENSORS).read_bytes())
@@ -169,7 +176,7 @@ def test_a_damaged_or_planted_latest_state_is_refused(
         (d3 / "state.json").write_bytes(forged.to_bytes())
     else:  # version 2's genuine state planted as version 3's
         shutil.rmtree(d3)
-        shutil.copytree(tmp_path / "run" / state_dir(2), d3)
+        shutil.copytree(_state_dir(tmp_path, run, 2), d3)
         two = json.loads((d3 / "state.json").read_bytes())
         two["version"] = 3
         (d3 / "state.json").write_bytes(json.dumps(two).encode())
@@ -193,7 +200,7 @@ def test_a_legacy_state_is_trusted_only_in_a_run_without_bound_states(redis_serv
     with Trainer(cfg) as first:
         first.start()
         _steps(first, 1, 2)
-    d2 = tmp_path / "run" / state_dir(2)
+    d2 = _state_dir(tmp_path, open_run(cfg.store), 2)
     doc = json.loads((d2 / "state.json").read_bytes())
     legacy = {"format": trainer_state.LEGACY, "version": 2, **doc["trainer"]}
     (d2 / "state.json").write_bytes(json.dumps(legacy).encode())
@@ -270,11 +277,46 @@ def test_states_planted_above_the_latest_version_do_not_make_gc_drop_real_ones(
         _steps(first, 1, 3)
     run = open_run(cfg.store)
     for v in (10**9, 10**9 + 1):
-        run.state.put(v, TENSORS, b"junk")
-        run.state.commit(v, b'{"format": "aurora-trainer-state/2"}')
+        run.state.put(StateName(v), TENSORS, b"junk")
+        run.state.commit(StateName(v), b'{"format": "aurora-trainer-state/2"}')
     p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, keep_states=1, holds={}))
-    assert p.states_kept == [3] and 10**9 not in p.states_deleted
+    assert p.states_kept == [3] and 10**9 not in {n.version for n in p.states_deleted}
     gc.apply(run, p)
     assert 3 in run.state.versions()
     with Trainer(cfg) as second:
         assert second.start() == 3 and second.weights_version == 3 and second.rollback is None
+
+
+def test_a_trainer_killed_between_its_state_and_its_commit_resumes_exactly(
+    redis_server: Any, tmp_path: Path, key: Path
+) -> None:
+    """A version is committed only after its state is saved, and the state is named by the version's
+    hash: a trainer that dies in between leaves a state of a version that never committed, which the
+    restarted trainer neither uses nor collides with when it publishes that version again."""
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 2)
+        at_two = _masters(first)
+        first.train_step(3, BATCH)
+        held = first.publisher.publish(step=3, meta={"trainer": first.tag}, hold=True)
+        first._save_state(3, held.version_hash)  # the state is saved; the process dies before the commit
+        first.states.flush()
+    run = open_run(cfg.store, signing_key=str(key))
+    assert run.latest() == 2 and 3 in run.state.versions()
+    with Trainer(cfg) as second:
+        assert second.start() == 2
+        assert second.weights_version == 2 and second.rollback is None
+        assert _same(_masters(second), at_two)
+        _steps(second, 3, 3)
+    run = open_run(cfg.store, signing_key=str(key))
+    v3 = run.manifest(3)
+    assert v3.version_hash != held.version_hash and v3.rolls_back_to is None
+    names = [n for n in run.state.names() if n.version == 3]
+    assert sorted(n.tag for n in names) == sorted([held.version_hash[:16], v3.version_hash[:16]])  # type: ignore[type-var]
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, keep_states=1, holds={}))
+    assert StateName.of(3, held.version_hash) in p.states_deleted, "the orphan goes"
+    gc.apply(run, p)
+    assert [n.tag for n in run.state.names() if n.version == 3] == [v3.version_hash[:16]]
+    with Trainer(cfg) as third:
+        assert third.start() == 3 and third.weights_version == 3 and third.rollback is None

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from actor.engines.torch import TorchEngine
 from aurora_store.bucket.run import open_run
+from aurora_store.bucket.state import StateName
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.results import Result
@@ -258,7 +259,7 @@ def test_state_round_trip_and_refusals() -> None:
         save_state(run, 0, other, opt, rng)  # an optimizer of another model
     with pytest.raises(MissingError):
         save_state(run, 2, model, opt, rng)  # a version that is not committed has no state
-    run.state.commit(0, b"{not json")
+    run.state.commit(StateName.of(0, run.manifest(0).version_hash), b"{not json")
     with pytest.raises(CorruptError):
         load_state(run, 0, model2, opt2, rng2)
     with pytest.raises(CorruptError):

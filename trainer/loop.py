@@ -178,26 +178,24 @@ class Trainer:
         if self.dist.main:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
-        info = self.publisher.publish(step=0, kind="full", meta={"source": self._source_name(), "trainer": self.tag})
+        meta = {"source": self._source_name(), "trainer": self.tag}
+        hold = self.dist.world == 1  # committed once its state is saved, as every version is (see commit)
+        info = self.publisher.publish(step=0, kind="full", meta=meta, hold=hold)
         log.info("trainer %s starts a new run at version 0", self.tag)
         self.dispatch.published_version(0, info.version_hash, info.weights_digest)
-        self.metrics.published(0)
         self.origin = info.version_hash
-        self._save_state(0, info.version_hash)
+        self._save_state(0, info.version_hash, then=self.publisher.commit_held if hold else None)
+        self.states.flush()  # version 0 is committed before anything reads it (the KL reference)
+        self.metrics.published(0)
         self._load_reference()
         return 0
 
-    def _save_state(self, version: int, version_hash: str) -> None:
+    def _save_state(self, version: int, version_hash: str, *, then: Callable[[], object] | None = None) -> None:
+        """Start saving the state of ``version`` off the training thread; ``then`` runs once it is saved."""
+        extra = self._state_extra(version)
         sharded = self.dist.world > 1
         self.states.save(
-            version,
-            version_hash,
-            self.origin,
-            self.model,
-            self.opt,
-            self.rng,
-            self._state_extra(version),
-            sharded=sharded,
+            version, version_hash, self.origin, self.model, self.opt, self.rng, extra, sharded=sharded, then=then
         )
 
     def _result_stores(self) -> dict[str, ObjectStore]:
@@ -369,18 +367,25 @@ class Trainer:
             rollout.take(self.model, held)
 
     def commit(self, step: int) -> VersionInfo:
-        """Publish the weights of ``step`` as the next version (recording a pending rollback) and start
-        saving its state when it is due. Collective under torchrun."""
-        info = self.publisher.publish(step=step, meta={"trainer": self.tag}, rolls_back_to=self.rollback)
+        """Publish the weights of ``step`` as the next version (recording a pending rollback) and, when
+        its state is due, save that state off the training thread. Collective under torchrun.
+
+        A single-process trainer commits such a version only once its state is saved (the writer
+        thread writes the manifest after it), so every committed version has its state and a kill at
+        any moment resumes exactly; the version's objects are uploaded here, and the state's name is
+        bound to the version's hash, which is known before the commit. Sharded ranks commit first and
+        save after: a kill between the two resumes from the state before, and the next version
+        records that rollback."""
+        self.states.flush()  # the previous version is committed (its commit's failure is raised here)
+        due = step % self.cfg.publish.state_every == 0 or step == self.cfg.steps
+        hold = due and self.dist.world == 1
+        info = self.publisher.publish(step=step, meta={"trainer": self.tag}, rolls_back_to=self.rollback, hold=hold)
         if self.rollback is not None:
             self.metrics.rolled_back(len(self.rollback.abandons))
             self.rollback = None
         self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
-        # after the commit: a state saved first would be immutable and ahead of the chain, and the
-        # step a restarted trainer redoes could never save its own (a kill before the state is
-        # committed resumes from the state before, and the next version records the rollback)
-        if step % self.cfg.publish.state_every == 0 or step == self.cfg.steps:
-            self._save_state(info.version, info.version_hash)
+        if due:
+            self._save_state(info.version, info.version_hash, then=self.publisher.commit_held if hold else None)
         return info
 
     def train(self) -> int:

@@ -1,16 +1,19 @@
 """The trainer's resumable state: FP32 masters, optimizer moments, RNG, position.
 
-Saved through the run's :class:`~aurora_store.bucket.state.StateStore` (``trainer/state-<version>/``,
-see docs/FORMAT.md): ``tensors.safetensors`` (master weights and AdamW moments, by HF name) and
-``state.json`` (:mod:`aurora_store.format.trainer_state`: the version hash and run it belongs to,
-the tensor file's SHA-256, step counts, hyper-parameters and RNG states, signed in a signed run),
-written last: its existence is the commit, as a manifest is for a version. No pickle.
+Saved through the run's :class:`~aurora_store.bucket.state.StateStore`
+(``trainer/state-<version>-<version_hash[:16]>/``, see docs/FORMAT.md): ``tensors.safetensors``
+(master weights and AdamW moments, by HF name) and ``state.json``
+(:mod:`aurora_store.format.trainer_state`: the version hash and run it belongs to, the tensor file's
+SHA-256, step counts, hyper-parameters and RNG states, signed in a signed run), written last: its
+existence is the commit, as a manifest is for a version. No pickle.
 
-:class:`StateWriter` saves off the training thread. The training thread captures what is small
-(RNG and step counts) and hands over references to the live tensors; a writer thread serialises
-them while the next step's rollouts are collected and its forward and backward passes run (none
-of which moves a weight or a moment), and the training thread waits for that copy only before the
-next optimizer update. Hashing, the upload and the commit overlap the next step entirely.
+:class:`StateWriter` saves off the training thread. The training thread captures what is small (RNG
+and step counts) and hands over references to the live tensors; a writer thread serialises them
+while the next step's rollouts are collected and its forward and backward passes run (none of which
+moves a weight or a moment), and the training thread waits for that copy only before the next
+optimizer update. Hashing, the upload and the commit overlap the next step entirely. The version
+itself may be committed by the writer too, once its state is (``then``): a state then exists for
+every committed version, and a trainer killed at any moment resumes exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from aurora_store.bucket.run import Run
-from aurora_store.errors import CorruptError, StoreError
+from aurora_store.bucket.state import StateName
+from aurora_store.errors import CorruptError, MissingError, StoreError
 from aurora_store.format import trainer_state
 
 log = logging.getLogger("aurora.trainer")
@@ -59,6 +63,10 @@ class SaveCost:
     last_version: int = -1
     """The newest version whose state is committed."""
     errors: list[str] = field(default_factory=list)
+    commit_delay_s: float = 0.0
+    """Seconds from each save until what followed it (the version's commit) was done, summed."""
+    followed: int = 0
+    """Saves that something followed (versions committed after their state)."""
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -88,7 +96,10 @@ class _Capture:
     tensors: Callable[[], dict[str, torch.Tensor]]
     """The tensors, read when called (live references: valid until the next optimizer update)."""
     trainer: dict[str, Any]
+    then: Callable[[], object] | None = None
+    """What to do once the state is saved (or could not be): the version's commit."""
     copied: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.perf_counter)
 
 
 def _capture(
@@ -141,7 +152,9 @@ class StateWriter:
     (RNG, step counts); :meth:`before_update` must run before the next optimizer update (it waits
     until the writer has copied the weights and moments); :meth:`flush` waits for everything.
     A failed save is logged and counted, never raised: the run goes on, and a restart rolls back to
-    the newest state that was saved (the next version records it)."""
+    the newest state that was saved (the next version records it). What follows a save (``then``,
+    the version's commit) runs whether or not the save succeeded, and its failure is raised by the
+    next :meth:`flush` (or :meth:`save`), on the training thread."""
 
     def __init__(self, run: Run, *, write: bool = True) -> None:
         self.run = run
@@ -151,6 +164,7 @@ class StateWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aurora-state")
         self._pending: tuple[_Capture, Future[None]] | None = None
         self._lock = threading.Lock()
+        self._failure: BaseException | None = None
 
     def save(
         self,
@@ -163,12 +177,18 @@ class StateWriter:
         extra: dict[str, Any] | None = None,
         *,
         sharded: bool = False,
+        then: Callable[[], object] | None = None,
     ) -> None:
+        """Start saving the state of ``version`` (whose hash is ``version_hash``); ``then`` runs on the
+        writer thread once the state is saved or failed to be (on a rank that does not write: at once)."""
         t0 = time.perf_counter()
         self.flush()  # one state at a time: a writer that falls behind holds the training thread here
         capture = _capture(version, version_hash, origin, model, opt, rng, extra or {}, sharded=sharded)
+        capture.then = then
         if self.write:
             self._pending = (capture, self._pool.submit(self._write, capture))
+        elif then is not None:
+            then()
         self.cost.training_thread_s += time.perf_counter() - t0
 
     def before_update(self) -> None:
@@ -182,30 +202,46 @@ class StateWriter:
         self.cost.training_thread_s += time.perf_counter() - t0
 
     def flush(self) -> None:
-        """Wait for the pending save to be committed (or to have failed)."""
-        if self._pending is None:
-            return
-        self._pending[1].result()
-        self._pending = None
+        """Wait for the pending save to be committed (or to have failed) and what follows it; raise
+        what that raised."""
+        if self._pending is not None:
+            self._pending[1].result()
+            self._pending = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
 
     def _write(self, capture: _Capture) -> None:
+        try:
+            self._save(capture)
+        finally:
+            if capture.then is not None:
+                try:
+                    capture.then()
+                except BaseException as exc:  # raised on the training thread by flush()
+                    self._failure = exc
+                with self._lock:
+                    self.cost.followed += 1
+                    self.cost.commit_delay_s += time.perf_counter() - capture.started
+
+    def _save(self, capture: _Capture) -> None:
         t0 = time.perf_counter()
         v = capture.version
+        name = StateName.of(v, capture.version_hash)
         try:
             try:
                 data = st_save(capture.tensors())
             finally:
                 capture.copied.set()
             tensors = trainer_state.TensorFile.of(TENSORS, data)
-            doc = trainer_state.new(
-                v, capture.version_hash, capture.origin, tensors, capture.trainer, self.run.signing_key
-            )
-            self.run.state.put(v, TENSORS, data)
-            self.run.state.commit(v, doc.to_bytes())
+            key = self.run.signing_key
+            doc = trainer_state.new(v, capture.version_hash, capture.origin, tensors, capture.trainer, key)
+            self.run.state.put(name, TENSORS, data)
+            self.run.state.commit(name, doc.to_bytes())
             with self._lock:
                 self.cost.saves += 1
                 self.cost.bytes += len(data) + len(doc.to_bytes())
@@ -242,7 +278,7 @@ def save_state(
     finally:
         writer.close()
     if writer.cost.failed:
-        raise StoreError(f"{run.state.url(version)}: {writer.cost.errors[-1]}")
+        raise StoreError(f"trainer state of version {version}: {writer.cost.errors[-1]}")
 
 
 def saved_versions(run: Run) -> list[int]:
@@ -253,20 +289,26 @@ def saved_versions(run: Run) -> list[int]:
 def load_state(
     run: Run, version: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
 ) -> SavedState:
-    """Restore the state saved at ``version`` into ``model``, ``opt`` and ``rng`` (in place), after
-    checking it belongs to committed ``version`` of this run (and its signature, in a signed run).
+    """Restore the state saved for committed ``version`` into ``model``, ``opt`` and ``rng`` (in place),
+    after checking it belongs to that version of this run (and its signature, in a signed run).
     Raises CorruptError, ChainError, UnauthenticatedError or MissingError; the model is untouched
     then."""
-    where = run.state.url(version)
+    manifest = run.manifest(version)
+    names = [n for n in run.state.names() if n.version == version and n.belongs_to(manifest.version_hash)]
+    if not names:
+        tag = manifest.version_hash[:16]
+        raise MissingError(f"{run.state.store.uri}: no trainer state of version {version} ({tag})")
+    name = max(names, key=lambda n: n.tag is not None)  # the one named by the hash, before a legacy one
+    where = run.state.url(name)
     doc = trainer_state.parse(
-        run.state.get_commit(version, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
+        run.state.get_commit(name, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
     )
     key = run.signing_key.public_key() if run.signing_key is not None else None
     if doc.legacy and key is not None and _has_current(run):
         raise CorruptError(f"{where}: an unsigned state of the old format in a run whose states are signed")
-    trainer_state.check(doc, run.manifest(version), key, where)
+    trainer_state.check(doc, manifest, key, where)
     cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
-    data = run.state.get(version, TENSORS, max_bytes=cap)
+    data = run.state.get(name, TENSORS, max_bytes=cap)
     if doc.tensors is not None:
         doc.tensors.check(data, where)
     try:
@@ -329,15 +371,8 @@ def resume_state(
 
 
 def _has_current(run: Run) -> bool:
-    """Whether any state of the run is of the current, bound format (then a legacy one is not trusted)."""
-    for v in reversed(saved_versions(run)):
-        try:
-            data = run.state.get_commit(v, max_bytes=trainer_state.MAX_DOC_BYTES)
-            if not trainer_state.parse(data, expect_version=v, what=run.state.url(v)).legacy:
-                return True
-        except StoreError:
-            continue
-    return False
+    """Whether the run has a state of the current, bound format (then a legacy one is not trusted)."""
+    return any(n.tag is not None for n in run.state.names())
 
 
 def _jsonable(v: object) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.retention import records
 from aurora_store.bucket.run import Run
+from aurora_store.bucket.state import StateName
 from aurora_store.errors import CorruptError, RetentionError, StoreError
 from aurora_store.format import retention
 from aurora_store.format.keys import (
@@ -40,6 +41,7 @@ from aurora_store.format.keys import (
     VERSIONS_DIR,
     check_result_key,
     manifest_key,
+    parse_state_dir,
 )
 from aurora_store.format.manifest import Manifest
 from aurora_store.format.retention import Retired
@@ -80,7 +82,7 @@ class RetentionPlan:
     objects: dict[int, list[str]] = field(default_factory=dict)
     """The keys under each version retired now, its manifest last."""
     states_kept: list[int] = field(default_factory=list)
-    states_deleted: dict[int, list[str]] = field(default_factory=dict)
+    states_deleted: dict[StateName, list[str]] = field(default_factory=dict)
     records: list[str] = field(default_factory=list)
     bad_records: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
@@ -97,7 +99,7 @@ class RetentionPlan:
             "retired_before": len(self.retired),
             "leftover_objects": sum(map(len, self.leftovers.values())),
             "states_kept": self.states_kept,
-            "states_deleted": sorted(self.states_deleted),
+            "states_deleted": sorted({n.version for n in self.states_deleted}),
             "freed_bytes": self.freed_bytes,
             "bad_records": self.bad_records,
             "unreadable": self.unreadable,
@@ -141,14 +143,20 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         for v in committed:
             if v >= floor:
                 keep(v, f"at or after version {floor}, which {who} holds")
-    # a state is written after its version's commit: one above the latest committed version is not a
-    # state a restart can use (planted, or of a version being committed now): never counted as kept
+    # a restart uses the state of a committed version, named by that version's hash: a state of a
+    # version above the latest committed one is being written before its commit (or was planted), and
+    # one whose hash is not its committed version's belongs to a version that never committed
     latest_committed = committed[-1] if committed else -1
-    states = [s for s in run.state.versions() if s <= latest_committed]
+
+    def usable(n: StateName) -> bool:
+        m = manifests.get(n.version)
+        return n.version <= latest_committed and (m is None or n.belongs_to(m.version_hash))
+
+    states = [n for n in run.state.names() if usable(n)]
     states_kept = states[-policy.keep_states :]
     for s in states_kept:
-        if s in committed:
-            keep(s, "a kept trainer state's version")
+        if s.version in committed:
+            keep(s.version, "a kept trainer state's version")
     for v in sorted(kept, reverse=True):  # each kept delta's chain, back to its full version
         m = manifests.get(v)
         while m is not None and m.kind == "delta" and m.parent is not None:
@@ -168,13 +176,13 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         mkey = manifest_key(v)
         p.objects[v] = [*(k for k in by_version.get(v, []) if k != mkey), mkey]
         p.freed_bytes += manifests[v].stats.bytes if v in manifests else 0
-    p.states_kept = states_kept
-    newest = states_kept[-1] if states_kept else None
-    for s, keys in _under(store, STATE_DIR).items():
-        if s in states_kept or newest is None or s > newest:
+    p.states_kept = [n.version for n in states_kept]
+    newest = states_kept[-1].version if states_kept else None
+    for name, keys in _states(store).items():
+        if name in states_kept or newest is None or name.version > newest:
             continue  # kept, or a state being written now
         commit = next((k for k in keys if k.endswith("/" + STATE_COMMIT)), None)
-        p.states_deleted[s] = [*(k for k in keys if k != commit), *([commit] if commit else [])]
+        p.states_deleted[name] = [*(k for k in keys if k != commit), *([commit] if commit else [])]
     return p
 
 
@@ -277,13 +285,21 @@ def apply_results(store: ObjectStore, p: ResultsPlan) -> int:
 
 
 def _under(store: ObjectStore, directory: str) -> dict[int, list[str]]:
-    """Every key under ``versions/`` or ``trainer/``, by the version its directory names."""
+    """Every key under ``versions/``, by the version its directory names."""
     out: dict[int, list[str]] = defaultdict(list)
     for key in store.list_keys(directory):
         parts = key.split("/")
-        if len(parts) < 3:
-            continue
-        name = parts[1].removeprefix("state-") if directory == STATE_DIR else parts[1]
-        if len(name) == 10 and name.isdigit():
-            out[int(name)].append(key)
+        if len(parts) >= 3 and len(parts[1]) == 10 and parts[1].isdigit():
+            out[int(parts[1])].append(key)
+    return dict(out)
+
+
+def _states(store: ObjectStore) -> dict[StateName, list[str]]:
+    """Every key under ``trainer/``, by the state its directory names."""
+    out: dict[StateName, list[str]] = defaultdict(list)
+    for key in store.list_keys(STATE_DIR):
+        parts = key.split("/")
+        found = parse_state_dir(parts[1]) if len(parts) >= 3 else None
+        if found is not None:
+            out[StateName(*found)].append(key)
     return dict(out)

@@ -74,7 +74,7 @@ from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
 from aurora_store.format.keys import manifest_key, version_dir
-from aurora_store.format.manifest import Rollback, Segment, TensorSpec
+from aurora_store.format.manifest import Manifest, Rollback, Segment, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 
 T = TypeVar("T")
@@ -126,6 +126,8 @@ class Publisher:
         self._base: Baseline | None = None
         self._last_delta_bytes: int | None = None
         """Bytes of the last delta this publisher committed: what decides whether the next one streams."""
+        self._held: _Held | None = None
+        """A version published with ``hold=True``: everything written but its manifest."""
 
     def on(self, collective: Collective) -> Publisher:
         """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
@@ -225,10 +227,14 @@ class Publisher:
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
         rolls_back_to: Rollback | None = None,
+        hold: bool = False,
     ) -> VersionInfo:
         """Commit the next version from every publisher's ``share``; the same VersionInfo on every rank.
         ``rolls_back_to`` (rank 0's counts) says the share's weights continue from that older version's
-        state, not the parent's (:class:`~aurora_store.format.manifest.Rollback`).
+        state, not the parent's (:class:`~aurora_store.format.manifest.Rollback`). With ``hold`` (a
+        single publisher only), everything is written but the manifest, sealed and checked: the
+        version's hash is known, and :meth:`commit_held` commits it later, after whatever must exist
+        before it does (the trainer's state of that version); nothing is published meanwhile.
 
         Raises on every rank if any rank failed or the commit did: ConflictError when another
         publisher committed the version (the next call reloads and continues on top of it), or
@@ -236,6 +242,10 @@ class Publisher:
         t0 = time.perf_counter()
         if kind not in KINDS:
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
+        if self._held is not None:
+            raise StoreError(f"version {self._held.manifest.version} is held: commit it before publishing the next")
+        if hold and self.collective.size != 1:
+            raise UnsupportedError("holding a version's commit needs a single publisher, not a group")
         step, meta = check_publish_args(step, meta)  # on every rank, before any rank writes a byte
         comm = self.collective
         planned, failure = None, None
@@ -265,7 +275,7 @@ class Publisher:
         outcome: Any = None
         if comm.rank == 0:
             info, failure = _attempt(
-                lambda: self._commit(plan, parts, step=step, meta=meta, rolls_back_to=rolls_back_to)
+                lambda: self._commit(plan, parts, step=step, meta=meta, rolls_back_to=rolls_back_to, hold=hold)
             )
             outcome = _report(failure) or {"info": None if info is None else dataclasses.asdict(info)}
         outcome = comm.broadcast_json(outcome)
@@ -484,8 +494,10 @@ class Publisher:
         step: int | None,
         meta: Mapping[str, str] | None,
         rolls_back_to: Rollback | None = None,
+        hold: bool = False,
     ) -> VersionInfo:
-        """Write the manifest of ``plan``'s version from every publisher's part: the commit.
+        """Write the manifest of ``plan``'s version from every publisher's part: the commit (with
+        ``hold``, seal it and keep it for :meth:`commit_held`).
 
         Delta segments keep the order of ``parts``; a full version's shards are ordered by their
         first tensor and its index is built and uploaded here. The manifest is parsed back with
@@ -522,10 +534,35 @@ class Publisher:
             max_segment_bytes=lim.max_segment_bytes,
             what=f"{self.store.url(key)} (before commit)",
         )
-        if not self.store.put_if_absent(key, data):
-            raise committed_elsewhere(self.store.url(key), plan.version)
-        self.announcements.commit(m)
+        if hold:
+            self._held = _Held(key, data, m)
+        else:
+            self._put_manifest(key, data, m)
         return VersionInfo.of(m, time.perf_counter() - t0)
+
+    def _put_manifest(self, key: str, data: bytes, m: Manifest) -> None:
+        if not self.store.put_if_absent(key, data):
+            raise committed_elsewhere(self.store.url(key), m.version)
+        self.announcements.commit(m)
+
+    @property
+    def held(self) -> Manifest | None:
+        """The sealed manifest of the version published with ``hold`` and not committed yet."""
+        return None if self._held is None else self._held.manifest
+
+    def commit_held(self) -> VersionInfo:
+        """Write the held version's manifest: its commit. ConflictError if another publisher committed
+        that version meanwhile (the next publish reloads the run); either way nothing is held after."""
+        held, self._held = self._held, None
+        if held is None:
+            raise StoreError("no version is held")
+        t0 = time.perf_counter()
+        try:
+            self._put_manifest(held.key, held.data, held.manifest)
+        except StoreError:
+            self._base = None  # the version is not the tip: the next publish reloads the run
+            raise
+        return VersionInfo.of(held.manifest, time.perf_counter() - t0)
 
     def _advance(self, tip: Tip, share: Share, builder: DeltaBuilder | None, after_full: dict[str, np.ndarray]) -> None:
         """Move the baseline to the version just committed: a delta's changes in place, else the
@@ -551,6 +588,15 @@ class Publisher:
         if not (isinstance(cls, type) and issubclass(cls, StoreError)):
             cls = StoreError
         raise cls(f"rank {r}: {rep['error']}" if len(reports) > 1 else rep["error"])
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A sealed manifest, not yet written."""
+
+    key: str
+    data: bytes
+    manifest: Manifest
 
 
 def _attempt(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:

@@ -7,7 +7,10 @@ A run is a prefix in a bucket. Under it (see docs/FORMAT.md, "Layout"):
 - ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.safetensors``: a full version's shard;
 - ``versions/NNNNNNNNNN/model.safetensors.index-<sha256[:32]>.json``: its HF-style index;
 - ``files/<name>``: a run-level attachment (config.json, tokenizer files);
-- ``trainer/state-NNNNNNNNNN/...``: the trainer's resumable state, ``state.json`` last;
+- ``trainer/state-NNNNNNNNNN-<version_hash[:16]>/...``: the trainer's resumable state of version N,
+  named by that version's hash (written before the version's commit, so a state of a version that
+  never committed can never stand for another one), ``state.json`` last; earlier code wrote
+  ``trainer/state-NNNNNNNNNN/``;
 - ``results/<sha256>.bin``: a rollout result's payload too large for Redis, content-addressed
   (never part of a version).
 
@@ -39,6 +42,8 @@ _KEY_RE = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
 _VERSION_DIR = re.compile(r"[0-9]{10}")
 _RESULT_KEY = re.compile(r"results/[0-9a-f]{64}\.bin")
+_TAG = re.compile(r"[0-9a-f]{16}")
+_STATE_NAME = re.compile(r"state-([0-9]{10})(?:-([0-9a-f]{16}))?")
 _OBJECT_NAME = re.compile(r"[0-9]{5,}-[0-9a-f]{32}\.(seg|safetensors)|model\.safetensors\.index-[0-9a-f]{32}\.json")
 
 
@@ -64,8 +69,21 @@ def file_key(name: str) -> str:
     return f"{FILES_DIR}/{name}"
 
 
-def state_dir(version: int) -> str:
-    return f"{STATE_DIR}/state-{version:010d}"
+def state_dir(version: int, tag: str | None = None) -> str:
+    """The directory of the trainer state of ``version`` whose hash starts with ``tag`` (16 hex);
+    without ``tag``, the name earlier code used."""
+    if tag is None:
+        return f"{STATE_DIR}/state-{version:010d}"
+    if not _TAG.fullmatch(tag):
+        raise CorruptError(f"trainer state tag {tag!r:.40} is not 16 lowercase hex digits")
+    return f"{STATE_DIR}/state-{version:010d}-{tag}"
+
+
+def parse_state_dir(name: str) -> tuple[int, str | None] | None:
+    """``(version, tag)`` of a trainer state directory's name (``state-NNNNNNNNNN[-TAG]``), None for
+    any other name."""
+    m = _STATE_NAME.fullmatch(name)
+    return None if m is None else (int(m.group(1)), m.group(2))
 
 
 def result_key(sha256: str) -> str:
@@ -96,13 +114,11 @@ def object_version(key: str) -> int | None:
     return None
 
 
-def committed_state(key: str) -> int | None:
-    """The version whose trainer-state commit marker ``key`` is, or None for any other key."""
+def committed_state(key: str) -> tuple[int, str | None] | None:
+    """``(version, tag)`` of the trainer state whose commit marker ``key`` is, or None for any other key."""
     parts = key.split("/")
-    if len(parts) == 3 and parts[0] == STATE_DIR and parts[2] == STATE_COMMIT and parts[1].startswith("state-"):
-        digits = parts[1].removeprefix("state-")
-        if _VERSION_DIR.fullmatch(digits):
-            return int(digits)
+    if len(parts) == 3 and parts[0] == STATE_DIR and parts[2] == STATE_COMMIT:
+        return parse_state_dir(parts[1])
     return None
 
 
