@@ -61,7 +61,7 @@ class Relay:
         self.source_region, self.dest_region = source_region, dest_region
         self.limits = limits or Limits()
         self.src = Reader(source, self.limits, vk)
-        self.dst = Reader(dest, self.limits, vk)
+        self.dst = Reader(dest, self.limits, vk, keys_from=self.src)  # a rotation may reach the destination last
         self.stats = RelayStats()
         self._retired = Retired()
         """What the destination's retention records retire (read with every backfill)."""

@@ -1,7 +1,8 @@
 """Retention: delete the versions and trainer states no one can still need (``aurora gc``).
 
 What is kept, whatever else is asked: version 0 (the run's identity, and the KL reference the
-trainer rebuilds from it), every key rotation (readers learn the run's signing keys from them), the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
+trainer rebuilds from it), every key rotation (readers learn the run's signing keys from them),
+the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
 every version at or after the oldest one a live actor holds or a region is at (the ``floor``:
 relays copy what comes after a region's version), the versions of the kept trainer states, and
 the whole chain (back to its full version) of every kept delta, so every kept version still

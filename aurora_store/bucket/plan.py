@@ -276,8 +276,11 @@ def plan_next(
         if tip is None or signer is None:
             raise StoreError(
                 f"{url}: a key rotation moves a signed run to a new key; "
-                + ("version 0 has no key to rotate from: start the run with the new key" if tip is None else
-                   "this run is unsigned, and a run's signing is fixed at version 0")
+                + (
+                    "version 0 has no key to rotate from: start the run with the new key"
+                    if tip is None
+                    else "this run is unsigned, and a run's signing is fixed at version 0"
+                )
             )
         if rotation.previous != signer or rotation.key_id == signer:
             raise StoreError(f"{url}: a rotation from key {rotation.previous} to {rotation.key_id} by signer {signer}")

@@ -167,6 +167,7 @@ class Publisher:
         """The run's tip, once this publisher is known to be able to sign its next version (what a
         trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
         tip = self._read_tip(None)
+        rotation = self._rotation_for(tip)  # first: it may move this publisher to its new key
         plan_next(
             tip,
             tip.specs if tip is not None else (),
@@ -174,7 +175,7 @@ class Publisher:
             full_every=self.config.full_every,
             url=self.store.uri,
             signer=self.signer,
-            rotation=self._rotation_for(tip),
+            rotation=rotation,
         )
         return tip
 
@@ -225,6 +226,7 @@ class Publisher:
         """The next version with tensor table ``specs`` (see :func:`plan_next`), after the tip this
         publisher holds (ConflictError if another publisher got there first) or the run's latest."""
         tip = self._read_tip(self._base.tip if self._base is not None else None)
+        rotation = self._rotation_for(tip)  # first: it may move this publisher to its new key
         return plan_next(
             tip,
             specs,
@@ -233,7 +235,7 @@ class Publisher:
             version=version,
             url=self.store.uri,
             signer=self.signer,
-            rotation=self._rotation_for(tip),
+            rotation=rotation,
         )
 
     def resume(self) -> Tip | None:

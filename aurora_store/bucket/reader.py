@@ -89,7 +89,13 @@ class Reader:
     """Verified access to one run's versions."""
 
     def __init__(
-        self, store: ObjectStore, limits: Limits, verify_key: Ed25519PublicKey | None, *, insist: bool = True
+        self,
+        store: ObjectStore,
+        limits: Limits,
+        verify_key: Ed25519PublicKey | None,
+        *,
+        insist: bool = True,
+        keys_from: Reader | None = None,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -108,6 +114,9 @@ class Reader:
         self._bad_rotation: tuple[int, UnauthenticatedError] | None = None
         """The first rotation that failed its checks: no version from it on can be authenticated."""
         self._keys_lock = threading.Lock()
+        self.keys_from = keys_from
+        """Another copy of the same run to learn its key history from (a relay's source, for the
+        destination it fills in order: a rotation may not be there yet when its key is the one given)."""
 
     # ------------------------------------------------------------ manifests
 
@@ -183,10 +192,10 @@ class Reader:
                 f"{what}: version {m.version} is a key rotation the run's key history does not hold "
                 f"(keys: {keys.describe()}; is its {m.version:010d}/key-rotation marker missing?)"
             )
-        if not keys.trusts(self.verify_key):  # type: ignore[arg-type]
+        if not keys.trusts(self.verify_key):
             raise UnauthenticatedError(
                 f"{what}: the run is signed by key {era.key_id} (keys: {keys.describe()}), the verify key "
-                f"given is {signing.key_id(self.verify_key)}"  # type: ignore[arg-type]
+                f"given is {signing.key_id(self.verify_key)}"
             )
         if m.rotation is None:
             assert era.public is not None
@@ -208,6 +217,9 @@ class Reader:
         manifest is verified as a rotation from the key before it. UnauthenticatedError for a
         version at or after a rotation that fails those checks."""
         assert identity.signed_by is not None and self.verify_key is not None
+        src = self.keys_from
+        if src is not None and src.identity() == identity:
+            return src.keys_at(m.version, what)
         with self._keys_lock:
             if self._keys is None or self._keys.first != identity.signed_by:
                 self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
@@ -224,6 +236,25 @@ class Reader:
                 raise self._bad_rotation[1]
             if v > self._covered:
                 raise UnauthenticatedError(f"{what}: version {v} is not in the listing of the run; its key is unknown")
+            keys.bind(self.verify_key)
+            return keys
+
+    def keys_at(self, version: int, what: str) -> RunKeys:
+        """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""
+        identity = self.identity()
+        assert identity.signed_by is not None and self.verify_key is not None
+        with self._keys_lock:
+            if self._keys is None or self._keys.first != identity.signed_by:
+                self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
+            keys = self._keys
+            if version > self._covered and self._bad_rotation is None:
+                self._scan(keys, identity)
+            if self._bad_rotation is not None and version >= self._bad_rotation[0]:
+                raise self._bad_rotation[1]
+            if version > self._covered:
+                raise UnauthenticatedError(
+                    f"{what}: version {version} is not in the listing of the run; its key is unknown"
+                )
             keys.bind(self.verify_key)
             return keys
 

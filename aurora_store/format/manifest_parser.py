@@ -273,7 +273,7 @@ def parse_manifest(
     run = None if fmt == LEGACY else _parse_run(r, doc["run"], version)
     rotation, rotation_signature = None, None
     if ROTATION_FIELDS & doc.keys():
-        rotation, rotation_signature = _parse_rotation(r, doc, version, run, signature)
+        rotation, rotation_signature = _parse_rotation(r, doc, version, run)
     m = Manifest(
         version,
         kind,
@@ -323,10 +323,10 @@ def _parse_public_key(r: _Reader, raw: Any, name: str, key_id: str) -> str:
 
 
 def _parse_rotation(
-    r: _Reader, doc: dict[str, Any], version: int, run: RunIdentity | None, signature: Signature | None
-) -> tuple[Rotation, Signature]:
-    """A key rotation (aurora/4): both keys named and bound to their ids, and signed by both."""
-    if not ROTATION_FIELDS <= doc.keys():
+    r: _Reader, doc: dict[str, Any], version: int, run: RunIdentity | None
+) -> tuple[Rotation, Signature | None]:
+    """A key rotation (aurora/4): both keys named and bound to their ids, the run's signer the new key."""
+    if not doc.keys() >= ROTATION_FIELDS:
         raise r.fail("rotation and rotation_signature go together")
     if version == 0:
         raise r.fail("version 0 starts its run's signing: it cannot rotate a key")
@@ -343,14 +343,8 @@ def _parse_rotation(
         raise r.fail(f"rotation.key_id {key_id} is the key it rotates from")
     if run is None or run.signed_by != key_id:
         raise r.fail(f"a rotation to key {key_id} must carry run.signed_by {key_id}")
-    if signature is None or signature.key_id != previous:
-        raise r.fail(f"a rotation from key {previous} must be signed by it (signature.key_id)")
-    if doc["rotation_signature"] is None:
-        raise r.fail(f"a rotation to key {key_id} must be signed by it (rotation_signature)")
-    rotation_signature = _parse_signature(r, doc["rotation_signature"], "rotation_signature")
-    if rotation_signature.key_id != key_id:
-        raise r.fail(f"rotation_signature is by key {rotation_signature.key_id}, expected {key_id}")
-    return rotation, rotation_signature
+    raw_sig = doc["rotation_signature"]  # who signed what is the readers' to check (UnauthenticatedError)
+    return rotation, None if raw_sig is None else _parse_signature(r, raw_sig, "rotation_signature")
 
 
 def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:
