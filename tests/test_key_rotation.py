@@ -517,3 +517,33 @@ def _base_manifest(version: int) -> Manifest:
         stats=Stats(0, 0, 0, 0, 0),
         weights_digest="0" * 32,
     )
+
+
+# ---------------------------------------------------------------- actors
+
+
+@pytest.mark.parametrize("key", ["a", "c"])
+def test_an_actor_follows_the_run_across_rotations(rotated: tuple[str, Any], keys: Keys, key: str) -> None:
+    from actor.updater import Updater
+
+    uri, states = rotated
+    actor = Updater(aurora_store.open_run(uri, verify_key=keys.public[key]), region="home")
+    actor.bootstrap(1)
+    for v in range(2, VERSIONS):
+        actor.stage(v)
+        held = actor.apply()
+        assert held is not None and held.version == v
+    assert_bits_equal({k: t.cpu() for k, t in actor.weights.items()}, states[-1])
+
+
+def test_an_actor_refuses_a_forged_rotation_and_keeps_its_weights(rotated: tuple[str, Any], keys: Keys) -> None:
+    from actor.updater import Updater
+
+    uri, states = rotated
+    _forge(uri, keys, "new-key-only")
+    actor = Updater(aurora_store.open_run(uri, verify_key=keys.public["a"]), region="home")
+    actor.bootstrap(2)
+    with pytest.raises(UnauthenticatedError):
+        actor.stage(4)
+    assert actor.held is not None and actor.held.version == 2
+    assert_bits_equal({k: t.cpu() for k, t in actor.weights.items()}, states[2])
