@@ -547,3 +547,42 @@ def test_an_actor_refuses_a_forged_rotation_and_keeps_its_weights(rotated: tuple
         actor.stage(4)
     assert actor.held is not None and actor.held.version == 2
     assert_bits_equal({k: t.cpu() for k, t in actor.weights.items()}, states[2])
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def test_a_trainer_rotates_with_the_option_and_refuses_the_new_key_alone(
+    redis_server: Any, tmp_path: Path, keys: Keys
+) -> None:
+    from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
+    from trainer.loop import Trainer
+
+    def cfg(signing_key: str, rotate: str | None = None) -> TrainerConfig:
+        return TrainerConfig(
+            store=f"file://{tmp_path}/run",
+            redis=redis_server.url,
+            run_id="rotate",
+            optim=OptimizerConfig(sft_steps=0),
+            publish=PublishConfig(signing_key=signing_key, rotate_signing_key=rotate),
+        )
+
+    key = {k: str(tmp_path / f"{k}.key") for k in "ab"}
+    with Trainer(cfg(key["a"])) as trainer:
+        assert trainer.start() == 0
+    with Trainer(cfg(key["b"])) as trainer, pytest.raises(UnauthenticatedError, match="--rotate-signing-key"):
+        trainer.start()
+    with Trainer(cfg(key["a"], rotate=key["b"])) as trainer:
+        trainer.start()
+        info = trainer.publisher.publish(step=1)
+    with Trainer(cfg(key["a"], rotate=key["b"])) as trainer:  # restarted with the option still set
+        trainer.start()
+        trainer.publisher.publish(step=2)
+    with Trainer(cfg(key["b"])) as trainer:
+        trainer.start()
+        trainer.publisher.publish(step=3)
+    for pub in ("a", "b"):
+        run = aurora_store.open_run(f"file://{tmp_path}/run", verify_key=keys.public[pub])
+        assert [run.manifest(v).rotation is not None for v in run.versions()] == [False, True, False, False]
+        assert run.manifest(info.version).run.signed_by == keys.id("b")  # type: ignore[union-attr]
+        run.materialize(3)
