@@ -146,7 +146,9 @@ class Relay:
         """Copy one committed version; True if this call committed it at the destination."""
         if self.dest.exists(manifest_key(version)):
             m = self.dst.manifest(version)
-            if m.rotation is not None:  # the marker a destination's readers list (written before the manifest; idempotent)
+            if (
+                m.rotation is not None
+            ):  # the marker a destination's readers list (written before the manifest; idempotent)
                 self.dest.put_if_absent(rotation_marker_key(version), b"")
             self._advance(m)
             return False

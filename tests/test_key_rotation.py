@@ -586,3 +586,11 @@ def test_a_trainer_rotates_with_the_option_and_refuses_the_new_key_alone(
         assert [run.manifest(v).rotation is not None for v in run.versions()] == [False, True, False, False]
         assert run.manifest(info.version).run.signed_by == keys.id("b")  # type: ignore[union-attr]
         run.materialize(3)
+
+
+def test_a_publisher_never_rotates_back_to_a_key_the_run_used(rotated: tuple[str, Any], keys: Keys) -> None:
+    uri, _ = rotated
+    run = aurora_store.open_run(uri, signing_key=keys.private["c"])
+    with pytest.raises(StoreError, match="signed this run before"):
+        run.publish(_state(30), rotate_to=keys.private["a"])
+    assert run.versions() == list(range(VERSIONS))

@@ -189,6 +189,10 @@ class Publisher:
             self.signing_key, self.rotating = self.rotating, None
             return None
         assert self.signing_key is not None
+        if tip is not None and tip.identity.signed_by is not None:
+            used = [e.key_id for e in self.reader.keys_at(tip.version, self.store.uri).eras]
+            if new_id in used:  # readers refuse a rotation back to a key the run used
+                raise StoreError(f"{self.store.uri}: key {new_id} signed this run before; rotate to a new key")
         return signing.rotation(self.signing_key, self.rotating)
 
     def _read_tip(self, held: Tip | None) -> Tip | None:
