@@ -221,9 +221,7 @@ class Reader:
         if src is not None and src.identity() == identity:
             return src.keys_at(m.version, what)
         with self._keys_lock:
-            if self._keys is None or self._keys.first != identity.signed_by:
-                self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
-            keys = self._keys
+            keys = self._held_keys(identity)
             v = m.version
             if v > self._covered:
                 if v == self._covered + 1 and v > 0 and self._bad_rotation is None:
@@ -232,31 +230,35 @@ class Reader:
                     self._scan(keys, identity)
                     if v == self._covered + 1 and self._bad_rotation is None:
                         self._step(keys, m, what)
-            if self._bad_rotation is not None and v >= self._bad_rotation[0]:
-                raise self._bad_rotation[1]
-            if v > self._covered:
-                raise UnauthenticatedError(f"{what}: version {v} is not in the listing of the run; its key is unknown")
-            keys.bind(self.verify_key)
-            return keys
+            return self._known(keys, v, what)
 
     def keys_at(self, version: int, what: str) -> RunKeys:
         """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""
         identity = self.identity()
         assert identity.signed_by is not None and self.verify_key is not None
         with self._keys_lock:
-            if self._keys is None or self._keys.first != identity.signed_by:
-                self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
-            keys = self._keys
+            keys = self._held_keys(identity)
             if version > self._covered and self._bad_rotation is None:
                 self._scan(keys, identity)
-            if self._bad_rotation is not None and version >= self._bad_rotation[0]:
-                raise self._bad_rotation[1]
-            if version > self._covered:
-                raise UnauthenticatedError(
-                    f"{what}: version {version} is not in the listing of the run; its key is unknown"
-                )
-            keys.bind(self.verify_key)
-            return keys
+            return self._known(keys, version, what)
+
+    def _held_keys(self, identity: RunIdentity) -> RunKeys:
+        assert identity.signed_by is not None
+        if self._keys is None or self._keys.first != identity.signed_by:
+            self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
+        return self._keys
+
+    def _known(self, keys: RunKeys, version: int, what: str) -> RunKeys:
+        """``keys``, once they are known to cover ``version`` (UnauthenticatedError otherwise)."""
+        if self._bad_rotation is not None and version >= self._bad_rotation[0]:
+            raise self._bad_rotation[1]
+        if version > self._covered:
+            raise UnauthenticatedError(
+                f"{what}: version {version} is not in the listing of the run; its key is unknown"
+            )
+        assert self.verify_key is not None
+        keys.bind(self.verify_key)
+        return keys
 
     def _step(self, keys: RunKeys, m: Manifest, what: str) -> None:
         if m.rotation is not None:
