@@ -152,9 +152,10 @@ class RunIdentity:
     """Which run a version belongs to, fixed at version 0 and carried by every version after it.
 
     ``origin`` is version 0's version hash (None in version 0 itself: a hash cannot name itself);
-    ``signed_by`` is the key id every version of the run must be signed by, None for an unsigned
-    run. Both are inside the version hash, so neither can be changed without breaking it, and a
-    signature cannot be stripped from a signed run without the version saying it should be there."""
+    ``signed_by`` is the key id the version is signed by, None for an unsigned run: version 0's
+    key, until a key rotation (:class:`Rotation`) moves the run to another. Both are inside the
+    version hash, so neither can be changed without breaking it, and a signature cannot be stripped
+    from a signed run without the version saying it should be there."""
 
     origin: str | None
     signed_by: str | None
