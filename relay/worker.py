@@ -35,7 +35,7 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
 from aurora_store.format import retention, signing
-from aurora_store.format.keys import manifest_key, object_version
+from aurora_store.format.keys import manifest_key, object_version, rotation_marker_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
 from aurora_store.format.retention import Retired
 from relay.metrics import RelayMetrics
@@ -66,7 +66,7 @@ class Relay:
         self.source_region, self.dest_region = source_region, dest_region
         self.limits = limits or Limits()
         self.src = Reader(source, self.limits, vk)
-        self.dst = Reader(dest, self.limits, vk)
+        self.dst = Reader(dest, self.limits, vk, keys_from=self.src)  # a rotation may reach the destination last
         self.stats = RelayStats()
         self._retired = Retired()
         """What the destination's retention records retire (read with every backfill)."""
@@ -176,6 +176,10 @@ class Relay:
         """Copy one committed version; True if this call committed it at the destination."""
         if self.dest.exists(manifest_key(version)):
             m = self.dst.manifest(version)
+            if (
+                m.rotation is not None
+            ):  # the marker a destination's readers list (written before the manifest; idempotent)
+                self.dest.put_if_absent(rotation_marker_key(version), b"")
             self._advance(m)
             return False
         self.metrics.first_seen(version)
@@ -184,6 +188,8 @@ class Relay:
         objects = list(m.objects) + list(m.files)
         for _ in self.dest.map(self.copy_object, objects):
             pass
+        if m.rotation is not None:  # before the commit, as the trainer writes it: readers there find the rotation
+            self.dest.put_if_absent(rotation_marker_key(version), b"")
         if self.dest.put_if_absent(manifest_key(version), raw):
             with self._lock:
                 self.stats.versions += 1
@@ -209,7 +215,7 @@ class Relay:
                 "versions are committed in order"
             )
         ident = self.dst.identity()
-        if m.run is not None and m.run != ident:
+        if m.run is not None and m.run.origin != ident.origin:  # its key: checked by the source's reader
             raise ChainError(
                 f"{url}: the source's version {m.version} is of run {m.run.origin}, "
                 f"the destination's run is {ident.origin}",

@@ -132,6 +132,14 @@ class PublishConfig:
     """Sign every version with this Ed25519 private key (a PEM file, or PEM text in the environment;
     ``aurora keygen`` makes one). A run is signed or not from version 0 on: readers then refuse any
     version it did not sign."""
+    rotate_signing_key: str | None = field(
+        default=None, metadata=option(metavar="NEW_KEY", env="AURORA_ROTATE_SIGNING_KEY")
+    )
+    """Move the run to this new Ed25519 private key: the first version this trainer publishes is a key
+    rotation, signed by ``signing_key`` (the run's key) and this one, and every version after it is
+    signed by this one alone. Readers holding either public key verify the whole run
+    (docs/OPERATIONS.md, "Rotating the signing key"). A restart with the option after the rotation
+    just signs with the new key."""
 
     def __post_init__(self) -> None:
         for name in ("full_every", "state_every"):

@@ -101,6 +101,8 @@ class Trainer:
             codec=cfg.publish.codec,
             signing_key=cfg.publish.signing_key,
         )
+        if cfg.publish.rotate_signing_key is not None:  # the first version published is the rotation
+            self.run.publisher.rotate_to(cfg.publish.rotate_signing_key)
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
         self.metrics = TrainerMetrics(cfg.region)
         """This trainer's Prometheus metrics (served by ``aurora train --metrics-port``)."""
@@ -139,6 +141,8 @@ class Trainer:
         """Build or restore the policy on every rank; returns the version it is at."""
         if self.dist.main:
             self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
+            if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
+                self.run.publisher.check_signer()  # this trainer's keys can sign the run's next version, or say why not
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
         recorded = policies.recorded_spec(self.run) if latest is not None else None
         self.policy = (

@@ -1,7 +1,8 @@
 """Retention: delete the versions and trainer states no one can still need (``aurora gc``).
 
 What is kept, whatever else is asked: version 0 (the run's identity, and the KL reference the
-trainer rebuilds from it), the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
+trainer rebuilds from it), every key rotation (readers learn the run's signing keys from them),
+the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
 every version at or after the oldest one a live actor holds or a region is at (the ``floor``:
 relays copy what comes after a region's version), the versions of the kept trainer states, and
 the whole chain (back to its full version) of every kept delta, so every kept version still
@@ -134,6 +135,9 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
 
     if 0 in committed:
         keep(0, "version 0: the run's identity and the KL reference")
+    for v in committed:
+        if v in manifests and manifests[v].rotation is not None:
+            keep(v, "a key rotation: readers learn the run's keys from it")
     for v in committed[-policy.keep_last :]:
         keep(v, f"one of the last {policy.keep_last}")
     for v in [v for v in committed if v in manifests and manifests[v].kind == "full"][-policy.keep_fulls :]:

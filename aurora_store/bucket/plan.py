@@ -21,16 +21,15 @@ from aurora_store.errors import ConflictError, LayoutError, StoreError, Unauthen
 from aurora_store.format.full import plan_shards
 from aurora_store.format.keys import index_key, object_key
 from aurora_store.format.manifest import (
-    EXTENDED,
-    FORMAT,
-    WITHOUT_CLASSED,
     Manifest,
     Parent,
     Rollback,
+    Rotation,
     RunIdentity,
     Segment,
     Stats,
     TensorSpec,
+    format_for,
 )
 from aurora_store.format.manifest_parser import check_meta, check_step, check_tensor_name
 
@@ -83,10 +82,13 @@ class Tip:
     """Bytes of the deltas since the last full version, this one's included (0 for a full version)."""
     specs: tuple[TensorSpec, ...]
     identity: RunIdentity
-    """The run's identity (origin: version 0's hash), which every next version carries."""
+    """The run's identity (origin: version 0's hash) and the key this version is signed by, which
+    every next version carries (until a key rotation)."""
 
     @classmethod
     def of(cls, m: Manifest, identity: RunIdentity) -> Tip:
+        if m.run is not None and m.version > 0:
+            identity = RunIdentity(identity.origin, m.run.signed_by)  # the key in force, rotations included
         return cls(
             version=m.version,
             version_hash=m.version_hash,
@@ -137,6 +139,8 @@ class PublishPlan:
     full: bool
     run: RunIdentity
     """The run identity the version's manifest carries (version 0: no origin yet)."""
+    rotation: Rotation | None = None
+    """The key rotation the version carries (its ``run.signed_by`` is then the new key)."""
 
     @property
     def full_bytes(self) -> int:
@@ -189,7 +193,7 @@ class PublishPlan:
         classed = any(b.codec == CLASSED for s in segments for b in s.blocks)
         return Manifest(
             # the oldest format that holds the version
-            format=EXTENDED if rolls_back_to is not None else FORMAT if classed else WITHOUT_CLASSED,
+            format=format_for(classed=classed, rotation=self.rotation, rolls_back_to=rolls_back_to),
             version=self.version,
             kind="full" if self.full else "delta",
             parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),
@@ -204,6 +208,7 @@ class PublishPlan:
             files=files,
             run=self.run,
             rolls_back_to=rolls_back_to,
+            rotation=self.rotation,
         )
 
     def skeleton(
@@ -253,6 +258,7 @@ class PublishPlan:
             "kind": self.kind,
             "full": self.full,
             "run": self.run.to_dict(),
+            "rotation": None if self.rotation is None else self.rotation.to_dict(),
         }
 
     @classmethod
@@ -264,6 +270,7 @@ class PublishPlan:
             kind=d["kind"],
             full=d["full"],
             run=RunIdentity(d["run"]["origin"], d["run"]["signed_by"]),
+            rotation=None if d.get("rotation") is None else Rotation(**d["rotation"]),
         )
 
 
@@ -284,6 +291,7 @@ def plan_next(
     version: int | None = None,
     url: str = "",
     signer: str | None = None,
+    rotation: Rotation | None = None,
 ) -> PublishPlan:
     """Plan the version after ``tip`` (the first one when None) with tensor table ``specs``.
 
@@ -291,7 +299,8 @@ def plan_next(
     ``full_every`` full (and the publisher may turn a delta full when :meth:`PublishPlan.outgrows`
     says so). ``version``, when given, must be the next one, else ConflictError. ``signer`` is the
     publisher's key id (None: it does not sign); a run's signing is fixed at version 0, so it must
-    be the run's, else UnauthenticatedError."""
+    be the run's, else UnauthenticatedError, and changes only through ``rotation`` (from ``signer``
+    to a key the version is then the first to carry)."""
     if kind not in KINDS:
         raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
     for s in specs:
@@ -309,8 +318,21 @@ def plan_next(
     run = RunIdentity(None, signer) if tip is None else tip.identity
     if run.signed_by != signer:
         raise UnauthenticatedError(signing_mismatch(url, run.signed_by, signer))
+    if rotation is not None:
+        if tip is None or signer is None:
+            raise StoreError(
+                f"{url}: a key rotation moves a signed run to a new key; "
+                + (
+                    "version 0 has no key to rotate from: start the run with the new key"
+                    if tip is None
+                    else "this run is unsigned, and a run's signing is fixed at version 0"
+                )
+            )
+        if rotation.previous != signer or rotation.key_id == signer:
+            raise StoreError(f"{url}: a rotation from key {rotation.previous} to {rotation.key_id} by signer {signer}")
+        run = RunIdentity(run.origin, rotation.key_id)
     full = tip is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
-    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full, run=run)  # type: ignore[arg-type]
+    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full, run=run, rotation=rotation)  # type: ignore[arg-type]
 
 
 def signing_mismatch(url: str, run: str | None, publisher: str | None) -> str:
@@ -318,7 +340,11 @@ def signing_mismatch(url: str, run: str | None, publisher: str | None) -> str:
         return f"{url}: the run is signed by key {run}; publish with its key (--signing-key, AURORA_SIGNING_KEY)"
     if run is None:
         return f"{url}: the run was started unsigned and a run's signing is fixed at version 0; start a new run to sign"
-    return f"{url}: the run is signed by key {run}, this publisher's key is {publisher}"
+    return (
+        f"{url}: the run is signed by key {run}, this publisher's key is {publisher}; to move the run to a new "
+        f"key, rotate: publish with the run's key and the new one as the key to rotate to "
+        "(--signing-key OLD --rotate-signing-key NEW, or Run.publish(..., rotate_to=NEW))"
+    )
 
 
 def layout_message(old: tuple[TensorSpec, ...], new: tuple[TensorSpec, ...], version: int) -> str:

@@ -73,8 +73,8 @@ from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import build_index, build_shard, plan_shards, shard_words
-from aurora_store.format.keys import manifest_key, version_dir
-from aurora_store.format.manifest import Manifest, Rollback, Segment, TensorSpec
+from aurora_store.format.keys import manifest_key, rotation_marker_key, version_dir
+from aurora_store.format.manifest import Manifest, Rollback, Rotation, Segment, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 
 T = TypeVar("T")
@@ -123,6 +123,8 @@ class Publisher:
         self.store, self.reader, self.config = store, reader, config
         self.files, self.announcements, self.signing_key = files, announcements, signing_key
         self.collective: Collective = collective if collective is not None else LocalCollective()
+        self.rotating: Any = None
+        """The Ed25519 private key the next version rotates the run to (:meth:`rotate_to`), if any."""
         self._base: Baseline | None = None
         self._last_delta_bytes: int | None = None
         """Bytes of the last delta this publisher committed: what decides whether the next one streams."""
@@ -131,7 +133,7 @@ class Publisher:
 
     def on(self, collective: Collective) -> Publisher:
         """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
-        return Publisher(
+        p = Publisher(
             self.store,
             self.reader,
             self.config,
@@ -140,11 +142,78 @@ class Publisher:
             signing_key=self.signing_key,
             collective=collective,
         )
+        p.rotating = self.rotating
+        return p
 
     @property
     def signer(self) -> str | None:
         """The key id this publisher signs with (None: it does not sign)."""
         return None if self.signing_key is None else signing.key_id(self.signing_key.public_key())
+
+    def rotate_to(self, key: Any) -> None:
+        """Publish the next version as a key rotation to ``key`` (an Ed25519 private key, or what
+        :func:`~aurora_store.format.signing.load_signing_key` reads), signed by this publisher's key
+        and ``key``; from then on it signs with ``key``. If the run is already signed by ``key`` (a
+        publisher restarted after its rotation), it just signs with ``key``."""
+        new = signing.load_signing_key(key)
+        if self.signing_key is None:
+            raise StoreError(
+                f"{self.store.uri}: a key rotation needs the run's current signing key to sign it "
+                "(--signing-key, with the new key as --rotate-signing-key)"
+            )
+        if signing.key_id(new.public_key()) == self.signer:
+            raise StoreError(f"{self.store.uri}: the key to rotate to is the signing key itself ({self.signer})")
+        self.rotating = new
+
+    def check_signer(self) -> Tip | None:
+        """The run's tip, once this publisher is known to be able to sign its next version (what a
+        trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
+        tip = self._read_tip(None)
+        rotation = self._rotation_for(tip)  # first: it may move this publisher to its new key
+        plan_next(
+            tip,
+            tip.specs if tip is not None else (),
+            kind="auto",
+            full_every=self.config.full_every,
+            url=self.store.uri,
+            signer=self.signer,
+            rotation=rotation,
+        )
+        return tip
+
+    def _rotation_for(self, tip: Tip | None) -> Rotation | None:
+        """The rotation the next version after ``tip`` carries: None without one pending, or when
+        the run is already signed by the key to rotate to (then this publisher signs with it now)."""
+        if self.rotating is None:
+            return None
+        new_id = signing.key_id(self.rotating.public_key())
+        if tip is not None and tip.identity.signed_by == new_id:
+            self.signing_key, self.rotating = self.rotating, None
+            return None
+        assert self.signing_key is not None
+        if tip is not None and tip.identity.signed_by is not None:
+            used = [e.key_id for e in self.reader.keys_at(tip.version, self.store.uri).eras]
+            if new_id in used:  # readers refuse a rotation back to a key the run used
+                raise StoreError(f"{self.store.uri}: key {new_id} signed this run before; rotate to a new key")
+        return signing.rotation(self.signing_key, self.rotating)
+
+    def _read_tip(self, held: Tip | None) -> Tip | None:
+        try:
+            return self.tip(held)
+        except UnauthenticatedError as exc:
+            if self.signing_key is None and self.reader.verify_key is None:  # say what a publisher lacks
+                raise UnauthenticatedError(
+                    f"{self.store.uri}: the run is signed; publish with its key (--signing-key, AURORA_SIGNING_KEY)",
+                    url=exc.url,
+                ) from None
+            if self.signing_key is not None and self.rotating is None:
+                raise UnauthenticatedError(
+                    f"{exc}; if {self.signer} is a new key for this run, publish the next version as a key "
+                    "rotation: with the run's current key as --signing-key and the new one as "
+                    "--rotate-signing-key (Run.publish(..., rotate_to=NEW))",
+                    url=exc.url,
+                ) from None
+            raise
 
     # ------------------------------------------------------------ planning
 
@@ -162,15 +231,8 @@ class Publisher:
     def plan(self, specs: tuple[TensorSpec, ...], *, kind: str = "auto", version: int | None = None) -> PublishPlan:
         """The next version with tensor table ``specs`` (see :func:`plan_next`), after the tip this
         publisher holds (ConflictError if another publisher got there first) or the run's latest."""
-        try:
-            tip = self.tip(self._base.tip if self._base is not None else None)
-        except UnauthenticatedError as exc:
-            if self.signing_key is None and self.reader.verify_key is None:  # say what a publisher lacks
-                raise UnauthenticatedError(
-                    f"{self.store.uri}: the run is signed; publish with its key (--signing-key, AURORA_SIGNING_KEY)",
-                    url=exc.url,
-                ) from None
-            raise
+        tip = self._read_tip(self._base.tip if self._base is not None else None)
+        rotation = self._rotation_for(tip)  # first: it may move this publisher to its new key
         return plan_next(
             tip,
             specs,
@@ -179,6 +241,7 @@ class Publisher:
             version=version,
             url=self.store.uri,
             signer=self.signer,
+            rotation=rotation,
         )
 
     def _fits(self, plan: PublishPlan, step: int | None, meta: Mapping[str, str] | None) -> tuple[PublishPlan, int]:
@@ -228,6 +291,7 @@ class Publisher:
         version: int | None = None,
         rolls_back_to: Rollback | None = None,
         hold: bool = False,
+        rotate_to: Any = None,
     ) -> VersionInfo:
         """Commit the next version from every publisher's ``share``; the same VersionInfo on every rank.
         ``rolls_back_to`` (rank 0's counts) says the share's weights continue from that older version's
@@ -235,6 +299,8 @@ class Publisher:
         single publisher only), everything is written but the manifest, sealed and checked: the
         version's hash is known, and :meth:`commit_held` commits it later, after whatever must exist
         before it does (the trainer's state of that version); nothing is published meanwhile.
+
+        ``rotate_to``: publish it as a key rotation to that key (see :meth:`rotate_to`).
 
         Raises on every rank if any rank failed or the commit did: ConflictError when another
         publisher committed the version (the next call reloads and continues on top of it), or
@@ -247,6 +313,8 @@ class Publisher:
         if hold and self.collective.size != 1:
             raise UnsupportedError("holding a version's commit needs a single publisher, not a group")
         step, meta = check_publish_args(step, meta)  # on every rank, before any rank writes a byte
+        if rotate_to is not None:
+            self.rotate_to(rotate_to)
         comm = self.collective
         planned, failure = None, None
         if comm.rank == 0:
@@ -281,6 +349,8 @@ class Publisher:
         outcome = comm.broadcast_json(outcome)
         self._check([outcome], failure if comm.rank == 0 else None)
         info = VersionInfo(**{**outcome["info"], "seconds": time.perf_counter() - t0})
+        if plan.rotation is not None and self.rotating is not None:
+            self.signing_key, self.rotating = self.rotating, None  # the run is signed by the new key from now on
         self._advance(plan.tip_after(info), share, builder, after_full)
         if info.kind == "delta":
             self._last_delta_bytes = info.bytes
@@ -523,7 +593,7 @@ class Publisher:
             meta=meta,
             rolls_back_to=rolls_back_to,
         )
-        m = signing.seal(m, self.signing_key)
+        m = signing.seal(m, self.signing_key, self.rotating if plan.rotation is not None else None)
         data = m.to_bytes()
         key = manifest_key(plan.version)
         lim = self.config.limits
@@ -534,6 +604,8 @@ class Publisher:
             max_segment_bytes=lim.max_segment_bytes,
             what=f"{self.store.url(key)} (before commit)",
         )
+        if plan.rotation is not None:  # before the commit: a reader listing the run finds every rotation
+            self.store.put_if_absent(rotation_marker_key(plan.version), b"")
         if hold:
             self._held = _Held(key, data, m)
         else:

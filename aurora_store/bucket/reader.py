@@ -9,6 +9,8 @@ at the old version. An error about an object carries that object's URL. No torch
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,9 +25,16 @@ from aurora_store.format import signing
 from aurora_store.format.blocks import DecodedBlock, apply_blocks, decode_block
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import check_index, read_shard
-from aurora_store.format.keys import FILES_DIR, VERSIONS_DIR, committed_version, manifest_key
+from aurora_store.format.keys import (
+    FILES_DIR,
+    VERSIONS_DIR,
+    committed_version,
+    manifest_key,
+    rotation_marker_version,
+)
 from aurora_store.format.manifest import LEGACY, Manifest, RunIdentity, Segment, check_link
 from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.format.run_keys import RunKeys
 from aurora_store.format.weights import WeightState, full_digest
 
 if TYPE_CHECKING:
@@ -35,6 +44,7 @@ if TYPE_CHECKING:
     from aurora_store.codec.base import Words
 
 T = TypeVar("T")
+log = logging.getLogger("aurora.store")
 
 
 def _sha256(data: memoryview) -> str:
@@ -63,22 +73,29 @@ def identity_of(origin: Manifest) -> RunIdentity:
 
 
 def check_member(m: Manifest, identity: RunIdentity, origin_format: str) -> None:
-    """``m`` (a version after 0) belongs to the run ``identity`` names: fulls too, which name no parent."""
+    """``m`` (a version after 0) belongs to the run ``identity`` names: fulls too, which name no parent.
+    (Which key signs it is :meth:`Reader.authenticate`'s to check: a signed run's key may rotate.)"""
     if m.run is None:
         if origin_format != LEGACY:
             raise ChainError(
                 f"version {m.version} is in the legacy format {LEGACY} in a run started in {origin_format}"
             )
         return
-    if m.run != identity:
-        raise ChainError(f"version {m.version} belongs to run {m.run.origin}, not to this run ({identity.origin})")
+    if m.run.origin != identity.origin or (identity.signed_by is None) != (m.run.signed_by is None):
+        raise ChainError(f"version {m.version} belongs to run {m.run}, not to this run ({identity})")
 
 
 class Reader:
     """Verified access to one run's versions."""
 
     def __init__(
-        self, store: ObjectStore, limits: Limits, verify_key: Ed25519PublicKey | None, *, insist: bool = True
+        self,
+        store: ObjectStore,
+        limits: Limits,
+        verify_key: Ed25519PublicKey | None,
+        *,
+        insist: bool = True,
+        keys_from: Reader | None = None,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -91,6 +108,15 @@ class Reader:
         self._verified_files: set[tuple[str, str]] = set()
         self._identity: RunIdentity | None = None
         self._origin_format = LEGACY
+        self._keys: RunKeys | None = None
+        """A signed run's key history, as far as :attr:`_covered` (every rotation up to it is known)."""
+        self._covered = -1
+        self._bad_rotation: tuple[int, UnauthenticatedError] | None = None
+        """The first rotation that failed its checks: no version from it on can be authenticated."""
+        self._keys_lock = threading.Lock()
+        self.keys_from = keys_from
+        """Another copy of the same run to learn its key history from (a relay's source, for the
+        destination it fills in order: a rotation may not be there yet when its key is the one given)."""
 
     # ------------------------------------------------------------ manifests
 
@@ -110,19 +136,12 @@ class Reader:
         """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET.
 
         Verified means: parsed by the readers' rules, hash-checked, of this run (its identity is
-        the one version 0 fixed), and signed by the run's key when the run is signed (whatever
-        this reader was given: a signed run cannot be read without its public key) or when this
-        reader holds a verify key."""
+        the one version 0 fixed), and signed by the run's key at that version when the run is
+        signed (whatever this reader was given: a signed run cannot be read without one of its
+        public keys) or when this reader holds a verify key."""
         url = self.store.url(manifest_key(version))
         with about(url):
-            data = self.store.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
-            m = parse_manifest(
-                data,
-                expect_version=version,
-                max_bytes=self.limits.max_manifest_bytes,
-                max_segment_bytes=self.limits.max_segment_bytes,
-                what=url,
-            )
+            m, data = self._parse(version, url)
             identity = identity_of(m) if version == 0 else self.identity()
             if version > 0:
                 check_member(m, identity, self._origin_format)
@@ -134,20 +153,149 @@ class Reader:
             self._manifests.popitem(last=False)
         return m, data
 
+    def _parse(self, version: int, url: str) -> tuple[Manifest, bytes]:
+        data = self.store.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
+        m = parse_manifest(
+            data,
+            expect_version=version,
+            max_bytes=self.limits.max_manifest_bytes,
+            max_segment_bytes=self.limits.max_segment_bytes,
+            what=url,
+        )
+        return m, data
+
     def authenticate(self, m: Manifest, identity: RunIdentity, what: str) -> None:
-        """Check ``m``'s signature as its run requires (see :meth:`manifest_with_bytes`)."""
-        if identity.signed_by is not None and self.verify_key is None:
+        """Check ``m``'s signature as its run requires (see :meth:`manifest_with_bytes`): in a signed
+        run, by the key its run's key history says signs its version (the outgoing and incoming
+        keys both, for a key rotation), with a verify key that is one of the run's keys."""
+        if identity.signed_by is None:
+            if m.rotation is not None:
+                raise UnauthenticatedError(f"{what}: version {m.version} rotates a key in an unsigned run")
+            if self.verify_key is not None and self.insist:
+                signing.verify(m, self.verify_key, what)
+            return
+        if self.verify_key is None:
             raise UnauthenticatedError(
                 f"{what}: the run is signed by key {identity.signed_by}; give its public key "
                 "(--verify-key or AURORA_VERIFY_KEY) to read it"
             )
-        if identity.signed_by is not None and signing.key_id(self.verify_key) != identity.signed_by:  # type: ignore[arg-type]
+        keys = self.run_keys(m, identity, what)
+        era = keys.era(m.version)
+        signer = m.run.signed_by if m.run is not None else era.key_id
+        if signer != era.key_id:
             raise UnauthenticatedError(
-                f"{what}: the run is signed by key {identity.signed_by}, the verify key given is "
-                f"{signing.key_id(self.verify_key)}"  # type: ignore[arg-type]
+                f"{what}: version {m.version} says it is signed by key {signer}, but the run's key at "
+                f"version {m.version} is {era.key_id} (keys: {keys.describe()})"
             )
-        if self.verify_key is not None and (self.insist or identity.signed_by is not None):
-            signing.verify(m, self.verify_key, what)
+        if (m.rotation is not None) != (m.version > 0 and era.since == m.version):
+            raise UnauthenticatedError(
+                f"{what}: version {m.version} is a key rotation the run's key history does not hold "
+                f"(keys: {keys.describe()}; is its {m.version:010d}/key-rotation marker missing?)"
+            )
+        if not keys.trusts(self.verify_key):
+            raise UnauthenticatedError(
+                f"{what}: the run is signed by key {era.key_id} (keys: {keys.describe()}), the verify key "
+                f"given is {signing.key_id(self.verify_key)}"
+            )
+        if m.rotation is None:
+            assert era.public is not None
+            signing.verify(m, era.public, what)
+            return
+        old, new = signing.verify_rotation(m, what)
+        before = keys.previous(era)
+        if era.public is None or before is None or before.public is None:
+            raise UnauthenticatedError(f"{what}: version {m.version}'s rotation is not in the run's key history")
+        if not (signing.same_key(new, era.public) and signing.same_key(old, before.public)):
+            raise UnauthenticatedError(f"{what}: version {m.version} names keys other than the run's key history")
+
+    def run_keys(self, m: Manifest, identity: RunIdentity, what: str) -> RunKeys:
+        """The signed run's key history, known at least as far as ``m``'s version.
+
+        Learned step by step as versions are read in order (a reader that holds version v and
+        reads v + 1 learns a rotation there from v + 1 itself), and otherwise from one listing of
+        the run: every rotation has a ``key-rotation`` marker beside its manifest, and each marked
+        manifest is verified as a rotation from the key before it. UnauthenticatedError for a
+        version at or after a rotation that fails those checks."""
+        assert identity.signed_by is not None and self.verify_key is not None
+        src = self.keys_from
+        if src is not None and src.identity() == identity:
+            return src.keys_at(m.version, what)
+        with self._keys_lock:
+            keys = self._held_keys(identity)
+            v = m.version
+            if v > self._covered:
+                if v == self._covered + 1 and v > 0 and self._bad_rotation is None:
+                    self._step(keys, m, what)
+                else:
+                    self._scan(keys, identity)
+                    if v == self._covered + 1 and self._bad_rotation is None:
+                        self._step(keys, m, what)
+            return self._known(keys, v, what)
+
+    def keys_at(self, version: int, what: str) -> RunKeys:
+        """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""
+        identity = self.identity()
+        assert identity.signed_by is not None and self.verify_key is not None
+        with self._keys_lock:
+            keys = self._held_keys(identity)
+            if version > self._covered and self._bad_rotation is None:
+                self._scan(keys, identity)
+            return self._known(keys, version, what)
+
+    def _held_keys(self, identity: RunIdentity) -> RunKeys:
+        assert identity.signed_by is not None
+        if self._keys is None or self._keys.first != identity.signed_by:
+            self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
+        return self._keys
+
+    def _known(self, keys: RunKeys, version: int, what: str) -> RunKeys:
+        """``keys``, once they are known to cover ``version`` (UnauthenticatedError otherwise)."""
+        if self._bad_rotation is not None and version >= self._bad_rotation[0]:
+            raise self._bad_rotation[1]
+        if version > self._covered:
+            raise UnauthenticatedError(
+                f"{what}: version {version} is not in the listing of the run; its key is unknown"
+            )
+        assert self.verify_key is not None
+        keys.bind(self.verify_key)
+        return keys
+
+    def _step(self, keys: RunKeys, m: Manifest, what: str) -> None:
+        if m.rotation is not None:
+            try:
+                keys.add(m, what)
+            except UnauthenticatedError as exc:
+                self._bad_rotation = (m.version, exc)
+                raise
+        self._covered = m.version
+
+    def _scan(self, keys: RunKeys, identity: RunIdentity) -> None:
+        """Learn every rotation after :attr:`_covered` from the run's listing (one LIST)."""
+        listed = self.store.list_keys(VERSIONS_DIR)
+        committed = {v for v in map(committed_version, listed) if v is not None}
+        marked = sorted(v for v in map(rotation_marker_version, listed) if v is not None)
+        top = max(committed, default=-1)
+        for r in marked:
+            if r <= max(self._covered, keys.last.since) or r not in committed:
+                continue  # known, or a rotation whose publish did not commit
+            url = self.store.url(manifest_key(r))
+            try:
+                m, _ = self._parse(r, url)
+                if m.run is None or m.run.origin != identity.origin:
+                    raise ChainError(f"{url}: version {r} is not of this run ({identity.origin})")
+                if m.rotation is None:
+                    log.warning("%s: a key-rotation marker beside a version that rotates no key: ignored", url)
+                    continue
+                keys.add(m, url)
+            except StoreError as exc:
+                err = (
+                    exc
+                    if isinstance(exc, UnauthenticatedError)
+                    else UnauthenticatedError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
+                )
+                self._bad_rotation, self._covered = (r, err), r - 1
+                return
+        self._covered = max(self._covered, top)
 
     def identity(self) -> RunIdentity:
         """The run's identity, as its version 0 fixed it (read once, then held: a version 0

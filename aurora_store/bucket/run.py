@@ -134,12 +134,15 @@ class Run:
         step: int | None = None,
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
+        rotate_to: Any = None,
     ) -> VersionInfo:
         """Commit ``state_dict`` as the next version; full or delta as the policy decides.
 
         Raises ConflictError if another publisher committed a version since this one last
         published (the next call reloads and continues on top of it), or if ``version`` is
-        given and is not the next version."""
+        given and is not the next version. ``rotate_to`` (a new Ed25519 private key) publishes it
+        as a key rotation, signed by the run's key and the new one; the run then signs with the new
+        key (docs/SECURITY.md, "Key rotation")."""
         from aurora_store.tensors import host_words, word_views  # torch loads only for callers with tensors
 
         specs, views = word_views(state_dict)
@@ -147,7 +150,7 @@ class Run:
             words: dict[str, Any] = dict(views)
         else:
             words = {k: host_words(v) for k, v in views.items()}
-        return self.publish_words(specs, words, kind=kind, step=step, meta=meta, version=version)
+        return self.publish_words(specs, words, kind=kind, step=step, meta=meta, version=version, rotate_to=rotate_to)
 
     def publish_words(
         self,
@@ -158,11 +161,16 @@ class Run:
         step: int | None = None,
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
+        rotate_to: Any = None,
     ) -> VersionInfo:
         """:meth:`publish` for callers that already hold bit patterns (flat little-endian word
         arrays, as :func:`aurora_store.tensors.to_words` makes them, or flat word tensors on a
         device, whose deltas are then extracted there): benchmarks and tools that build words themselves."""
-        return self.publisher.publish(Share.whole(specs, words), kind=kind, step=step, meta=meta, version=version)
+        info = self.publisher.publish(
+            Share.whole(specs, words), kind=kind, step=step, meta=meta, version=version, rotate_to=rotate_to
+        )
+        self.signing_key = self.publisher.signing_key  # a rotation moved it to the new key
+        return info
 
     def close(self) -> None:
         self.store.close()

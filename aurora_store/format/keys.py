@@ -3,6 +3,8 @@
 A run is a prefix in a bucket. Under it (see docs/FORMAT.md, "Layout"):
 
 - ``versions/NNNNNNNNNN/manifest.json``: a version's manifest; its existence is the commit;
+- ``versions/NNNNNNNNNN/key-rotation``: an empty marker, written before the manifest of a version
+  that rotates the run's signing key, so readers find the rotations in the listing they make anyway;
 - ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.seg``: a delta segment, content-addressed;
 - ``versions/NNNNNNNNNN/OOOOO-<sha256[:32]>.safetensors``: a full version's shard;
 - ``versions/NNNNNNNNNN/model.safetensors.index-<sha256[:32]>.json``: its HF-style index;
@@ -28,6 +30,8 @@ MAX_VERSION = 10**10 - 1
 """Versions are ten-digit directory names."""
 VERSIONS_DIR = "versions"
 MANIFEST = "manifest.json"
+ROTATION_MARKER = "key-rotation"
+"""An empty object beside a key rotation's manifest: a hint readers verify, never trust."""
 FILES_DIR = "files"
 STATE_DIR = "trainer"
 STATE_COMMIT = "state.json"
@@ -53,6 +57,10 @@ def version_dir(version: int) -> str:
 
 def manifest_key(version: int) -> str:
     return f"{version_dir(version)}/{MANIFEST}"
+
+
+def rotation_marker_key(version: int) -> str:
+    return f"{version_dir(version)}/{ROTATION_MARKER}"
 
 
 def object_key(version: int, ordinal: int, sha256: str, suffix: str) -> str:
@@ -110,6 +118,19 @@ def object_version(key: str) -> int | None:
     """The version whose directory holds ``key`` (``versions/NNNNNNNNNN/...``), None for any key outside one."""
     parts = key.split("/", 2)
     if len(parts) == 3 and parts[0] == VERSIONS_DIR and _VERSION_DIR.fullmatch(parts[1]):
+        return int(parts[1])
+    return None
+
+
+def rotation_marker_version(key: str) -> int | None:
+    """The version whose key-rotation marker ``key`` is, or None for any other key."""
+    parts = key.split("/")
+    if (
+        len(parts) == 3
+        and parts[0] == VERSIONS_DIR
+        and parts[2] == ROTATION_MARKER
+        and _VERSION_DIR.fullmatch(parts[1])
+    ):
         return int(parts[1])
     return None
 

@@ -23,13 +23,14 @@ FORMAT = "aurora/3"
 added ``run``: the version's run identity, see :class:`RunIdentity`)."""
 WITHOUT_CLASSED = "aurora/2"
 """What it writes for a version without classed blocks: readable by readers that predate aurora/3."""
-EXTENDED = "aurora/4"
-"""What it writes for a version that carries a field aurora/3 lacks (``rolls_back_to``); every other
-version keeps the oldest format that holds it, so readers that predate aurora/4 read it."""
-FORMATS = ("aurora/1", "aurora/2", "aurora/3", "aurora/4")
+FORMAT_V4 = "aurora/4"
+"""What it writes for a version that carries a field aurora/3 lacks (a key ``rotation``: see
+:class:`Rotation`; or ``rolls_back_to``: see :class:`Rollback`); any other version is written as
+before, so older readers keep reading it."""
+FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4)
 """What it reads: runs written by earlier code stay readable."""
-CLASSED_FORMATS = ("aurora/3", "aurora/4")
-"""The formats whose blocks may use the classed codec."""
+CLASSED_FORMATS = (FORMAT, FORMAT_V4)
+"""The formats whose manifests may name classed blocks."""
 LEGACY = "aurora/1"
 
 
@@ -152,9 +153,10 @@ class RunIdentity:
     """Which run a version belongs to, fixed at version 0 and carried by every version after it.
 
     ``origin`` is version 0's version hash (None in version 0 itself: a hash cannot name itself);
-    ``signed_by`` is the key id every version of the run must be signed by, None for an unsigned
-    run. Both are inside the version hash, so neither can be changed without breaking it, and a
-    signature cannot be stripped from a signed run without the version saying it should be there."""
+    ``signed_by`` is the key id the version is signed by, None for an unsigned run: version 0's
+    key, until a key rotation (:class:`Rotation`) moves the run to another. Both are inside the
+    version hash, so neither can be changed without breaking it, and a signature cannot be stripped
+    from a signed run without the version saying it should be there."""
 
     origin: str | None
     signed_by: str | None
@@ -188,6 +190,40 @@ class Rollback:
 
 
 @dataclass(frozen=True, slots=True)
+class Rotation:
+    """A key rotation (format aurora/4): from this version on the run is signed by ``key_id``.
+
+    A rotation version is signed by both keys: its ``signature`` by the outgoing key ``previous``,
+    its ``rotation_signature`` by the incoming one. Both public keys (base64 of the raw 32 bytes)
+    are inside the version hash, so a reader trusting either key learns the other from it."""
+
+    key_id: str
+    public_key: str
+    previous: str
+    previous_public_key: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "key_id": self.key_id,
+            "public_key": self.public_key,
+            "previous": self.previous,
+            "previous_public_key": self.previous_public_key,
+        }
+
+
+def raw_key_id(raw: bytes) -> str:
+    """The id of an Ed25519 public key given as its raw 32 bytes: the first 16 hex digits of its SHA-256."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def format_for(*, classed: bool, rotation: Rotation | None = None, rolls_back_to: Rollback | None = None) -> str:
+    """The oldest format that holds a version: aurora/4 only with a field aurora/3 lacks."""
+    if rotation is not None or rolls_back_to is not None:
+        return FORMAT_V4
+    return FORMAT if classed else WITHOUT_CLASSED
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     version: int
     kind: str
@@ -207,6 +243,11 @@ class Manifest:
     run: RunIdentity | None = None
     """None only in a manifest of the legacy format (aurora/1), which has no run identity."""
     format: str = FORMAT
+    rotation: Rotation | None = None
+    """Format aurora/4: the key this version rotates the run to (inside the version hash)."""
+    rotation_signature: Signature | None = None
+    """Format aurora/4, with ``rotation``: the incoming key's signature (outside the version hash, as
+    ``signature`` is)."""
     rolls_back_to: Rollback | None = None
     """Set when the version's weights continue from an older version's state than its parent's."""
 
@@ -223,8 +264,10 @@ class Manifest:
         if self.format != LEGACY:
             assert self.run is not None, "a manifest of the current format names its run"
             body["run"] = self.run.to_dict()
-        if self.format == EXTENDED:
-            body["rolls_back_to"] = None if self.rolls_back_to is None else self.rolls_back_to.to_dict()
+        if self.rotation is not None:
+            body["rotation"] = self.rotation.to_dict()
+        if self.rolls_back_to is not None:
+            body["rolls_back_to"] = self.rolls_back_to.to_dict()
         return body
 
     def _body(self) -> dict[str, Any]:
@@ -253,6 +296,8 @@ class Manifest:
         doc = self.body()
         doc["version_hash"] = self.version_hash
         doc["signature"] = None if self.signature is None else self.signature.to_dict()
+        if self.rotation is not None:
+            doc["rotation_signature"] = None if self.rotation_signature is None else self.rotation_signature.to_dict()
         return canonical(doc)
 
     @property
@@ -263,14 +308,22 @@ class Manifest:
 
 def check_link(parent: Manifest, child: Manifest) -> None:
     """``child`` names ``parent`` by its hash, belongs to the same run (never in an older format
-    than its parent), and a delta keeps its parent's tensor table."""
+    than its parent), and a delta keeps its parent's tensor table. The run's signer changes only
+    through a key rotation that names the parent's signer as the outgoing key."""
     if child.parent is None or child.parent.version_hash != parent.version_hash:
         raise ChainError(
             f"version {child.version} names parent hash "
             f"{child.parent.version_hash if child.parent else None}, version {parent.version} "
             f"has {parent.version_hash}"
         )
-    if parent.identity is not None and child.identity != parent.identity:
+    if (
+        parent.identity is not None
+        and child.identity is not None
+        and child.identity.origin == parent.identity.origin
+        and (child.rotation is not None or child.identity.signed_by != parent.identity.signed_by)
+    ):
+        _check_rotation_link(parent, child)
+    elif parent.identity is not None and child.identity != parent.identity:
         raise ChainError(
             f"version {child.version} belongs to run {child.identity}, its parent to run {parent.identity}"
             if child.identity is not None
@@ -278,3 +331,18 @@ def check_link(parent: Manifest, child: Manifest) -> None:
         )
     if child.kind == "delta" and child.tensors != parent.tensors:
         raise ChainError(f"delta version {child.version} changes the tensor table of version {parent.version}")
+
+
+def _check_rotation_link(parent: Manifest, child: Manifest) -> None:
+    """The run's signer changes between ``parent`` and ``child`` only through a rotation naming the parent's signer."""
+    assert parent.identity is not None and child.identity is not None
+    was, now = parent.identity.signed_by, child.identity.signed_by
+    r = child.rotation
+    if r is None:
+        raise ChainError(
+            f"version {child.version} is signed by key {now}, its parent by {was}, and it is no key rotation"
+        )
+    if r.previous != was or r.key_id != now:
+        raise ChainError(
+            f"version {child.version} rotates key {r.previous} to {r.key_id}, but its parent is signed by {was}"
+        )

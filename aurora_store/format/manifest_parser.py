@@ -7,6 +7,8 @@ ranges stay inside their tensor, shards hold every tensor once), then the hash.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import json
 import re
@@ -20,19 +22,21 @@ from aurora_store.format import dtypes
 from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, check_object_key, manifest_key
 from aurora_store.format.manifest import (
     CLASSED_FORMATS,
-    EXTENDED,
     FORMAT,
+    FORMAT_V4,
     FORMATS,
     LEGACY,
     Block,
     Manifest,
     Parent,
     Rollback,
+    Rotation,
     RunIdentity,
     Segment,
     Signature,
     Stats,
     TensorSpec,
+    raw_key_id,
 )
 
 MAX_ELEMENTS = 1 << 48
@@ -40,6 +44,10 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 HEX32 = re.compile(r"[0-9a-f]{32}")
 KEY_ID = re.compile(r"[0-9a-f]{16}")
 B64_SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
+B64_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")
+"""An Ed25519 public key: base64 of its raw 32 bytes."""
+ROTATION_FIELDS = frozenset({"rotation", "rotation_signature"})
+"""Optional top-level fields of format aurora/4 (together or not at all)."""
 _COMMON = frozenset({"tensor", "start", "stop", "codec", "offset", "length"})
 
 
@@ -200,7 +208,12 @@ def parse_manifest(
     fmt = doc.get("format")
     if fmt not in FORMATS:
         raise r.fail(f"format {fmt!r}, expected one of {FORMATS}"[:300])
-    r.obj(doc, "manifest", top if fmt == LEGACY else top | {"run"} | ({"rolls_back_to"} if fmt == EXTENDED else set()))
+    r.obj(
+        doc,
+        "manifest",
+        top if fmt == LEGACY else top | {"run"},
+        ROTATION_FIELDS | {"rolls_back_to"} if fmt == FORMAT_V4 else frozenset(),
+    )
     version = r.int_(doc["version"], "version", 0, MAX_VERSION)
     if expect_version is not None and version != expect_version:
         raise r.fail(f"declares version {version}, expected {expect_version}")
@@ -257,16 +270,12 @@ def parse_manifest(
     files = tuple(_parse_file(r, f, i, max_segment_bytes) for i, f in enumerate(r.list_(doc["files"], "files")))
     if [f.key for f in files] != sorted({f.key for f in files}):
         raise r.fail("files must be unique and sorted by key")
-    signature = None
-    if doc["signature"] is not None:
-        s = r.obj(doc["signature"], "signature", {"alg", "key_id", "sig"})
-        signature = Signature(
-            r.str_(s["alg"], "signature.alg", re.compile("ed25519")),
-            r.str_(s["key_id"], "signature.key_id", KEY_ID),
-            r.str_(s["sig"], "signature.sig", B64_SIG),
-        )
+    signature = None if doc["signature"] is None else _parse_signature(r, doc["signature"], "signature")
     run = None if fmt == LEGACY else _parse_run(r, doc["run"], version)
-    rollback = _parse_rollback(r, doc["rolls_back_to"], parent) if fmt == EXTENDED else None
+    rotation, rotation_signature = None, None
+    if ROTATION_FIELDS & doc.keys():
+        rotation, rotation_signature = _parse_rotation(r, doc, version, run)
+    rollback = _parse_rollback(r, doc["rolls_back_to"], parent) if "rolls_back_to" in doc else None
     m = Manifest(
         version,
         kind,
@@ -284,16 +293,17 @@ def parse_manifest(
         signature,
         run,
         fmt,
-        rollback,
+        rotation=rotation,
+        rotation_signature=rotation_signature,
+        rolls_back_to=rollback,
     )
     if m.compute_hash() != m.version_hash:
         raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
     return m
 
 
-def _parse_rollback(r: _Reader, raw: Any, parent: Parent | None) -> Rollback | None:
-    if raw is None:
-        return None
+def _parse_rollback(r: _Reader, raw: Any, parent: Parent | None) -> Rollback:
+    """A rollback (aurora/4): present only when there is one (never null: the hash would not cover it)."""
     d = r.obj(raw, "rolls_back_to", {"version", "version_hash", "abandons"})
     if parent is None:
         raise r.fail("version 0 rolls back to nothing")
@@ -304,6 +314,54 @@ def _parse_rollback(r: _Reader, raw: Any, parent: Parent | None) -> Rollback | N
     if d["abandons"] != list(rollback.abandons):
         raise r.fail(f"rolls_back_to.abandons must be versions {to + 1}..{parent.version}, every one, ascending"[:300])
     return rollback
+
+
+def _parse_signature(r: _Reader, raw: Any, name: str) -> Signature:
+    s = r.obj(raw, name, {"alg", "key_id", "sig"})
+    return Signature(
+        r.str_(s["alg"], f"{name}.alg", re.compile("ed25519")),
+        r.str_(s["key_id"], f"{name}.key_id", KEY_ID),
+        r.str_(s["sig"], f"{name}.sig", B64_SIG),
+    )
+
+
+def _parse_public_key(r: _Reader, raw: Any, name: str, key_id: str) -> str:
+    """A base64 raw Ed25519 public key whose id is ``key_id``."""
+    text = r.str_(raw, name, B64_KEY)
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise r.fail(f"{name} is not valid base64") from None
+    if len(key) != 32:
+        raise r.fail(f"{name} holds {len(key)} bytes, an Ed25519 public key 32")
+    if raw_key_id(key) != key_id:
+        raise r.fail(f"{name} has key id {raw_key_id(key)}, the manifest names it {key_id}")
+    return text
+
+
+def _parse_rotation(
+    r: _Reader, doc: dict[str, Any], version: int, run: RunIdentity | None
+) -> tuple[Rotation, Signature | None]:
+    """A key rotation (aurora/4): both keys named and bound to their ids, the run's signer the new key."""
+    if not doc.keys() >= ROTATION_FIELDS:
+        raise r.fail("rotation and rotation_signature go together")
+    if version == 0:
+        raise r.fail("version 0 starts its run's signing: it cannot rotate a key")
+    d = r.obj(doc["rotation"], "rotation", {"key_id", "public_key", "previous", "previous_public_key"})
+    key_id = r.str_(d["key_id"], "rotation.key_id", KEY_ID)
+    previous = r.str_(d["previous"], "rotation.previous", KEY_ID)
+    rotation = Rotation(
+        key_id,
+        _parse_public_key(r, d["public_key"], "rotation.public_key", key_id),
+        previous,
+        _parse_public_key(r, d["previous_public_key"], "rotation.previous_public_key", previous),
+    )
+    if key_id == previous:
+        raise r.fail(f"rotation.key_id {key_id} is the key it rotates from")
+    if run is None or run.signed_by != key_id:
+        raise r.fail(f"a rotation to key {key_id} must carry run.signed_by {key_id}")
+    raw_sig = doc["rotation_signature"]  # who signed what is the readers' to check (UnauthenticatedError)
+    return rotation, None if raw_sig is None else _parse_signature(r, raw_sig, "rotation_signature")
 
 
 def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:

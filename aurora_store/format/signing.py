@@ -2,7 +2,9 @@
 
 The signed message is ``b"aurora-manifest/1\\0" + bytes.fromhex(version_hash)``; the
 version hash covers every other field, so the signature covers the whole manifest
-and, through the parent hash, the chain. Keys may be given as cryptography key
+and, through the parent hash, the chain. A key rotation (format aurora/4) is signed twice:
+``signature`` by the outgoing key as above, ``rotation_signature`` by the incoming key over
+``b"aurora-rotation/1\\0" + bytes.fromhex(version_hash)``. Keys may be given as cryptography key
 objects, raw 32-byte keys, PEM bytes or text, or PEM files.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import os
 
 from cryptography.exceptions import InvalidSignature
@@ -18,9 +19,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from aurora_store.errors import StoreError, UnauthenticatedError, UnsupportedError
-from aurora_store.format.manifest import Manifest, Signature
+from aurora_store.format.manifest import Manifest, Rotation, Signature, raw_key_id
 
 _DOMAIN = b"aurora-manifest/1\0"
+_ROTATION_DOMAIN = b"aurora-rotation/1\0"
 SigningKeyLike = Ed25519PrivateKey | bytes | str | os.PathLike[str]
 VerifyKeyLike = Ed25519PublicKey | Ed25519PrivateKey | bytes | str | os.PathLike[str]
 
@@ -30,7 +32,28 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
 
 
 def key_id(key: Ed25519PublicKey) -> str:
-    return hashlib.sha256(_raw_public(key)).hexdigest()[:16]
+    return raw_key_id(_raw_public(key))
+
+
+def public_b64(key: Ed25519PublicKey) -> str:
+    """A public key as a manifest names it: base64 of its raw 32 bytes."""
+    return base64.b64encode(_raw_public(key)).decode()
+
+
+def public_from_b64(text: str) -> Ed25519PublicKey:
+    """The public key a (parsed) manifest names."""
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+
+
+def same_key(a: Ed25519PublicKey, b: Ed25519PublicKey) -> bool:
+    return _raw_public(a) == _raw_public(b)
+
+
+def rotation(old: Ed25519PrivateKey, new: Ed25519PrivateKey) -> Rotation:
+    """The rotation from ``old`` to ``new``, as a manifest names it."""
+    return Rotation(
+        key_id(new.public_key()), public_b64(new.public_key()), key_id(old.public_key()), public_b64(old.public_key())
+    )
 
 
 def _read(material: bytes | str | os.PathLike[str]) -> bytes:
@@ -113,14 +136,34 @@ def verify_message(domain: bytes, message: bytes, s: Signature | None, key: Ed25
         raise UnauthenticatedError(f"{what}: signature does not verify with key {key_id(key)}") from None
 
 
-def seal(m: Manifest, key: Ed25519PrivateKey | None) -> Manifest:
-    """``m`` with its version hash set and, when a key is given, its signature."""
+def seal(m: Manifest, key: Ed25519PrivateKey | None, rotate_to: Ed25519PrivateKey | None = None) -> Manifest:
+    """``m`` with its version hash set and, when a key is given, its signature; with ``rotate_to``
+    (``m.rotation`` names it), its rotation signature by that key too."""
     m = dataclasses.replace(m, version_hash=m.compute_hash())
+    if rotate_to is not None:
+        assert key is not None and m.rotation is not None and m.rotation.key_id == key_id(rotate_to.public_key())
+        rs = sign_message(_ROTATION_DOMAIN, bytes.fromhex(m.version_hash), rotate_to)
+        m = dataclasses.replace(m, rotation_signature=rs)
     return m if key is None else dataclasses.replace(m, signature=sign(m.version_hash, key))
 
 
 def verify(manifest: Manifest, key: Ed25519PublicKey, what: str) -> None:
     """Raise UnauthenticatedError unless ``manifest`` carries a valid signature by ``key``."""
-    if manifest.signature is None:
+    _verify(manifest.signature, _DOMAIN, manifest, key, what)
+
+
+def verify_rotation(manifest: Manifest, what: str) -> tuple[Ed25519PublicKey, Ed25519PublicKey]:
+    """Raise UnauthenticatedError unless rotation ``manifest`` is signed by both keys it names;
+    returns them (outgoing, incoming). Whether either key is one to trust is the caller's to know."""
+    r = manifest.rotation
+    assert r is not None
+    old, new = public_from_b64(r.previous_public_key), public_from_b64(r.public_key)
+    _verify(manifest.signature, _DOMAIN, manifest, old, f"{what} (the outgoing key's signature)")
+    _verify(manifest.rotation_signature, _ROTATION_DOMAIN, manifest, new, f"{what} (the incoming key's signature)")
+    return old, new
+
+
+def _verify(s: Signature | None, domain: bytes, manifest: Manifest, key: Ed25519PublicKey, what: str) -> None:
+    if s is None:
         raise UnauthenticatedError(f"{what}: manifest is unsigned but a verify key was given")
-    verify_message(_DOMAIN, bytes.fromhex(manifest.version_hash), manifest.signature, key, what)
+    verify_message(domain, bytes.fromhex(manifest.version_hash), s, key, what)
