@@ -128,7 +128,7 @@ class Trainer:
         """Set after a resume from an older state than the latest version's, for the next version to record."""
         self.origin: str | None = None
         """The run's identity (version 0's hash), which every saved state is bound to."""
-        self.states = StateWriter(self.run, write=self.dist.main)
+        self.states = StateWriter(self.run, write=self.dist.main, signer=self._signer)
         """Saves the state of committed versions off the training thread."""
         self.metrics.watch_states(self.states.cost)
         self.rng = random.Random(cfg.seed)
@@ -193,6 +193,11 @@ class Trainer:
         self.metrics.published(0)
         self._load_reference()
         return 0
+
+    def _signer(self) -> Any:
+        """The key the version just published is signed with (after a key rotation, the new one)."""
+        publisher = getattr(self, "publisher", None)
+        return publisher.publisher.signing_key if publisher is not None else self.run.signing_key
 
     def _save_state(self, version: int, version_hash: str, *, then: Callable[[], object] | None = None) -> None:
         """Start saving the state of ``version`` off the training thread; ``then`` runs once it is saved."""

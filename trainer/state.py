@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from aurora_store.bucket.run import Run
 from aurora_store.bucket.state import StateName
-from aurora_store.errors import CorruptError, MissingError, StoreError
+from aurora_store.errors import CorruptError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import trainer_state
+from aurora_store.format.manifest import Manifest
 
 log = logging.getLogger("aurora.trainer")
 
@@ -96,6 +98,8 @@ class _Capture:
     tensors: Callable[[], dict[str, torch.Tensor]]
     """The tensors, read when called (live references: valid until the next optimizer update)."""
     trainer: dict[str, Any]
+    key: Ed25519PrivateKey | None = None
+    """Signs the state: the key that signs its version."""
     then: Callable[[], object] | None = None
     """What to do once the state is saved (or could not be): the version's commit."""
     copied: threading.Event = field(default_factory=threading.Event)
@@ -156,10 +160,15 @@ class StateWriter:
     the version's commit) runs whether or not the save succeeded, and its failure is raised by the
     next :meth:`flush` (or :meth:`save`), on the training thread."""
 
-    def __init__(self, run: Run, *, write: bool = True) -> None:
+    def __init__(
+        self, run: Run, *, write: bool = True, signer: Callable[[], Ed25519PrivateKey | None] | None = None
+    ) -> None:
         self.run = run
         self.write = write
         """False on the ranks of a sharded trainer other than rank 0: they only join the gathers."""
+        self.signer = signer if signer is not None else lambda: run.signing_key
+        """The key that signs the version being saved (the run's key at that version: after a key
+        rotation, the new one), read when a save starts."""
         self.cost = SaveCost()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aurora-state")
         self._pending: tuple[_Capture, Future[None]] | None = None
@@ -184,7 +193,7 @@ class StateWriter:
         t0 = time.perf_counter()
         self.flush()  # one state at a time: a writer that falls behind holds the training thread here
         capture = _capture(version, version_hash, origin, model, opt, rng, extra or {}, sharded=sharded)
-        capture.then = then
+        capture.then, capture.key = then, self.signer()
         if self.write:
             self._pending = (capture, self._pool.submit(self._write, capture))
         elif then is not None:
@@ -238,8 +247,7 @@ class StateWriter:
             finally:
                 capture.copied.set()
             tensors = trainer_state.TensorFile.of(TENSORS, data)
-            key = self.run.signing_key
-            doc = trainer_state.new(v, capture.version_hash, capture.origin, tensors, capture.trainer, key)
+            doc = trainer_state.new(v, capture.version_hash, capture.origin, tensors, capture.trainer, capture.key)
             self.run.state.put(name, TENSORS, data)
             self.run.state.commit(name, doc.to_bytes())
             with self._lock:
@@ -303,7 +311,7 @@ def load_state(
     doc = trainer_state.parse(
         run.state.get_commit(name, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
     )
-    key = run.signing_key.public_key() if run.signing_key is not None else None
+    key = _verify_key(run, manifest, where)
     if doc.legacy and key is not None and _has_current(run):
         raise CorruptError(f"{where}: an unsigned state of the old format in a run whose states are signed")
     trainer_state.check(doc, manifest, key, where)
@@ -368,6 +376,20 @@ def resume_state(
             refused[v] = str(exc)
     why = f" ({len(refused)} refused: {next(iter(refused.values()))})" if refused else ""
     raise StoreError(f"{run.uri}: version {latest} is published but no usable trainer state was saved{why}")
+
+
+def _verify_key(run: Run, manifest: Manifest, where: str) -> Ed25519PublicKey | None:
+    """The key a signed run's state of ``manifest``'s version must be signed by: the one that signs
+    that version (after a key rotation, the new key); None in an unsigned run."""
+    identity = manifest.identity
+    if identity is None or identity.signed_by is None:
+        return None
+    era = run.reader.keys_at(manifest.version, where).era(manifest.version)
+    if era.public is None:
+        raise UnauthenticatedError(
+            f"{where}: the public key {era.key_id} that signs version {manifest.version} is not known"
+        )
+    return era.public
 
 
 def _has_current(run: Run) -> bool:
