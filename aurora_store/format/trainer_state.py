@@ -59,10 +59,10 @@ class TensorFile:
         return {"name": self.name, "size": self.size, "sha256": self.sha256}
 
     @staticmethod
-    def of(name: str, data: bytes) -> TensorFile:
+    def of(name: str, data: bytes | memoryview) -> TensorFile:
         return TensorFile(name, len(data), hashlib.sha256(data).hexdigest())
 
-    def check(self, data: bytes, what: str) -> None:
+    def check(self, data: bytes | memoryview, what: str) -> None:
         """Raise CorruptError unless ``data`` is the file this document names."""
         if len(data) != self.size or hashlib.sha256(data).hexdigest() != self.sha256:
             raise CorruptError(f"{what}: {self.name} is not the file its state.json names (size or SHA-256 differs)")
