@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aurora_store.format.keys import committed_version, manifest_key
+from aurora_store.format.keys import STATE_DIR, committed_state, committed_version, manifest_key
 
 if TYPE_CHECKING:
     from aurora_store.testing.moto import S3Server
@@ -79,6 +79,13 @@ class Bucket:
         except Exception:
             return False
         return True
+
+    def has_state(self, version: int) -> bool:
+        """Whether a committed trainer state of ``version`` is there (under any name)."""
+        prefix = self.prefix + f"{STATE_DIR}/state-{version:010d}"
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        keys = [o["Key"][len(self.prefix) :] for page in pages for o in page.get("Contents", [])]
+        return any((committed_state(k) or (-1, None))[0] == version for k in keys)
 
     def versions(self) -> list[int]:
         """Committed versions (those with a manifest), from a listing."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aurora_store.format import signing
-from aurora_store.format.keys import STATE_COMMIT, manifest_key, state_dir
+from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import canonical
 from bench.chaos_bucket import Bucket
 from bench.chaos_gates import Gates
@@ -133,7 +133,7 @@ class Faults:
                     time.sleep(0.5)
                     v = int(seen["version"])
                     out["committed"] = self.buckets["home"].exists(manifest_key(v))
-                    out["state_saved"] = self.buckets["home"].exists(f"{state_dir(v)}/{STATE_COMMIT}")
+                    out["state_saved"] = self.buckets["home"].has_state(v)
             self.kills.append(out)
             self.record(out)
 
@@ -201,9 +201,10 @@ class Faults:
         return doc
 
     def trainer_kill_before_state(self) -> dict[str, Any]:
-        """SIGKILL the trainer the instant its next version's commit is announced, with no delay: between
-        the commit and the saving of that version's trainer state (which a trainer may write after the
-        commit, asynchronously), so the latest version is often left without a state to resume from."""
+        """SIGKILL the trainer the instant its next version's commit is announced, with no delay: the
+        moment a trainer that saved its state after the commit would lose it. A single-process
+        trainer commits a version only once its state is saved, so it must resume exactly (or, for a
+        version whose state was not due, --state-every above 1, declare its rollback)."""
         names = self.roles.names("trainer")
         if not names:
             return {"skipped": "no trainer running"}
