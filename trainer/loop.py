@@ -62,6 +62,8 @@ class StepReport:
     train_s: float
     wait_s: float
     published_ms: int
+    """When the trainer had published the version: its manifest follows once its state is saved, so
+    the time from here until actors apply it includes that wait."""
     admitted: int
     shares: dict[str, int]
     dropped: dict[str, int]

@@ -220,8 +220,14 @@ class StateWriter:
             raise failure
 
     def close(self) -> None:
-        self.flush()
-        self._pool.shutdown(wait=True)
+        """Finish the pending save and what follows it (a held commit is written), then stop the
+        writer. A failure is logged, not raised: close runs while another error unwinds too."""
+        try:
+            self.flush()
+        except Exception as exc:
+            log.error("the last version's commit after its state failed: %s", exc)
+        finally:
+            self._pool.shutdown(wait=True)
 
     def _write(self, capture: _Capture) -> None:
         try:
@@ -282,6 +288,7 @@ def save_state(
         identity = m.identity
         origin = identity.origin if identity is not None else None
         writer.save(version, m.version_hash, origin, model, opt, rng, extra, sharded=sharded)
+        writer.flush()
     finally:
         writer.close()
     if writer.cost.failed:
