@@ -23,24 +23,10 @@ from aurora_store.coord.lease import Lease
 from aurora_store.coord.notices import Notice
 from aurora_store.coord.results import INLINE_MAX, Ref
 from aurora_store.errors import StoreError
+from aurora_store.format import identity as certs
 
 log = logging.getLogger("aurora.actor")
-REFUSED = frozenset(
-    {
-        "bad_payload",
-        "wrong_digest",
-        "wrong_actor",
-        "unsigned",
-        "bad_cert",
-        "uncertified",
-        "revoked",
-        "cert_expired",
-        "cert_not_yet_valid",
-        "wrong_cert_run",
-        "wrong_cert_actor",
-        "bad_signature",
-    }
-)
+REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor", *certs.REASONS})
 """Drops that say this actor's results are unusable (not merely late): a payload the trainer refuses,
 or an identity it does not accept (none, an expired or revoked certificate, ...)."""
 MAX_REFUSED = 3

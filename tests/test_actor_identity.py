@@ -34,12 +34,13 @@ from aurora_store.coord.results import MAX_CERT_FIELD, Ref, Result, parse_result
 from aurora_store.errors import ConfigError
 from aurora_store.format import identity as ident
 from aurora_store.format import results as payloads
+from aurora_store.format.identity import REASONS
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from aurora_store.rl.tokenizers import EOS, CharTokenizer
 from trainer.config import ScheduleConfig
 from trainer.dispatch import Dispatcher
-from trainer.identity import REASONS, ResultGate
+from trainer.identity import ResultGate
 
 TOK = CharTokenizer()
 DIGEST = "d" * 32

@@ -42,12 +42,12 @@ from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.results import Result
 from aurora_store.coord.roster import Roster
 from aurora_store.coord.wire import Tally
+from aurora_store.format.identity import REASONS as IDENTITY_REASONS
 from aurora_store.format.results import Rollouts
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
 from trainer.admission import Payloads
 from trainer.config import ScheduleConfig
-from trainer.identity import REASONS as IDENTITY_REASONS
 from trainer.identity import ResultGate
 from trainer.leasing import Leases
 

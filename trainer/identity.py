@@ -39,18 +39,6 @@ RELOAD_S = 5.0
 """How often, at most, the revocation list's file is looked at for changes."""
 CACHE = 4096
 """Certificates (verified or refused) remembered by hash."""
-REASONS = (
-    "unsigned",
-    "bad_cert",
-    "uncertified",
-    "revoked",
-    "cert_expired",
-    "cert_not_yet_valid",
-    "wrong_cert_run",
-    "wrong_cert_actor",
-    "bad_signature",
-)
-"""The gate's drop reasons."""
 
 
 class ResultGate:

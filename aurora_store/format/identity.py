@@ -58,6 +58,21 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 _B64SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
 
 
+REASONS = (
+    "unsigned",
+    "bad_cert",
+    "uncertified",
+    "revoked",
+    "cert_expired",
+    "cert_not_yet_valid",
+    "wrong_cert_run",
+    "wrong_cert_actor",
+    "bad_signature",
+)
+"""Why a result is not from a certified actor: the trainer's drop reasons (one owner, read by the
+trainer's gate and by the actor that is told of them)."""
+
+
 class CertError(UnauthenticatedError):
     """A certificate or a result signature that does not hold; ``reason`` is the trainer's drop reason."""
 
