@@ -55,6 +55,19 @@ def _steps(trainer: Trainer, first: int, last: int) -> None:
     trainer.states.flush()
 
 
+def _rolled_back(tmp_path: Path, redis_url: str) -> TrainerConfig:
+    """A run whose trainer saved states every 3 versions and stopped after version 4; restarted, it
+    published version 5 from version 3's state (rolling back version 4)."""
+    cfg = _config(tmp_path, redis_url, state_every=3)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 4)
+    with Trainer(cfg) as second:
+        second.start()
+        _steps(second, 5, 5)
+    return cfg
+
+
 def _state_dir(tmp_path: Path, run: Any, version: int) -> Path:
     """Where the state of committed ``version`` lives on disk (named by the version's hash)."""
     return tmp_path / "run" / StateName.of(version, run.manifest(version).version_hash).dir
@@ -126,13 +139,7 @@ def test_a_restart_from_an_older_state_records_the_rollback(redis_server: Any, t
 
 
 def test_ls_and_audit_show_a_rollback(redis_server: Any, tmp_path: Path, capsys: Any) -> None:
-    cfg = _config(tmp_path, redis_server.url, state_every=3)
-    with Trainer(cfg) as first:
-        first.start()
-        _steps(first, 1, 4)
-    with Trainer(cfg) as second:
-        second.start()
-        _steps(second, 5, 5)
+    cfg = _rolled_back(tmp_path, redis_server.url)
     capsys.readouterr()
     assert aurora(["ls", cfg.store]) == 0
     out = capsys.readouterr().out
@@ -242,13 +249,7 @@ def test_state_every_below_one_is_a_usage_error(tmp_path: Path, capsys: Any, val
 
 
 def test_the_rollback_field_is_checked_by_the_parser(redis_server: Any, tmp_path: Path) -> None:
-    cfg = _config(tmp_path, redis_server.url, state_every=3)
-    with Trainer(cfg) as first:
-        first.start()
-        _steps(first, 1, 4)
-    with Trainer(cfg) as second:
-        second.start()
-        _steps(second, 5, 5)
+    cfg = _rolled_back(tmp_path, redis_server.url)
     raw = json.loads((tmp_path / "run" / "versions" / "0000000005" / "manifest.json").read_bytes())
     for bad in (
         {"version": 3, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": [4, 5]},
