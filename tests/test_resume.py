@@ -249,7 +249,7 @@ def test_state_every_below_one_is_a_usage_error(tmp_path: Path, capsys: Any, val
 
 
 def test_the_rollback_field_is_checked_by_the_parser(redis_server: Any, tmp_path: Path) -> None:
-    cfg = _rolled_back(tmp_path, redis_server.url)
+    _rolled_back(tmp_path, redis_server.url)
     raw = json.loads((tmp_path / "run" / "versions" / "0000000005" / "manifest.json").read_bytes())
     for bad in (
         {"version": 3, "version_hash": raw["rolls_back_to"]["version_hash"], "abandons": [4, 5]},
