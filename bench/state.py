@@ -4,15 +4,20 @@ The same training loop (the trainer's own :func:`~trainer.step.optimizer_step` o
 samples) runs ``--steps`` steps without saving states and ``--steps`` steps saving the state of
 every step, in alternating blocks of four, with the trainer's :class:`~trainer.state.StateWriter`
 into a local bucket, as ``--state-every 1`` does. Reported per model: the median step time of each
-(the training thread's wall time), their ratio, the training thread's seconds in the writer per state (capture plus the
-wait for its copy before the next update), the writer thread's seconds per state (serialise, hash,
-write, commit: overlapped with the next step), and the bytes of a state.
+(the training thread's wall time), their ratio, the training thread's seconds in the writer per
+state (capture, the wait for its copy before the next update, and the wait for a writer a step
+behind), the writer thread's seconds per state (serialise, hash, write, commit: overlapped with the
+next step), and the bytes of a state.
 
 Models: ``demo`` (the built-in tiny model ``aurora demo`` trains) and ``qwen3-0.6b`` (Qwen3-0.6B's
 shape, random weights built from the config; ``--layers`` fewer for a smaller machine). The step
 here is the optimizer step alone: the trainer's real step also waits for rollouts and publishes,
 which the writer overlaps too, so this is the least favourable case. The states written here are
 bound to stand-in version hashes (no version is published) and are not loaded back.
+
+``training_thread_ok`` is what decides ``--state-every 1`` as the default (the training thread pays
+at most 5%); ``step_ratio_ok`` adds what the writer's CPU use costs the step on this host (on a few
+CPU cores the writer competes with the step's own threads; a GPU trainer's step does not).
 """
 
 from __future__ import annotations
@@ -109,8 +114,10 @@ def measure_model(name: str, flags: Flags, root: Path) -> dict[str, Any]:
     writer = StateWriter(run)
     grpo = GRPOConfig(clip=0.2, kl_coef=0.0, temperature=1.0)
 
+    blocked = [0.0]  # the training thread's seconds in the writer during measured steps
+
     def step(i: int, save: bool) -> float:
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), writer.cost.training_thread_s
         optimizer_step(
             model,
             opt,
@@ -126,6 +133,7 @@ def measure_model(name: str, flags: Flags, root: Path) -> dict[str, Any]:
         )
         if save:
             writer.save(i, hashlib.sha256(f"bench {i}".encode()).hexdigest(), None, model, opt, rng, {})
+        blocked[0] += writer.cost.training_thread_s - before
         return time.perf_counter() - t0
 
     for i in range(2):
@@ -149,8 +157,8 @@ def measure_model(name: str, flags: Flags, root: Path) -> dict[str, Any]:
         "step_s_without_states": round(off_s, 4),
         "step_s_with_states": round(on_s, 4),
         "ratio": round(on_s / off_s, 4),
-        "training_thread_s_per_state": round(cost.training_thread_s / max(cost.saves, 1), 4),
-        "training_thread_fraction": round(cost.training_thread_s / max(sum(on), 1e-9), 4),
+        "training_thread_s_per_state": round(blocked[0] / max(cost.saves, 1), 4),
+        "training_thread_fraction": round(blocked[0] / max(sum(on), 1e-9), 4),
         "writer_s_per_state": round(cost.writer_s / max(cost.saves, 1), 4),
         "state_bytes": int(state_bytes),
         "state_bytes_per_parameter": round(state_bytes / params, 3),
@@ -171,7 +179,8 @@ def measure(flags: Flags) -> dict[str, Any]:
         "samples": flags.samples,
         "tokens": flags.tokens,
         "models": rows,
-        "default_ok": all(r["ratio"] <= 1.05 for r in rows),
+        "training_thread_ok": all(r["training_thread_fraction"] <= 0.05 for r in rows),
+        "step_ratio_ok": all(r["ratio"] <= 1.05 for r in rows),
     }
 
 

@@ -348,6 +348,10 @@ def _finish(
         "full_bytes": reports[0].full_bytes if reports else 0,
         "apply_s": _apply_percentiles(apply_rows),
         "rollbacks": len([r for r in reports if r.rolls_back_to is not None]),
+        "state_s_per_step": round(sum(r.state_s for r in reports) / max(len(reports), 1), 5),
+        "state_fraction": round(
+            sum(r.state_s for r in reports) / max(sum(r.wait_s + r.train_s + r.publish_s for r in reports), 1e-9), 5
+        ),
         "dropped_results": dict(reports[-1].dropped) if reports else {},
         "reward_failures": dict(reports[-1].reward_failures) if reports else {},
         "wall_s": round(elapsed, 1),

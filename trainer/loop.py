@@ -82,6 +82,9 @@ class StepReport:
     """Elements the published version changed (a delta's; 0 for a full)."""
     rolls_back_to: dict[str, Any] | None = None
     """Set when the version continues from an older state than its parent's: ``{version, abandons}``."""
+    state_s: float = 0.0
+    """Seconds the training thread spent on saving trainer states during the step (capturing one and
+    waiting for the writer's copy before the update); the writing itself overlaps the next step."""
 
 
 def _stderr(xs: list[float]) -> float:
@@ -412,6 +415,7 @@ class Trainer:
         full_bytes = self.artefact.full_bytes(self.model)
         for step in range(at + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
+            state_before = self.states.cost.training_thread_s
             results = self.dispatch.collect(step) if main else []
             batch = self.dist.broadcast(self._batch(step, results) if main else None)
             wait = time.perf_counter() - t0
@@ -454,6 +458,7 @@ class Trainer:
                 reward_stderr=_stderr([row[3] for row in batch["rows"]]),
                 changed=info.changed if info.kind == "delta" else 0,
                 rolls_back_to=None if back is None else {"version": back.version, "abandons": list(back.abandons)},
+                state_s=self.states.cost.training_thread_s - state_before,
             )
             try:
                 self.coord.note("steps", **asdict(rep))

@@ -56,7 +56,8 @@ class SaveCost:
 
     saves: int = 0
     training_thread_s: float = 0.0
-    """Seconds the training thread spent capturing states and waiting for a writer's copy."""
+    """Seconds the training thread spent capturing states, waiting for a writer's copy before an
+    update, and waiting for the writer to finish (when it falls a step behind)."""
     writer_s: float = 0.0
     """Seconds of the writer thread (serialise, hash, upload, commit): overlapped with training."""
     bytes: int = 0
@@ -189,8 +190,8 @@ class StateWriter:
     ) -> None:
         """Start saving the state of ``version`` (whose hash is ``version_hash``); ``then`` runs on the
         writer thread once the state is saved or failed to be (on a rank that does not write: at once)."""
-        t0 = time.perf_counter()
         self.flush()  # one state at a time: a writer that falls behind holds the training thread here
+        t0 = time.perf_counter()
         capture = _capture(version, version_hash, origin, model, opt, rng, extra or {}, sharded=sharded)
         capture.then, capture.key = then, self.signer()
         if self.write:
@@ -213,8 +214,10 @@ class StateWriter:
         """Wait for the pending save to be committed (or to have failed) and what follows it; raise
         what that raised."""
         if self._pending is not None:
+            t0 = time.perf_counter()
             self._pending[1].result()
             self._pending = None
+            self.cost.training_thread_s += time.perf_counter() - t0
         failure, self._failure = self._failure, None
         if failure is not None:
             raise failure
