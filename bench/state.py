@@ -189,8 +189,16 @@ def _render(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title="trainer state of every version: cost to the training thread")
-    columns = ("model", "params", "step (no states)", "step (states)", "ratio", "blocked/state", "writer/state")
-    columns += ("bytes",)
+    columns = (
+        "model",
+        "params",
+        "step (no states)",
+        "step (states)",
+        "ratio",
+        "blocked/state",
+        "writer/state",
+        "bytes",
+    )
     for col in columns:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in result["models"]:

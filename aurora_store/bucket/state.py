@@ -56,7 +56,7 @@ class StateStore:
     def url(self, name: StateName, obj: str = "") -> str:
         return self.store.url(f"{name.dir}/{obj}" if obj else name.dir)
 
-    def put(self, name: StateName, obj: str, data: bytes) -> None:
+    def put(self, name: StateName, obj: str, data: bytes | memoryview) -> None:
         """Write object ``obj`` of state ``name`` (immutable; the same bytes again are a no-op)."""
         self.store.put_immutable(_key(name, obj), data, verify=lambda existing: existing == data)
 
