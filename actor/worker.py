@@ -44,7 +44,15 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
-from aurora_store.errors import AuroraError, ChainError, LayoutError, StoreError, UnsupportedError
+from aurora_store.errors import (
+    AuroraError,
+    ChainError,
+    CorruptError,
+    LayoutError,
+    MissingError,
+    StoreError,
+    UnsupportedError,
+)
 from aurora_store.format import results as payloads
 from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
@@ -122,8 +130,21 @@ class Worker:
             self.stop.wait(0.2)
         raise SystemExit(0)
 
+    def _run_files(self) -> dict[str, bytes]:
+        """The run's files as the region's latest version lists them; from the fallback (home) bucket
+        when the region's copy of that manifest or a file is damaged (another process's doing: the
+        actor waits it out in :meth:`setup`, never dies of it)."""
+        latest = self._wait_for_version()
+        try:
+            return assemble.run_files(self.run, latest)
+        except (CorruptError, MissingError) as exc:
+            if self.fallback is None:
+                raise
+            log.warning("actor %s: %s; reading the run's files from the fallback", self.wid, exc)
+            return assemble.run_files(self.fallback, latest)
+
     def setup(self) -> None:
-        files = assemble.run_files(self.run, self._wait_for_version())
+        files = self._retrying("read the run's files", self._run_files)
         self.spec = assemble.run_spec(self.run, files)
         self.tok = assemble.tokenizer(self.spec, files)
         self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s, stop=self.stop)

@@ -133,3 +133,28 @@ def test_an_auto_delta_whose_manifest_would_not_fit_is_published_full(tmp_path: 
     assert info.kind == "full", "not a delta its readers would refuse"
     assert not [k for k in run.store.list_keys("versions/0000000001") if k.endswith(".seg")], "no segment written"
     assert bits_equal(aurora_store.open_run(uri, limits=Limits(max_manifest_bytes=2048)).materialize(1), w)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_restarted_publisher_whose_parent_chain_is_damaged_publishes_full(tmp_path: Any, damage: str) -> None:
+    """A publisher without a baseline (a restarted trainer) loads the parent's bits to diff against;
+    when an object of that chain was damaged by someone else, it publishes a full version (which
+    needs no parent bits) instead of dying, and a forced delta says why it cannot."""
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri)
+    w = _weights()
+    run.publish(w)
+    w["w"][0] += 1
+    assert run.publish(w, kind="delta").kind == "delta"
+    seg = next(p for p in (tmp_path / "run" / "versions" / "0000000001").iterdir() if p.suffix == ".seg")
+    if damage == "truncate":
+        seg.write_bytes(seg.read_bytes()[:-3])
+    else:
+        seg.unlink()
+    w["w"][1] += 1
+    with pytest.raises(CorruptError, match="publish a full version"):
+        aurora_store.open_run(uri).publish(w, kind="delta")
+    restarted = aurora_store.open_run(uri)
+    info = restarted.publish(w)
+    assert info.version == 2 and info.kind == "full"
+    assert bits_equal(restarted.materialize(2), w)

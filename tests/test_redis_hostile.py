@@ -340,3 +340,42 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     d.board.results.submit(again[1], actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     admitted = {r.job: r for r in d.collect(1)}
     assert list(admitted[lease.job].rollouts.rewards) == [0.0, 1.0] and d.reward_failures == {"crashed": 1}
+
+
+def test_an_actor_starting_on_a_damaged_region_reads_the_run_files_from_its_fallback(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """Another process replayed an old manifest over the region's latest: a starting actor reads the
+    run's files from the fallback (home) bucket instead of dying; without a fallback the error is one
+    its setup waits out (retried), not the process's end."""
+    import shutil
+
+    import aurora_store
+    from actor.config import SyncConfig, WorkerConfig
+    from actor.worker import Worker
+    from aurora_store.errors import CorruptError
+
+    home = aurora_store.open_run((tmp_path / "home").as_uri())
+    home.files.put("config.json", b'{"k": 1}')
+    weights = {"w": torch.arange(8, dtype=torch.float32).to(torch.bfloat16)}
+    home.publish(weights)
+    weights["w"][0] += 1
+    home.publish(weights)
+    shutil.copytree(tmp_path / "home", tmp_path / "eu")
+    v = tmp_path / "eu" / "versions"
+    (v / "0000000001" / "manifest.json").write_bytes((v / "0000000000" / "manifest.json").read_bytes())
+
+    def worker(fallback: str | None) -> Worker:
+        sync = SyncConfig(
+            store=(tmp_path / "eu").as_uri(),
+            region="eu",
+            redis=redis_server.url,
+            run_id="damaged",
+            worker_id="eu-0",
+            fallback=fallback,
+        )
+        return Worker(WorkerConfig(sync=sync))
+
+    assert worker((tmp_path / "home").as_uri())._run_files()["config.json"] == b'{"k": 1}'
+    with pytest.raises(CorruptError, match="declares version 0, expected 1"):
+        worker(None)._run_files()

@@ -68,7 +68,15 @@ from aurora_store.bucket.plan import (
 )
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
-from aurora_store.errors import ConflictError, LimitError, StoreError, UnauthenticatedError, UnsupportedError
+from aurora_store.errors import (
+    ConflictError,
+    CorruptError,
+    LimitError,
+    MissingError,
+    StoreError,
+    UnauthenticatedError,
+    UnsupportedError,
+)
 from aurora_store.format import signing
 from aurora_store.format.delta import DeltaBuilder, SealedObject
 from aurora_store.format.digest import Digest
@@ -329,7 +337,12 @@ class Publisher:
         plan = PublishPlan.from_dict(hello[0]["plan"])
         table = range_table(share.specs, [h["ranges"] for h in hello])
         if plan.parent is not None and plan.same_layout and any(h["base"] != plan.parent.version_hash for h in hello):
-            self._resync(share, table, plan.parent)
+            damage = self._resync(share, table, plan.parent)
+            if damage is not None:  # a full version needs no parent bits: the run goes on
+                if kind == "delta":
+                    raise CorruptError(f"{damage}; a delta needs its parent's bits: publish a full version")
+                log.warning("%s; publishing version %d as a full version instead", damage, plan.version)
+                plan = plan.as_full()
         builder: DeltaBuilder | None = None
         parts: list[Part] = []
         if not plan.full:
@@ -372,15 +385,21 @@ class Publisher:
             "floor": floor,
         }
 
-    def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> None:
-        """Rank 0 loads the parent version once and sends every rank the bits of its ranges."""
+    def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> str | None:
+        """Rank 0 loads the parent version once and sends every rank the bits of its ranges. When an
+        object of the parent's chain is damaged or missing (someone else's doing: the chain's
+        manifests verified), returns what is wrong instead, on every rank, and nothing is loaded."""
         comm = self.collective
         state, failure = None, None
         if comm.rank == 0:
             state, failure = _attempt(lambda: self.reader.materialize(parent.version))
             if state is not None and state.version_hash != parent.version_hash:
                 state, failure = None, ConflictError(f"{self.store.uri}: version {parent.version} changed hash")
-        self._check([comm.broadcast_json(_report(failure) or {})], failure)
+        damaged = isinstance(failure, (CorruptError, MissingError)) and not isinstance(failure, ConflictError)
+        verdict = comm.broadcast_json({"damage": str(failure)} if damaged else (_report(failure) or {}))
+        if "damage" in verdict:
+            return str(verdict["damage"])
+        self._check([verdict], failure)
         words: dict[str, np.ndarray] = {}
         for s in share.specs:
             mine = share.ranges.get(s.name)
@@ -394,6 +413,7 @@ class Publisher:
                 words[s.name] = np.empty(mine[1] - mine[0], dtype=f"<u{s.width}")
                 comm.exchange([], [(0, words[s.name])])
         self._base = Baseline(parent, dict(share.ranges), words)
+        return None
 
     def _delta(self, plan: PublishPlan, share: Share, floor: int) -> tuple[DeltaBuilder | None, list[Part]]:
         """Every rank's delta part, or (None, []) when the plan turns full. A delta the plan may still
