@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,14 @@ class _Tokenizer:
 
 
 class _Reward:
+    """Every completion scores 0: the benchmark measures coordination, not rewards (the actor calls
+    what :class:`actor.rewards.RewardPool` offers)."""
+
     def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str | None]:
         return 0.0, None
+
+    def score_group(self, prompt: str, completions: Sequence[str], answer: str) -> tuple[list[float], Counter[str]]:
+        return [0.0] * len(completions), Counter()
 
 
 @dataclass(frozen=True, slots=True)
