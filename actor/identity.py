@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from aurora_store.coord.lease import Lease
 from aurora_store.errors import ConfigError, StoreError
 from aurora_store.format import identity as ident
-from aurora_store.format.signing import load_signing_key
+from aurora_store.format.signing import key_id, load_signing_key, raw_public
 
 log = logging.getLogger("aurora.actor")
 
@@ -42,10 +42,10 @@ class Identity:
             parsed = ident.parse_cert(cert)
         except ident.CertError as exc:
             raise ConfigError(f"actor certificate: {exc}") from None
-        if parsed.key != ident.raw_public(key.public_key()).hex():
+        if parsed.key != raw_public(key.public_key()).hex():
             raise ConfigError(
                 f"actor certificate (serial {parsed.serial}) is for key {parsed.key_id}, not this actor's key "
-                f"{ident.key_id(ident.raw_public(key.public_key()))}"
+                f"{key_id(key.public_key())}"
             )
         if parsed.actor != actor:
             raise ConfigError(f"actor certificate names actor {parsed.actor!r}, this actor is {actor!r}")

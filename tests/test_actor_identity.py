@@ -34,6 +34,7 @@ from aurora_store.coord.results import MAX_CERT_FIELD, Ref, Result, parse_result
 from aurora_store.errors import ConfigError
 from aurora_store.format import identity as ident
 from aurora_store.format import results as payloads
+from aurora_store.format import signing
 from aurora_store.format.identity import REASONS
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt
@@ -236,7 +237,7 @@ def test_a_revoked_actor_is_dropped_without_a_restart(redis_server: Any, tmp_pat
     world.drain()
     assert world.admitted() == {leases[0].job: "a-1"} and dict(world.d.dropped) == {"revoked": 1}
     reissued = world.actor("a-1", serial=42)  # a new certificate, and a new key: the old key revoked too
-    revoked.write_text(f"serial:41\nkey:{ident.key_id(ident.raw_public(world.keys['a-1'].public_key()))}\n")
+    revoked.write_text(f"serial:41\nkey:{signing.key_id(world.keys['a-1'].public_key())}\n")
     reissued.submit(leases[2], 0, VHASH, payload())
     world.drain()
     assert dict(world.d.dropped) == {"revoked": 2}
@@ -384,7 +385,7 @@ def test_certificate_bytes_are_exact() -> None:
     """The canonical form, pinned: a change to it is a format change (docs/FORMAT.md)."""
     body = CERT.encode()
     assert body.startswith(b'{"actor":"a-1","format":"aurora-actor-cert/1","issuer":"')
-    assert json.loads(body)["key"] == ident.raw_public(ACTOR.public_key()).hex()
+    assert json.loads(body)["key"] == signing.raw_public(ACTOR.public_key()).hex()
     assert ident.result_message(
         run="r", job="t:1:0", token=3, actor="a-1", version=2, version_hash="a" * 64, payload_sha256="b" * 64
     ) == (

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from aurora_store.coord.results import Result
 from aurora_store.errors import ConfigError
 from aurora_store.format import identity as ident
-from aurora_store.format.signing import load_verify_key
+from aurora_store.format.signing import key_id, load_verify_key
 
 log = logging.getLogger("aurora.trainer")
 RELOAD_S = 5.0
@@ -77,7 +77,7 @@ class ResultGate:
                 "actor's name); see docs/SECURITY.md"
             )
         else:
-            fid = ident.key_id(ident.raw_public(fleet))
+            fid = key_id(fleet)
             log.info("admitting only results signed by actors certified by fleet key %s", fid)
 
     @classmethod

@@ -29,17 +29,18 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from aurora_store.errors import UnauthenticatedError
+from aurora_store.format.manifest import raw_key_id
+from aurora_store.format.manifest_parser import B64_SIG, HEX64, KEY_ID
+from aurora_store.format.signing import key_id, raw_public
 
 CERT_FORMAT = "aurora-actor-cert/1"
 CERT_DOMAIN = b"aurora-actor-cert/1\0"
@@ -53,9 +54,6 @@ SIG_CHARS = 88
 _KEYS = frozenset({"actor", "format", "issuer", "key", "not_after", "not_before", "run", "serial", "sig"})
 _NAME = re.compile(r"[A-Za-z0-9_.:@+=\-]{1,200}")
 _RUN = re.compile(r"\*|[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX16 = re.compile(r"[0-9a-f]{16}")
-_B64SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
 
 
 REASONS = (
@@ -79,15 +77,6 @@ class CertError(UnauthenticatedError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
-
-
-def raw_public(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def key_id(raw: bytes) -> str:
-    """A public key's id (as :func:`aurora_store.format.signing.key_id` names it)."""
-    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -134,7 +123,7 @@ class ActorCert:
     @property
     def key_id(self) -> str:
         """The actor key's id (what a revocation list may name)."""
-        return key_id(bytes.fromhex(self.key))
+        return raw_key_id(bytes.fromhex(self.key))
 
     def public_key(self) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(bytes.fromhex(self.key))
@@ -168,7 +157,7 @@ def issue(
         not_before=not_before,
         not_after=not_after,
         serial=serial,
-        issuer=key_id(raw_public(fleet.public_key())),
+        issuer=key_id(fleet.public_key()),
     )
     _check_fields(unsigned.body() | {"sig": "A" * 86 + "=="})
     sig = base64.b64encode(fleet.sign(unsigned.message())).decode("ascii")
@@ -219,13 +208,13 @@ def _check_fields(doc: dict[str, Any]) -> ActorCert:
 
     cert = ActorCert(
         actor=text("actor", _NAME),
-        key=text("key", _HEX64),
+        key=text("key", HEX64),
         run=text("run", _RUN),
         not_before=integer("not_before", MAX_TIME_S),
         not_after=integer("not_after", MAX_TIME_S),
         serial=integer("serial", MAX_SERIAL),
-        issuer=text("issuer", _HEX16),
-        sig=text("sig", _B64SIG),
+        issuer=text("issuer", KEY_ID),
+        sig=text("sig", B64_SIG),
     )
     if cert.not_after <= cert.not_before:
         raise CertError("bad_cert", f"certificate window [{cert.not_before}, {cert.not_after}) is empty")
@@ -234,7 +223,7 @@ def _check_fields(doc: dict[str, Any]) -> ActorCert:
 
 def verify_cert(cert: ActorCert, fleet: Ed25519PublicKey) -> None:
     """Raise :class:`CertError` (``uncertified``) unless the fleet key signed ``cert``."""
-    fleet_id = key_id(raw_public(fleet))
+    fleet_id = key_id(fleet)
     if cert.issuer != fleet_id:
         raise CertError("uncertified", f"certificate of {cert.actor!r} issued by key {cert.issuer}, not {fleet_id}")
     try:
@@ -266,7 +255,7 @@ def sign_result(key: Ed25519PrivateKey, message: bytes) -> str:
 
 def verify_result(key: Ed25519PublicKey, sig: Any, message: bytes) -> bool:
     """Whether ``sig`` (base64 text, hostile) is ``key``'s signature over ``message``."""
-    if not (isinstance(sig, str) and len(sig) == SIG_CHARS and _B64SIG.fullmatch(sig)):
+    if not (isinstance(sig, str) and len(sig) == SIG_CHARS and B64_SIG.fullmatch(sig)):
         return False
     try:
         key.verify(base64.b64decode(sig, validate=True), message)
@@ -304,7 +293,7 @@ def parse_revocations(raw: bytes, what: str) -> Revocations:
         value = value.strip()
         if kind.strip() == "serial" and value.isascii() and value.isdigit() and int(value) <= MAX_SERIAL:
             serials.add(int(value))
-        elif kind.strip() == "key" and _HEX16.fullmatch(value):
+        elif kind.strip() == "key" and KEY_ID.fullmatch(value):
             keys.add(value)
         else:
             raise ValueError(f"{what}, line {n}: {entry[:80]!r} is neither serial:N nor key:<16 hex digits>")

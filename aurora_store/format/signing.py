@@ -27,17 +27,17 @@ SigningKeyLike = Ed25519PrivateKey | bytes | str | os.PathLike[str]
 VerifyKeyLike = Ed25519PublicKey | Ed25519PrivateKey | bytes | str | os.PathLike[str]
 
 
-def _raw_public(key: Ed25519PublicKey) -> bytes:
+def raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def key_id(key: Ed25519PublicKey) -> str:
-    return raw_key_id(_raw_public(key))
+    return raw_key_id(raw_public(key))
 
 
 def public_b64(key: Ed25519PublicKey) -> str:
     """A public key as a manifest names it: base64 of its raw 32 bytes."""
-    return base64.b64encode(_raw_public(key)).decode()
+    return base64.b64encode(raw_public(key)).decode()
 
 
 def public_from_b64(text: str) -> Ed25519PublicKey:
@@ -46,7 +46,7 @@ def public_from_b64(text: str) -> Ed25519PublicKey:
 
 
 def same_key(a: Ed25519PublicKey, b: Ed25519PublicKey) -> bool:
-    return _raw_public(a) == _raw_public(b)
+    return raw_public(a) == raw_public(b)
 
 
 def rotation(old: Ed25519PrivateKey, new: Ed25519PrivateKey) -> Rotation:

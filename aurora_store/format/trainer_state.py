@@ -34,6 +34,7 @@ from aurora_store.errors import ChainError, CorruptError
 from aurora_store.format import hostile_json, signing
 from aurora_store.format.keys import MAX_VERSION
 from aurora_store.format.manifest import Manifest, Signature, canonical
+from aurora_store.format.manifest_parser import B64_SIG, HEX64, KEY_ID
 
 FORMAT = "aurora-trainer-state/2"
 LEGACY = "aurora-trainer-state/1"
@@ -41,9 +42,6 @@ MAX_DOC_BYTES = 1 << 20
 """A state document holds step counts, hyper-parameters and RNG states: kilobytes."""
 DOMAIN = b"aurora-trainer-state/2\0"
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_KEY_ID = re.compile(r"[0-9a-f]{16}")
-_B64_SIG = re.compile(r"[A-Za-z0-9+/]{86}==")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
 
@@ -139,8 +137,8 @@ def parse(data: bytes, *, expect_version: int, what: str) -> StateDoc:
     if set(doc) != fields:
         raise CorruptError(f"{what}: fields {sorted(doc)[:12]}, expected {sorted(fields)}")
     version = _version(doc["version"], expect_version, what)
-    version_hash = _text(doc["version_hash"], _HEX64, "version_hash", what)
-    origin = None if doc["origin"] is None else _text(doc["origin"], _HEX64, "origin", what)
+    version_hash = _text(doc["version_hash"], HEX64, "version_hash", what)
+    origin = None if doc["origin"] is None else _text(doc["origin"], HEX64, "origin", what)
     t = doc["tensors"]
     if not isinstance(t, dict) or set(t) != {"name", "size", "sha256"}:
         raise CorruptError(f"{what}: tensors must be {{name, size, sha256}}")
@@ -148,7 +146,7 @@ def parse(data: bytes, *, expect_version: int, what: str) -> StateDoc:
     if type(size) is not int or not 0 <= size < 1 << 50:
         raise CorruptError(f"{what}: tensors.size must be a byte count")
     tensors = TensorFile(
-        _text(t["name"], _NAME, "tensors.name", what), size, _text(t["sha256"], _HEX64, "tensors.sha256", what)
+        _text(t["name"], _NAME, "tensors.name", what), size, _text(t["sha256"], HEX64, "tensors.sha256", what)
     )
     if not isinstance(doc["trainer"], dict):
         raise CorruptError(f"{what}: trainer must be an object")
@@ -159,8 +157,8 @@ def parse(data: bytes, *, expect_version: int, what: str) -> StateDoc:
             raise CorruptError(f"{what}: signature must be {{alg, key_id, sig}}")
         signature = Signature(
             _text(s["alg"], re.compile("ed25519"), "signature.alg", what),
-            _text(s["key_id"], _KEY_ID, "signature.key_id", what),
-            _text(s["sig"], _B64_SIG, "signature.sig", what),
+            _text(s["key_id"], KEY_ID, "signature.key_id", what),
+            _text(s["sig"], B64_SIG, "signature.sig", what),
         )
     return StateDoc(version, doc["trainer"], version_hash, origin, tensors, signature)
 
