@@ -130,7 +130,7 @@ def _greedy(llm: Any) -> list[tuple[int, ...]]:
 
 
 def _ms(seconds: list[float]) -> dict[str, Any]:
-    return {"median": round(statistics.median(seconds) * 1e3, 1), "all": [round(s * 1e3, 1) for s in seconds]}
+    return {"median": round(statistics.median(seconds) * 1e3, 3), "all": [round(s * 1e3, 3) for s in seconds]}
 
 
 def measure_model(name: str, cfg: Config, work: Path) -> dict[str, Any]:
