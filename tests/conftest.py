@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from aurora_store.testing.gcs import GcsServer, GcsUnavailable, start_fake_gcs
 from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
 
@@ -35,6 +36,17 @@ def s3_server() -> Iterator[S3Server]:
     yield server
     server.process.terminate()
     server.process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    """fake-gcs-server (the GCS JSON API) on a free port, for the gs:// tests; a bucket per test."""
+    try:
+        server = start_fake_gcs()
+    except GcsUnavailable as exc:
+        pytest.skip(str(exc))
+    with server:
+        yield server
 
 
 @dataclass

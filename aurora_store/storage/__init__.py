@@ -3,8 +3,10 @@ per kind of storage, and :func:`open_backend`, the one place a URI picks its bac
 
 - ``file://`` -> :mod:`~aurora_store.storage._local` (``link(2)`` create-only, staged writes, ``preadv``)
 - ``memory://`` -> :mod:`~aurora_store.storage._memory` (check-and-set under a process-wide lock)
+- gcsfs (``gs://``, ``gcs://``) -> :mod:`~aurora_store.storage._gcs` (the fsspec backend on the upload
+  paths where GCS's ``ifGenerationMatch=0`` holds)
 - any other fsspec protocol -> :mod:`~aurora_store.storage._fsspec`, only where its ``mode="create"``
-  is known to be atomic (S3, GCS) or declared so with :func:`trust_atomic_create`.
+  is known to be atomic (S3) or declared so with :func:`trust_atomic_create`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from aurora_store.errors import UnsupportedError
 from aurora_store.redact import redact
 from aurora_store.storage._fsspec import ATOMIC_CREATE, FsspecBackend, trust_atomic_create
+from aurora_store.storage._gcs import GcsBackend, is_gcsfs
 from aurora_store.storage._local import LocalBackend, StagedWrite
 from aurora_store.storage._memory import MemoryBackend
 from aurora_store.storage.base import Backend, Capabilities, Meter, Staged, translated
@@ -27,6 +30,7 @@ __all__ = [
     "Backend",
     "Capabilities",
     "FsspecBackend",
+    "GcsBackend",
     "LocalBackend",
     "MemoryBackend",
     "Meter",
@@ -51,5 +55,5 @@ def open_backend(uri: str, storage_options: dict[str, Any] | None = None, *, met
         fs, root = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
     except (ValueError, ImportError, TypeError) as exc:
         raise UnsupportedError(f"cannot open store {shown!r}: {redact(str(exc))}") from None
-    backend = _BY_FILESYSTEM.get(type(fs), FsspecBackend)
+    backend = _BY_FILESYSTEM.get(type(fs)) or (GcsBackend if is_gcsfs(fs) else FsspecBackend)
     return backend(fs, root, shown, meter if meter is not None else Meter())

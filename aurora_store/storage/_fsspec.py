@@ -66,7 +66,7 @@ class FsspecBackend(Backend):
 
     def create(self, key: str, data: bytes | memoryview) -> bool:
         try:
-            self.fs.pipe_file(self.path(key), bytes(data), mode="create")
+            self._pipe_create(self.path(key), bytes(data))
         except Exception as exc:
             if not taken(exc):
                 raise
@@ -74,6 +74,10 @@ class FsspecBackend(Backend):
             return False
         self.meter("upload", len(data))
         return True
+
+    def _pipe_create(self, path: str, data: bytes) -> None:
+        """The filesystem's create-only write of ``data`` at ``path`` (raises if the key exists)."""
+        self.fs.pipe_file(path, data, mode="create")
 
     def missing_bucket(self) -> str | None:
         bucket = self.root.lstrip("/").split("/", 1)[0]

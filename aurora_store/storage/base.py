@@ -127,7 +127,7 @@ class Backend(ABC):
         """Bytes ``[start, stop)`` of ``key``; empty when ``start`` is at or past its end."""
         try:
             data = bytes(self.fs.cat_file(self.path(key), start=start, end=stop))
-        except OSError as exc:
+        except Exception as exc:  # gcsfs raises a 416 as its own HttpError, not an OSError
             if unsatisfiable(exc):
                 return b""
             raise
@@ -179,8 +179,11 @@ def taken(exc: BaseException) -> bool:
 
 
 def unsatisfiable(exc: BaseException) -> bool:
-    """A ranged read started at or past the object's end (HTTP 416)."""
-    return isinstance(exc, OSError) and "not satisfiable" in str(exc).lower()
+    """A ranged read started at or past the object's end (HTTP 416): s3fs words it in an ``OSError``,
+    gcsfs raises its own ``HttpError`` with the status as ``code``."""
+    if isinstance(exc, OSError) and "not satisfiable" in str(exc).lower():
+        return True
+    return getattr(exc, "code", None) == 416
 
 
 @contextmanager
