@@ -25,10 +25,13 @@ ATOMIC_CREATE: dict[str, str] = {
     "(tests/test_objectstore.py races writers against a moto server). An S3-compatible endpoint "
     "must honour If-None-Match on PUT; one that ignores it is not detected here",
     "s3a": "the same s3fs filesystem as s3",
-    "gs": "gcsfs passes mode='create' to its simple and resumable uploads as ifGenerationMatch=0: GCS "
-    "creates the object only if no live generation exists, in one request, and gcsfs raises "
-    "FileExistsError on its 412 (gcsfs core.py _pipe_file, retry.py validate_response; gcsfs is not "
-    "installed in the test environment, so this is read from its source, not exercised)",
+    "gs": "gcsfs sends mode='create' as ifGenerationMatch=0: GCS creates the object only if no live "
+    "generation exists, in one request, and gcsfs raises FileExistsError on its 412. The GCS backend "
+    "(storage/_gcs.py) writes every object as one single-request upload on gcsfs's JSON-API filesystem, "
+    "the path tests/test_gcs.py races writers on against fake-gcs-server (TestGcsStore::"
+    "test_racing_writers_exactly_one_wins, test_processes_racing_for_one_key, test_objects_above_gcsfs_"
+    "resumable_threshold_are_created_once); never a resumable upload, whose precondition that server "
+    "drops, nor gcsfs's experimental filesystem, which overwrites in zonal buckets",
     "gcs": "the same gcsfs filesystem as gs",
 }
 """fsspec protocols whose ``mode="create"`` is one atomic conditional create, and why."""
@@ -47,7 +50,8 @@ class FsspecBackend(Backend):
 
     capabilities = Capabilities(atomic_create=True, staged_write=False, positional_read=False, mtime=True)
     modified_fields = ("mtime", "LastModified", "updated", "created")
-    """S3's ``LastModified``, GCS's ``updated``; ``mtime`` and ``created`` for other filesystems."""
+    """S3's ``LastModified``; GCS's ``updated``, which gcsfs also lists as ``mtime`` (an aware datetime);
+    ``mtime`` and ``created`` for other filesystems."""
 
     def __init__(self, fs: AbstractFileSystem, root: str, uri: str, meter: Meter) -> None:
         super().__init__(fs, root, uri, meter)
