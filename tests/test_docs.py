@@ -3,7 +3,10 @@ and the manifest JSON Schema accepts what the store writes and refuses what its 
 
 Blocks of one document run in order in one fresh namespace (like a doctest session); a block
 fenced as ```python no-run is skipped. Examples open runs under a unique memory:// root of their
-own (a fresh uuid each run); whatever a document leaves in the memory filesystem is removed.
+own (a fresh uuid each run); whatever a document leaves in the memory filesystem is removed. A
+document whose blocks name ``gs://BUCKET/`` runs against fake-gcs-server (the session's): the test
+creates those buckets there and sets ``STORAGE_EMULATOR_HOST``, which gcsfs reads as Google's own
+clients do.
 """
 
 from __future__ import annotations
@@ -43,11 +46,22 @@ def code_blocks(text: str) -> Iterator[tuple[int, int, str, bool]]:
         yield n, text.count("\n", 0, m.start("body")) + 1, m.group("body"), "no-run" not in info
 
 
+_GS_BUCKET = re.compile(r"gs://([a-z0-9][a-z0-9_.-]*[a-z0-9])/")
+
+
 @pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(REPO)))
-def test_doc_examples_run(doc: Path) -> None:
+def test_doc_examples_run(doc: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     import fsspec
 
     name = str(doc.relative_to(REPO))
+    buckets = {
+        b for _, _, code, runs in code_blocks(doc.read_text(encoding="utf-8")) if runs for b in _GS_BUCKET.findall(code)
+    }
+    if buckets:  # gs:// examples run against fake-gcs-server, found as Google's clients find an emulator
+        gcs = request.getfixturevalue("gcs_server")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        for bucket in sorted(buckets):
+            gcs.new_bucket(bucket)
     namespace: dict[str, Any] = {"__name__": f"__docs_{doc.stem}__"}
     before = set(fsspec.filesystem("memory").store)
     failure = None

@@ -52,9 +52,9 @@ class GcsServer:
         """gcsfs storage options for this server: no credentials, its endpoint, any project."""
         return {"token": "anon", "endpoint_url": self.endpoint, "project": PROJECT}
 
-    def new_bucket(self) -> str:
-        """Create an empty bucket with a fresh name (the server has no reset: a bucket per test)."""
-        name = f"b-{uuid.uuid4().hex[:20]}"
+    def new_bucket(self, name: str | None = None) -> str:
+        """Create an empty bucket, named ``name`` or afresh (the server has no reset: a bucket per test)."""
+        name = name or f"b-{uuid.uuid4().hex[:20]}"
         req = urllib.request.Request(
             f"{self.endpoint}/storage/v1/b?project={PROJECT}",
             data=json.dumps({"name": name}).encode(),
