@@ -8,6 +8,7 @@ results gc) run on gs:// here, once each, rather than multiplying the whole suit
 
 from __future__ import annotations
 
+import http.client
 import inspect
 import json
 import logging
@@ -19,8 +20,10 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -37,7 +40,7 @@ from aurora_store.testing.processes import wait_for
 from aurora_store.testing.store_tests import StoreTests
 from tests import test_gc, test_hostile, test_results_format, test_store
 from tests.conftest import Root
-from tests.helpers import bits_equal
+from tests.helpers import bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -306,3 +309,91 @@ def test_aurora_gc_on_gcs(gs_root: Root, capsys: pytest.CaptureFixture[str], mon
     assert audit(kept).ok
     for v in kept.versions():
         assert bits_equal(kept.materialize(v), hist[v])
+
+
+# ---------------------------------------------------------------- retries
+
+
+class _LosingHandler(BaseHTTPRequestHandler):
+    """Forwards every request to the server; answers 503 instead of the server's answer to the uploads
+    ``lose`` picks, after the server has acted on them (an answer lost on the way back)."""
+
+    upstream: ClassVar[str]
+    lose: ClassVar[Callable[[bytes], bool]]
+    lost: ClassVar[list[str]]
+
+    def _forward(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n)
+        up = urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        conn.request(self.command, self.path, body=body or None, headers=headers)
+        answer = conn.getresponse()
+        data = answer.read()
+        conn.close()
+        if self.command == "POST" and self.path.startswith("/upload/") and answer.status == 200 and self.lose(body):
+            self.lost.append(self.path)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(answer.status)
+        for k, v in answer.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class LosingProxy:
+    """An HTTP proxy in front of the GCS server that loses the answer to the first upload ``lose`` picks."""
+
+    def __init__(self, upstream: str, lose: Callable[[bytes], bool]) -> None:
+        lost: list[str] = []
+
+        def once(body: bytes) -> bool:
+            return not lost and lose(body)
+
+        handler = type("Handler", (_LosingHandler,), {"upstream": upstream, "lose": staticmethod(once), "lost": lost})
+        self.lost = lost
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+
+
+def test_a_commit_whose_answer_was_lost_is_the_publishers_own(gcs_server: GcsServer) -> None:
+    """gcsfs retries an upload whose answer is lost (here a 503 after the server wrote the object); GCS
+    refuses the retried create-only with 412, which reads as "the key is taken". The publisher finds its
+    own bytes there and counts its commit, where it used to report a version "committed by another
+    publisher" that it had committed itself."""
+    uri = f"gs://{gcs_server.new_bucket()}/runs/exp"
+    with LosingProxy(gcs_server.endpoint, lambda body: b"/manifest.json" in body) as proxy:
+        opts = {**gcs_server.options(), "endpoint_url": proxy.endpoint}
+        run = aurora_store.open_run(uri, storage_options=opts)
+        sd = state_dict()
+        assert run.publish(sd).version == 0
+        assert len(proxy.lost) == 1, "the manifest's upload was answered 503 once, and retried"
+        nxt = step(sd, 1)
+        assert run.publish(nxt).version == 1, "the publisher goes on from the version it committed"
+    with LosingProxy(gcs_server.endpoint, lambda body: b"lost answer" in body) as proxy:
+        store = ObjectStore(uri, {**gcs_server.options(), "endpoint_url": proxy.endpoint})
+        assert not store.put_if_absent("k", b"lost answer"), "the store itself cannot tell: the retry found the key"
+        assert store.get("k", max_bytes=20) == b"lost answer" and len(proxy.lost) == 1
+    fresh = aurora_store.open_run(uri, storage_options=gcs_server.options())
+    assert fresh.versions() == [0, 1] and bits_equal(fresh.materialize(1), nxt)

@@ -633,8 +633,12 @@ class Publisher:
         return VersionInfo.of(m, time.perf_counter() - t0)
 
     def _put_manifest(self, key: str, data: bytes, m: Manifest) -> None:
-        if not self.store.put_if_absent(key, data):
-            raise committed_elsewhere(self.store.url(key), m.version)
+        # These very bytes already there are this publisher's commit: its create-only request was
+        # written but its answer lost, and the storage client's retry was refused (412) as a taken key.
+        try:
+            self.store.put_immutable(key, data, verify=lambda existing: existing == data)
+        except (ConflictError, LimitError):
+            raise committed_elsewhere(self.store.url(key), m.version) from None
         self.announcements.commit(m)
 
     @property
