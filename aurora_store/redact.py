@@ -33,6 +33,17 @@ def redact(text: str) -> str:
 SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key$|_key$)", re.IGNORECASE)
 """Names of options (fsspec storage options, config keys) whose values are credentials."""
 
+GCSFS_TOKEN_METHODS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
+"""Values of gcsfs's ``token`` option that name where to find credentials (the environment's, the VM's
+service account, none), not a credential: a ``gs://`` region's usual options, never a secret."""
+
+
+def is_secret(key: object, value: object) -> bool:
+    """Whether option ``key`` holds a credential in ``value`` (an empty value holds none)."""
+    if value is None or value == "" or value is False or not SECRET_KEYS.search(str(key)):
+        return False
+    return not (str(key) == "token" and isinstance(value, str) and value in GCSFS_TOKEN_METHODS)
+
 
 def redact_value(value: object) -> object:
     """``value`` (a string, or options nested in dicts) fit to print: URL passwords redacted, the
@@ -40,10 +51,7 @@ def redact_value(value: object) -> object:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {
-            k: "***" if SECRET_KEYS.search(str(k)) and v not in (None, "") else redact_value(v)
-            for k, v in value.items()
-        }
+        return {k: "***" if is_secret(k, v) else redact_value(v) for k, v in value.items()}
     return value
 
 

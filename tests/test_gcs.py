@@ -275,6 +275,32 @@ def test_racing_retried_payload_puts(gcs_server: GcsServer) -> None:
     assert len(keys) == 6 and len(set(keys)) == 1 and store.list_keys("results") == keys[:1]
 
 
+# ---------------------------------------------------------------- config
+
+
+def test_a_gcs_regions_token_method_is_no_credential(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gcsfs's ``token`` option usually names where credentials come from (``google_default``, ``cloud``,
+    ``anon``): the config check used to warn of it as a credential (any key named like ``token``). A
+    token that is credentials (their fields) is still warned of and never printed."""
+    text = (
+        'run_id = "x"\nhome = "us"\n[regions.us]\nuri = "s3://home/runs/x"\n'
+        '[regions.eu]\nuri = "gs://eu/runs/x"\nsource = "us"\n'
+        'storage_options = { token = "google_default", project = "p" }\n'
+        '[regions.ap]\nuri = "gs://ap/runs/x"\nsource = "us"\n'
+        'storage_options = { token = { client_id = "c", client_secret = "hunter4", refresh_token = "r" } }\n'
+    )
+    (tmp_path / "aurora.toml").write_text(text)
+    assert main(["config", "check", str(tmp_path / "aurora.toml"), "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert [w for w in doc["warnings"] if "regions.eu" in w] == []
+    assert sorted(w.split(":")[0] for w in doc["warnings"]) == [
+        "regions.ap.storage_options.token.client_secret",
+        "regions.ap.storage_options.token.refresh_token",
+    ]
+    assert "hunter4" not in captured.out and "hunter4" not in captured.err
+
+
 # ---------------------------------------------------------------- aurora gc on gs://
 
 

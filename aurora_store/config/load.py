@@ -23,7 +23,7 @@ from aurora_store.config.schema import (
     table_values,
 )
 from aurora_store.errors import ConfigError
-from aurora_store.redact import SECRET_KEYS, redact
+from aurora_store.redact import is_secret, redact
 
 
 def load(path: str) -> RunFile:
@@ -231,6 +231,6 @@ def _secret_paths(options: Mapping[str, Any], prefix: str = "") -> list[str]:
     for k, v in options.items():
         if isinstance(v, dict):
             out += _secret_paths(v, f"{prefix}{k}.")
-        elif SECRET_KEYS.search(str(k)) and v not in (None, "", False):
+        elif is_secret(k, v):
             out.append(f"{prefix}{k}")
     return out
