@@ -234,6 +234,20 @@ def test_folder_placeholders_are_not_objects(gcs_server: GcsServer) -> None:
     assert store.list_keys("") == ["versions/0000000000/x"]
 
 
+def test_listing_is_by_directory_not_by_string_prefix(gcs_server: GcsServer) -> None:
+    """GCS has no directories, only names; gcsfs lists a prefix as a directory (a trailing ``/``), so a
+    sibling run or key sharing the prefix's letters is never listed with it, as on S3."""
+    bucket = gcs_server.new_bucket()
+    store = ObjectStore(f"gs://{bucket}/runs/exp", gcs_server.options())
+    sibling = ObjectStore(f"gs://{bucket}/runs/expx", gcs_server.options())
+    for key in ("files/a", "files2/b", "filesx", "versions/0000000001/x"):
+        store.put_if_absent(key, b"1")
+    sibling.put_if_absent("versions/0000000001/manifest.json", b"{}")
+    assert store.list_keys("files") == ["files/a"]
+    assert store.list_keys("") == ["files/a", "files2/b", "filesx", "versions/0000000001/x"]
+    assert sibling.list_keys("") == ["versions/0000000001/manifest.json"]
+
+
 def test_a_missing_bucket_is_named(gcs_server: GcsServer) -> None:
     store = ObjectStore("gs://no-such-bucket-aurora/runs/exp", gcs_server.options())
     with pytest.raises(MissingError, match="bucket 'no-such-bucket-aurora' does not exist"):
