@@ -9,8 +9,8 @@ Importing this module sets ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` in the en
 gcsfs is imported, in this process and in every child it starts. gcsfs 2026.x reads that variable
 when it is imported; unset, ``gcsfs.GCSFileSystem`` is its experimental filesystem, which first asks
 the Storage Control gRPC API (TLS, on the endpoint's host) for each bucket's layout (zonal,
-hierarchical). The http-only fake server does not answer gRPC, so each such question waits 30 s
-twice before gcsfs falls back (a listing took 31 s, a put 70 s). The GCS backend never writes
+hierarchical). The http-only fake server does not answer gRPC, so each such question times out
+before gcsfs falls back (measured: a listing took 31 s, a put 70 s). The GCS backend never writes
 through that filesystem anyway (:mod:`aurora_store.storage._gcs`), so the variable only saves the
 wait and the gRPC imports; it changes nothing the tests check.
 """
