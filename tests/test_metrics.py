@@ -154,6 +154,13 @@ def test_the_dashboard_names_only_metrics_the_roles_export() -> None:
     } <= used
 
 
+def test_the_grafana_readme_describes_every_panel() -> None:
+    text = (REPO / "infra" / "grafana" / "README.md").read_text()
+    table = text[text.index("## Panels") :]
+    rows = re.findall(r"^\| ([^|]+?) \| .+ \| [a-z, ]+ \|$", table, re.MULTILINE)
+    assert rows[0] == "panel" and sorted(rows[1:]) == sorted(p["title"] for p in dashboard()["panels"])
+
+
 def test_operations_lists_every_metric() -> None:
     text = (REPO / "docs" / "OPERATIONS.md").read_text()
     heading = re.search(r"^## (\d+\. )?Metrics.*$", text, re.MULTILINE)
