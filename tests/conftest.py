@@ -7,6 +7,7 @@ Every test that needs a store gets a fresh, unique root on memory://, file:// or
 from __future__ import annotations
 
 import importlib.util
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,10 @@ import pytest
 from aurora_store.testing.gcs import GcsServer, GcsUnavailable, start_fake_gcs
 from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
+
+os.environ["COLUMNS"] = "200"
+"""Commands print rich tables at the width COLUMNS says where it is set (as under pytest-xdist, whose
+workers inherit the controller's terminal width); tests read whole column titles, so one width for all."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -206,6 +206,7 @@ def followed_region(tmp_path: Path, redis_url: str, worker_id: str, *extra: str)
     return FollowedRegion(run, coord, args, worker_id)
 
 
+@pytest.mark.slow
 def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: RedisServer) -> None:
     region = followed_region(tmp_path, redis_server.url, "actor-1", "--connections", "4")
     run, coord = region.run, region.coord
@@ -227,6 +228,7 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
     assert hist
 
 
+@pytest.mark.slow
 def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: RedisServer) -> None:
     region = followed_region(tmp_path, redis_server.url, "actor-2")
     run, coord = region.run, region.coord

@@ -155,6 +155,7 @@ def tiny() -> dict:
     return codec.measure(layers=1, steps=2, seed=0, vocab=32, repeats=2)
 
 
+@pytest.mark.slow
 def test_measure_reports_the_json_shape(tiny: dict) -> None:
     r = json.loads(json.dumps(tiny))
     assert r["bench"] == "codec" and r["params"] == trace.parameter_count(1, 32)
@@ -214,6 +215,7 @@ def test_both_codings_are_bit_exact_on_the_trace(encode) -> None:  # type: ignor
     assert sum(b.header.count for _, b in blocks.values()) > 0
 
 
+@pytest.mark.slow
 def test_device_bench_reports_every_pass_against_the_bare_one() -> None:
     from bench import codec_device
 

@@ -8,9 +8,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench import coord
 
 
+@pytest.mark.slow
 def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
     out = coord.measure(coord.Config(rows="6x12x64,24x12x64", steps=3, idle_s=3.0))
     small, large = out["rows"]
@@ -25,6 +28,7 @@ def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
     assert max(memory) - min(memory) < 1 << 20, f"Redis holds only the steps in flight: {memory}"
 
 
+@pytest.mark.slow
 def test_results_above_the_inline_cap_go_by_reference_from_actors_in_other_processes() -> None:
     out = coord.measure(coord.Config(rows="2x4x8192", steps=2, idle_s=1.0, procs=2))
     (row,) = out["rows"]
@@ -34,6 +38,7 @@ def test_results_above_the_inline_cap_go_by_reference_from_actors_in_other_proce
     assert 0 < row["idle"]["round_trips_per_actor_s"] <= 1.0, "counted in the actors' own processes"
 
 
+@pytest.mark.slow
 def test_the_command_prints_one_json_object() -> None:
     cmd = [sys.executable, "-m", "aurora_store.cli", "bench", "coord", "--rows", "2x2x16", "--steps", "1"]
     done = subprocess.run([*cmd, "--idle-s", "0.5", "--json"], capture_output=True, text=True, timeout=300)

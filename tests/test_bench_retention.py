@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench import retention
 
 
@@ -23,6 +25,7 @@ def test_storage_stays_bounded_and_audits() -> None:
     assert out["versions_kept"] <= 1 + 1 + 3 + 5  # version 0, a full, the last 3, the actor's chain
 
 
+@pytest.mark.slow
 def test_the_command_prints_one_json_object() -> None:
     cmd = [sys.executable, "-m", "aurora_store.cli", "bench", "retention", "--versions", "6", "--elements", "4096"]
     out = subprocess.run([*cmd, "--gc-every", "3", "--json"], capture_output=True, text=True, timeout=120)

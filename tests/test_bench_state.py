@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.state import Flags, measure
 
 
+@pytest.mark.slow
 def test_the_state_benchmark_measures_both_modes_in_one_run(tmp_path: Path) -> None:
     result = measure(Flags(steps=2, samples=2, tokens=8, workdir=str(tmp_path)))
     (row,) = result["models"]

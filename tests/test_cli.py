@@ -138,6 +138,7 @@ def test_ls_json_reports_manifest_stats(pub: Published) -> None:
     assert rows[1]["ratio"] > 3 > rows[0]["ratio"]
 
 
+@pytest.mark.slow
 def test_ls_table_and_errors(pub: Published, tmp_path: Path) -> None:
     r = aurora("ls", pub.uri)
     assert r.returncode == 0, r.stderr
@@ -166,6 +167,7 @@ def load_dir(out: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [3, 5, None])
 def test_replay_is_bit_exact(pub: Published, tmp_path: Path, version: int | None) -> None:
     # attached after these versions were published: not part of them, so never replayed with them
@@ -195,6 +197,7 @@ def test_replay_is_bit_exact(pub: Published, tmp_path: Path, version: int | None
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directory left behind"
 
 
+@pytest.mark.slow
 def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path) -> None:
     priv, pub_key = signing.generate_keypair()
     (tmp_path / "k.pub").write_bytes(pub_key)
@@ -224,6 +227,7 @@ def test_attachments_are_signed_with_the_versions_that_carry_them(tmp_path: Path
     assert first["version"] == 1 and first["object"].endswith("files/config.json")
 
 
+@pytest.mark.slow
 def test_replay_sharded_index(pub: Published, tmp_path: Path) -> None:
     out = tmp_path / "sharded"
     r = aurora("replay", pub.uri, "--version", "4", "--out", str(out), "--shard-bytes", "100")
@@ -241,6 +245,7 @@ def test_replay_sharded_index(pub: Published, tmp_path: Path) -> None:
     assert_bits_equal(load_dir(out), expected)
 
 
+@pytest.mark.slow
 def test_replay_refuses_non_empty_out_unless_forced(pub: Published, tmp_path: Path) -> None:
     out = tmp_path / "busy"
     out.mkdir()
@@ -301,6 +306,7 @@ def test_replay_qwen3_loads_in_transformers(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- audit
 
 
+@pytest.mark.slow
 def test_audit_passes_and_writes_ledger(pub: Published, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -364,6 +370,7 @@ AFTER_DAMAGE = {
 """Every version's audit status after each kind of damage: later versions are still checked where they can be."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", sorted(AFTER_DAMAGE))
 def test_audit_names_the_bad_object(pub: Published, tmp_path: Path, what: str) -> None:
     import pyarrow.parquet as pq
@@ -385,6 +392,7 @@ def test_audit_names_the_bad_object(pub: Published, tmp_path: Path, what: str) -
     assert human.returncode == 1 and url in human.stderr and "FAILED" in human.stdout
 
 
+@pytest.mark.slow
 def test_audit_keeps_going_after_a_bad_delta(pub: Published) -> None:
     key = pub.run.manifest(1).segments[0].key
     overwrite(pub.run.store, key, _flip(pub.run.store.get(key, max_bytes=1 << 20)))
@@ -395,6 +403,7 @@ def test_audit_keeps_going_after_a_bad_delta(pub: Published) -> None:
     assert doc["first_error"]["object"] == pub.url(key)
 
 
+@pytest.mark.slow
 def test_audit_signatures(tmp_path: Path) -> None:
     key_a, pub_a = signing.generate_keypair()
     _, pub_b = signing.generate_keypair()
@@ -428,6 +437,7 @@ def test_audit_empty_run_fails(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- keygen, bench, imports
 
 
+@pytest.mark.slow
 def test_keygen_writes_a_usable_pair(tmp_path: Path) -> None:
     prefix = tmp_path / "trainer"
     r = aurora("keygen", "--out", str(prefix))
@@ -448,6 +458,7 @@ def test_bench_codec_is_wired() -> None:
     assert "--quick" in r.stdout and "aurora bench codec" in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_never_imports_torch(pub: Published, tmp_path: Path) -> None:
     code = (
         "import sys\nfrom aurora_store.cli import main\n"
@@ -496,6 +507,7 @@ def test_attachments_are_immutable(tmp_path: Path) -> None:
         run.files.put("a.txt", "text, not bytes")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_audit_catches_a_rehashed_manifest_whose_stats_lie(pub: Published) -> None:
     import dataclasses
 

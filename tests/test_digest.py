@@ -84,6 +84,7 @@ def test_update_moves_the_digest_to_the_new_words() -> None:
     assert moved != Digest(), "a digest of something is not the empty digest"
 
 
+@pytest.mark.slow
 def test_large_tensors_split_over_threads_give_the_same_digest() -> None:
     n = 64 * digest._CHUNK * 3 + 123  # several spans on the pool
     keys = tensor_keys("embed", "BF16", (n,))
@@ -94,6 +95,7 @@ def test_large_tensors_split_over_threads_give_the_same_digest() -> None:
     assert pooled == serial
 
 
+@pytest.mark.slow
 def test_a_process_without_the_compiled_mixer_agrees() -> None:
     code = (
         "import numpy as np\n"

@@ -265,6 +265,7 @@ def test_gc_reads_only_the_live_workers_registrations(tmp_path: Path, redis_serv
     assert 1 in p.retire
 
 
+@pytest.mark.slow
 def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, redis_server: Any) -> None:
     uri = (tmp_path / "home" / "g").as_uri()
     run = aurora_store.open_run(uri, full_every=4)

@@ -417,6 +417,7 @@ class LosingProxy:
         self.thread.join(10)
 
 
+@pytest.mark.slow
 def test_a_commit_whose_answer_was_lost_is_the_publishers_own(gcs_server: GcsServer) -> None:
     """gcsfs retries an upload whose answer is lost (here a 503 after the server wrote the object); GCS
     refuses the retried create-only with 412, which reads as "the key is taken". The publisher finds its

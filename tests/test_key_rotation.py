@@ -137,6 +137,7 @@ def test_a_key_that_is_not_the_runs_verifies_nothing(rotated: tuple[str, Any], k
             aurora_store.open_run(uri, verify_key=keys.public["x"]).manifest(v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["a", "c"])
 def test_replay_before_at_and_after_a_rotation_with_either_key(
     rotated: tuple[str, Any], keys: Keys, tmp_path: Path, key: str
@@ -224,6 +225,7 @@ FORGERIES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", FORGERIES)
 def test_a_forged_rotation_is_refused_by_readers_replay_and_audit(
     rotated: tuple[str, Any], keys: Keys, tmp_path: Path, how: str
@@ -310,6 +312,7 @@ def test_a_relay_process_copies_a_rotated_run(rotated: tuple[str, Any], keys: Ke
     assert_bits_equal(aurora_store.open_run(dest, verify_key=keys.public["c"]).materialize(7), states[7])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["a", "b", "c"])
 def test_audit_passes_with_any_key_of_the_run(rotated: tuple[str, Any], keys: Keys, key: str) -> None:
     uri, _ = rotated

@@ -38,6 +38,7 @@ RACER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_processes_racing_for_one_version(root: Root, tmp_path: Path) -> None:
     if root.backend == "memory":
         pytest.skip("memory:// lives in one process; test_store races threads on it")

@@ -310,6 +310,7 @@ def test_publishing_does_not_depend_on_redis(tmp_path: Path) -> None:
     assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[2])
 
 
+@pytest.mark.slow
 def test_relay_process_killed_mid_copy(tmp_path: Path, s3_server: Any) -> None:
     """A real relay process copying over a slow link is killed with SIGKILL mid-version: the
     destination has some segments and no manifest; the restarted relay copies only the rest."""

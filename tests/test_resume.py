@@ -89,6 +89,7 @@ def key(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_every_version_has_a_state_and_a_restart_is_exact(redis_server: Any, tmp_path: Path, key: Path) -> None:
     cfg = _config(tmp_path, redis_server.url, key=str(key))
     with Trainer(cfg) as first:

@@ -284,6 +284,7 @@ def test_full_versions_are_standard_safetensors(root: Root) -> None:
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in sd.values())
 
 
+@pytest.mark.slow
 def test_many_large_objects_with_few_connections(root: Root) -> None:
     """Objects larger than a ranged-GET part, more of them than connections: no starvation."""
     limits = aurora_store.Limits(part_bytes=64)

@@ -11,12 +11,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import aurora_store
 from tests.test_cli import aurora
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_prefix_or_endpoint_is_not_an_empty_run(s3_server: Any, tmp_path: Path) -> None:
     from aurora_store.testing.processes import free_port
 
