@@ -379,3 +379,44 @@ def test_an_actor_starting_on_a_damaged_region_reads_the_run_files_from_its_fall
     assert worker((tmp_path / "home").as_uri())._run_files()["config.json"] == b'{"k": 1}'
     with pytest.raises(CorruptError, match="declares version 0, expected 1"):
         worker(None)._run_files()
+
+
+def test_a_failing_result_takes_the_lease_only_from_its_own_holder(redis_server: Any) -> None:
+    """Issue 25, bug 1: a result that fails admission under the holder's name with another token, under
+    the holder's token with another name, or from a former holder (an old token), is dropped and the lease
+    stays with the actor working on it, whose result is then admitted (it was dropped as stale_lease: 16
+    such entries a second admitted 0 of 8 results in 30 s). The holder's own failure still gives it up."""
+    import time
+
+    from aurora_store.rl.tasks import Prompt
+    from aurora_store.testing.processes import wait_for
+
+    d = _dispatcher(redis_server.url)
+    lease = _one_job(d)
+    stream = d.board._k("results")
+    base = {"job": lease.job, "actor": "a", "version": "0", "version_hash": "0" * 64}
+    forged = [
+        {**base, "token": str(lease.token + 1), "bin": b"[1, 2]"},
+        {**base, "actor": "mallory", "token": str(lease.token), "bin": b"[1, 2]"},
+        {**base, "token": str(lease.token - 1), "bin": _group(digest="e" * 32)},
+        {**base, "token": str(lease.token + 7), "version_hash": "f" * 64, "bin": GOOD_GROUP},
+        {**base, "token": "not-a-token", "bin": GOOD_GROUP},
+    ]
+    for fields in forged:
+        d.board.rb.xadd(stream, fields)
+    wait_for(lambda: bool(d._collect_once()) or sum(d.dropped.values()) >= len(forged), "the forged results read")
+    time.sleep(0.1)
+    d._collect_once()  # a sweep (every 50 ms here): a lease taken back would be leased again now
+    assert d.leases.holder.get(lease.job) == "a" and lease.job not in d.leases.pending, d.dropped
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    wait_for(lambda: bool(d._collect_once()) or d.admitted_total >= 1, "the holder's result admitted", timeout=20)
+    assert d.admitted[1][lease.job].result.token == lease.token
+    assert d.dropped["lease_lost"] == 0 and d.dropped["stale_lease"] == 0, d.dropped
+
+    d.post(2, [Prompt("q", "2+2=", "4", (3, 4))])
+    (own,) = d.board.take("a", max_jobs=1, block_s=1)
+    d.board.results.submit(own, actor="a", version=0, version_hash="0" * 64, payload=_group(digest="e" * 32))
+    wait_for(lambda: bool(d._collect_once()) or d.dropped["wrong_digest"] >= 1, "the holder's bad result read")
+    assert own.job in d.leases.pending or d.leases.tokens.get(own.job) not in (None, own.token), (
+        "the holder's own unusable result gives its lease up"
+    )

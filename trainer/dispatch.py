@@ -320,10 +320,18 @@ class Dispatcher:
 
     def _refused(self, res: Result, step: int, why: str) -> None:
         self._drop(res, why)
-        # with identities on, a malformed entry (which cannot be authenticated) is anyone's: the lease stays
+        # Only the holder's own unusable result gives its lease up early: one under another name or an old
+        # token (a forger's, or a slow former holder's) would otherwise take the job from the actor working
+        # on it and get its result dropped as stale. Anyone else's is dropped and the lease stays. With
+        # identities on, a malformed entry (which cannot be authenticated) is anyone's as well.
         ungated = self.identity is None or not self.identity.on
         unusable = why in RELEASE or (res.malformed is not None and ungated)
-        if unusable and step not in self.leases.closed and res.job not in self.admitted.get(step, {}):
+        if (
+            unusable
+            and self.leases.holds(res.job, res.actor, res.token)
+            and step not in self.leases.closed
+            and res.job not in self.admitted.get(step, {})
+        ):
             self.leases.again(res.job, step)  # lease it again now
 
     def _drop(self, res: Result, why: str) -> None:

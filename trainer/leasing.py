@@ -49,6 +49,8 @@ class Leases:
         """Each step's jobs and their prompts (this trainer posted them: no need to ask Redis)."""
         self.holder: dict[str, str] = {}
         """Leased, unadmitted job -> the actor it is leased to (this trainer made every lease)."""
+        self.tokens: dict[str, int] = {}
+        """Leased, unadmitted job -> its lease's fencing token: only a result carrying it speaks for the lease."""
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
         self.stolen = 0
@@ -127,10 +129,11 @@ class Leases:
             for _ in range(n):
                 job, (step, prompt) = next(it)
                 items.append((job, actor, prompt.to_dict(), step))
-        self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
-        for job, actor, _, _ in items:  # only once leased: a Redis failure leaves them all pending
-            del self.pending[job]
+        tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
+        for (job, actor, _, _), token in zip(items, tokens, strict=True):  # only once leased: a Redis failure
+            del self.pending[job]  # leaves them all pending
             self.holder[job] = actor
+            self.tokens[job] = token
 
     def sweep(self) -> None:
         """Re-lease jobs whose lease expired (or was given back) or whose actor is gone; place pending
@@ -159,10 +162,18 @@ class Leases:
     def admitted(self, job: str) -> None:
         """``job``'s result was admitted: its lease is done."""
         self.holder.pop(job, None)
+        self.tokens.pop(job, None)
+
+    def holds(self, job: str, actor: str, token: int) -> bool:
+        """Whether ``actor`` holds ``job``'s current lease under ``token``: what a result must carry to give
+        the lease up by failing. Anyone can write a result under any name and token (a stale holder's late
+        one, or a forger's); only the holder's own failure may cost it its lease."""
+        return self.holder.get(job) == actor and self.tokens.get(job) == token
 
     def again(self, job: str, step: int) -> None:
         """Lease ``job`` again at the next sweep (its holder produced something unusable)."""
         self.holder.pop(job, None)
+        self.tokens.pop(job, None)
         self.pending[job] = (step, self.step_jobs[step][job])
 
     def close(self, step: int) -> list[str]:
@@ -190,6 +201,7 @@ class Leases:
                     self.pending[job] = (step, prompt)
                     n += 1
         self.holder.clear()
+        self.tokens.clear()
         self.roster.reset()
         self._taus = None
         return n
@@ -203,6 +215,7 @@ class Leases:
 
     def _lost_lease(self, job: str, step: int) -> None:
         self.holder.pop(job, None)
+        self.tokens.pop(job, None)
         self.pending[job] = (step, self.step_jobs[step][job])
         self.dropped["lease_lost"] += 1
 
@@ -244,6 +257,7 @@ class Leases:
         for (job, thief), token in zip(moves, tokens, strict=True):
             if token:
                 self.holder[job] = thief
+                self.tokens[job] = token
                 self.stolen += 1
 
 
