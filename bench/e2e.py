@@ -356,6 +356,8 @@ class Flags(Output):
     """three-regions: home and three 1 Gbps regions, a steady fleet; four-regions: the link table of
     ``bench.links`` (a 0.25 Gbps region, a gs:// region across clouds, a relay tree), spot churn, egress
     dollars (``bench.e2e_world``)."""
+    chart: str | None = None
+    """four-regions: also write the chart of step time per mode (HTML with inline SVG) to this path."""
 
 
 def config_from(args: Flags) -> Config:
@@ -367,5 +369,10 @@ def run(args: Flags) -> int:
         from bench import e2e_world
 
         cfg = overridden(e2e_world.QUICK if args.quick else e2e_world.DEFAULT, args)
-        return emit(e2e_world.measure(cfg, progress=True), args, lambda r: e2e_world.render(r, Console()))
+        result = e2e_world.measure(cfg, progress=True)
+        if args.chart:
+            from bench import e2e_chart
+
+            e2e_chart.write(result, args.chart)
+        return emit(result, args, lambda r: e2e_world.render(r, Console()))
     return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))

@@ -260,6 +260,11 @@ def synced(
                 else:
                     time.sleep(0.05)
             final.append(final_check(actor, up, trainer.manifest(up.held.version), sizes.verify_live))
+        for name in relays:  # every region holds the last version (its actors do): the links are settled
+            while (rv := coord.regions.version(name)) is None or rv.version < last.version:
+                m.tracker.check()
+                time.sleep(0.05)
+        settled = world.snapshot()
         m.tracker.check()
         return {
             "how": HOW[mode],
@@ -271,6 +276,8 @@ def synced(
             "relayed": relayed,
             "before": before,
             "after": after,
+            "settled": settled,
+            "payload_bytes": sum(st["bytes"] for st in loop["steps"]),
             "final": final,
             "bit_exact": all(f["bit_exact"] for f in final),
         }

@@ -27,6 +27,7 @@ from bench.e2e_regions import MODES, Sizes
 from bench.workload import make_workload
 from bench.world import MIB, cpus, own_peak_rss_mb
 
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Config:
     layers: int = 3
@@ -62,6 +63,7 @@ DEFAULT = Config()
 so that the five modes run in about 10 minutes on 2 shared cores."""
 QUICK = Config(layers=1, vocab=1024, warmup_steps=1, steps=3, actors=2, generation_s=1.0, full_part_bytes=2 * MIB)
 """One layer, vocab 1024 (~17M parameters), 2 actors per region, 3 timed steps: a check that it all runs."""
+PRESETS = {"default": DEFAULT, "--quick": QUICK}
 
 
 def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:

@@ -32,6 +32,9 @@ def _region_times(rec: dict[str, Any], timing: Timing) -> dict[str, dict[str, An
     published: dict[int, float] = rec["published_at"]
     commits: dict[str, dict[int, float]] = rec["commits"]
     timed = range(timing.warmup_steps + 1, timing.total_steps + 1)
+    applicable = timing.total_steps - 2
+    """The last batch boundary of the loop comes before the batch of the last step: after version
+    total_steps - 2 was published, before version total_steps - 1 was."""
     out: dict[str, dict[str, Any]] = {}
     for region in (r.name for r in links.regions()):
         members = [f for r, f in followers.values() if r == region]
@@ -41,7 +44,9 @@ def _region_times(rec: dict[str, Any], timing: Timing) -> dict[str, dict[str, An
             present = [f for f in members if f.joined_at < t0]
             a = [_first_at(f.applied_at, v) for f in present]
             s = [_first_at(f.staged_at, v) for f in present]
-            if not present or None in a:
+            if v > applicable:
+                pass
+            elif not present or None in a:
                 missing += 1
             else:
                 applied.append(max(t for t in a if t is not None) - t0)
@@ -55,6 +60,7 @@ def _region_times(rec: dict[str, Any], timing: Timing) -> dict[str, dict[str, An
             "staged_s": _pct(staged),
             "region_committed_s": _pct(committed),
             "versions_not_applied_by_the_end": missing,
+            "applied_versions": "timed versions up to total_steps - 2 (later ones have no batch boundary left)",
         }
     return out
 
@@ -74,7 +80,7 @@ def _per_region_steps(rec: dict[str, Any], timing: Timing) -> dict[str, dict[str
 def _links(rec: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     """Bytes down each link per step during the loop, and their dollars per 1,000 steps."""
     out = {}
-    for name, after in rec["after"]["links"].items():
+    for name, after in rec["settled"]["links"].items():
         down = after["bytes_down"] - rec["before"]["links"][name]["bytes_down"]
         up = after["bytes_up"] - rec["before"]["links"][name]["bytes_up"]
         if down == 0 and up == 0:
@@ -197,7 +203,7 @@ def summarize(result: dict[str, Any], raw: dict[str, dict[str, Any]], timing: Ti
             }
             if mode in RELAYED:
                 m["relayed_versions"] = {r: n for r, (n, _) in rec["relayed"].items()}
-                m["bytes_into_region_per_version"] = _into_region(mode, per_link, rec, payload, steps)
+                m["bytes_into_region_per_version"] = _into_region(mode, per_link, rec)
         modes[mode] = m
     result["modes"] = modes
     result["step_time_s"] = {m: modes[m]["step_time_s"] for m in modes}
@@ -206,23 +212,45 @@ def summarize(result: dict[str, Any], raw: dict[str, dict[str, Any]], timing: Ti
     result["projection_8b"] = _projection(result, modes)
     result["targets"] = _targets(result, modes)
     result["bounds"] = _bounds(result, modes, timing)
+    result["slowest_region"] = _slowest(modes)
     result["limits"] = LIMITS
     return result
 
 
-def _into_region(
-    mode: str, per_link: dict[str, Any], rec: dict[str, Any], payload: float, steps: int
-) -> dict[str, float | None]:
-    """Per region: bytes down the link feeding it per version its relay copied, over the payload per version."""
+def _into_region(mode: str, per_link: dict[str, Any], rec: dict[str, Any]) -> dict[str, float | None]:
+    """Per region: bytes down the link feeding it while the loop's versions crossed it (to the last one
+    committed there), over the payload bytes the trainer published in the loop."""
     topo = e2e_topology(mode)
+    assert topo is not None
     out: dict[str, float | None] = {}
     for r in links.regions():
-        assert topo is not None
-        hop = links.hop(links.source_of(r.name, topo), r.name)
-        n = rec["relayed"].get(r.name, (0, 0))[0]
-        lk = per_link.get(hop.name)
-        out[r.name] = lk["bytes_down"] / n / payload if lk and n else None
+        lk = per_link.get(links.hop(links.source_of(r.name, topo), r.name).name)
+        out[r.name] = lk["bytes_down"] / rec["payload_bytes"] if lk and rec["payload_bytes"] else None
     return out
+
+
+def _slowest(modes: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the time goes in ours' slowest region (by staged p95), p50s: publish -> region committed
+    (trainer upload + relay copy over the path), -> last actor staged (fetch, verify, decode from the
+    region's bucket), -> last actor applied (the wait for the next batch boundary, and the apply)."""
+    ours = modes.get("ours")
+    if ours is None:
+        return None
+    regions = ours["regions"]
+    name = max(regions, key=lambda r: regions[r]["staged_s"]["p95"] or 0.0)
+    r = regions[name]
+    committed, staged, applied = (r[k]["p50"] for k in ("region_committed_s", "staged_s", "applied_s"))
+    return {
+        "mode": "ours",
+        "region": name,
+        "staged_p95_s": r["staged_s"]["p95"],
+        "p50_s": {
+            "publish_to_region_committed": committed,
+            "region_committed_to_staged": None if staged is None or committed is None else staged - committed,
+            "staged_to_applied": None if applied is None or staged is None else applied - staged,
+        },
+        "link_alone_s": ours["link_alone_version_s"][name],
+    }
 
 
 def _targets(result: dict[str, Any], modes: dict[str, Any]) -> dict[str, Any]:
@@ -278,8 +306,12 @@ def _bounds(result: dict[str, Any], modes: dict[str, Any], timing: Timing) -> di
             "sync_budget_s": budget,
             "cpu_busy_cores": busy,
             "cores": cpus(),
-            "bound": "cpu (the emulator's processes on the shared cores)"
-            if cpu_bound and (measured or 0) > 1.5 * link_s
+            "bound": (
+                "cpu: the emulator's processes on the shared cores"
+                if cpu_bound
+                else "the emulator: CPU time and request latency of local servers, relays and actors, not the links"
+            )
+            if (measured or 0) > 1.5 * link_s
             else "link",
             "link_alone_vs_ideal": (ideal + max(0.0, link_s - budget)) / ideal,
             "how": "link_alone_sync_s: the slowest region's path at the table's bandwidths (bytes measured per "
