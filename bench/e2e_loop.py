@@ -224,6 +224,11 @@ class _Board:
             self._first[actor] = first
             return first
 
+    def begin(self, step: int) -> None:
+        """The trainer waits for ``step`` from now on (a joiner from now on starts with the next one)."""
+        with self._cond:
+            self.waiting = step
+
     def leave(self, actor: str) -> None:
         with self._cond:
             self._left.add(actor)
@@ -335,6 +340,7 @@ def run_steps(
         for name, w in weights.items():
             launch(name, w, 1)
         for step in range(1, timing.total_steps + 1):
+            board.begin(step)
             for e in by_step.get(step, ()):
                 if e.kind == "preempt":
                     board.leave(e.actor)
