@@ -35,7 +35,7 @@ class Config:
     seed: int = 0
     first_step: int = 3
     warmup_steps: int = 2
-    steps: int = 10
+    steps: int = 8
     async_level: int = 1
     actors: int = 3
     """Actors per region at the start (churn replaces the ones it takes)."""
@@ -59,7 +59,7 @@ class Config:
 
 
 DEFAULT = Config()
-"""~64M parameters (128 MB BF16, deltas ~1.3 MB), 3 actors in each of 4 regions, 10 timed steps per mode: sized
+"""~64M parameters (128 MB BF16, deltas ~1.3 MB), 3 actors in each of 4 regions, 8 timed steps per mode: sized
 so that the five modes run in about 10 minutes on 2 shared cores."""
 QUICK = Config(layers=1, vocab=1024, warmup_steps=1, steps=3, actors=2, generation_s=1.0, full_part_bytes=2 * MIB)
 """One layer, vocab 1024 (~17M parameters), 2 actors per region, 3 timed steps: a check that it all runs."""

@@ -9,7 +9,7 @@ Redis is the embedded server. Emulation, not a WAN: the JSON says so.
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,9 @@ class Regions:
     def __init__(self, stack: contextlib.ExitStack, seed: int) -> None:
         sites = list(links.SITES)
         with ThreadPoolExecutor(len(sites)) as pool:
-            futures = [pool.submit(gcs.start_fake_gcs if s.scheme == "gs" else start_moto) for s in sites]
+            futures: list[Future[S3Server | gcs.GcsServer]] = [
+                pool.submit(gcs.start_fake_gcs if s.scheme == "gs" else start_moto) for s in sites
+            ]
         for f in futures:  # every server that started is stopped, even if another failed to
             if f.exception() is None:
                 stack.callback(f.result().stop)
