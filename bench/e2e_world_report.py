@@ -4,6 +4,7 @@ goes, bytes down each link per step and their dollars, a projection to 8B parame
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -291,7 +292,11 @@ def _bounds(result: dict[str, Any], modes: dict[str, Any], timing: Timing) -> di
     """Per mode: what the links alone allow against what was measured, and whether the cores bound it."""
     budget = timing.generation_s - timing.training_s
     ideal = modes["ideal"]["step_time_s"]
-    out = {}
+    out: dict[str, Any] = {
+        "load_average_1_5_15": list(os.getloadavg()),
+        "cpu_busy_cores_counts": "this process (trainer, relays, actors: threads under one GIL) and the bucket "
+        "servers and link proxies it started; other work on the machine (the load average) is not counted",
+    }
     for mode, m in modes.items():
         if mode == "ideal":
             continue

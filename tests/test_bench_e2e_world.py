@@ -95,7 +95,9 @@ def test_reports_and_targets(result: dict[str, Any]) -> None:
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     assert result["modes"]["full"]["vs_ideal"] > result["modes"]["ours"]["vs_ideal"]
     assert result["slowest_region"]["region"] in {r.name for r in links.regions()}
-    for b in result["bounds"].values():
+    assert len(result["bounds"]["load_average_1_5_15"]) == 3
+    for mode in MODES[1:]:
+        b = result["bounds"][mode]
         assert b["link_alone_sync_s"] > 0 and b["link_alone_vs_ideal"] >= 1
     assert "<svg" in result["_chart"] and "ours" in result["_chart"]
 
