@@ -16,8 +16,13 @@ CSS = (
 
 def render(result: dict[str, Any]) -> str:
     modes = result["modes"]
-    series = {m: [(float(s["step"]), float(s["step_time_s"])) for s in r["steps"]] for m, r in modes.items()}
-    chart = line_chart("Step time per step, each mode (same churn schedule)", "step", "seconds", series)
+    order = sorted(modes, key=lambda m: m == "full")  # full last: each mode keeps its color in both charts
+    series = {m: [(float(s["step"]), float(s["step_time_s"])) for s in modes[m]["steps"]] for m in order}
+    chart = line_chart(
+        "Step time per step, each mode (same churn schedule; log scale)", "step", "seconds", series, True
+    )
+    deltas = {m: p for m, p in series.items() if m != "full"}
+    chart += line_chart("Step time per step without full broadcast (linear scale)", "step", "seconds", deltas)
     rows = []
     for m, r in modes.items():
         regions = r.get("regions", {})
