@@ -184,6 +184,13 @@ def summarize(result: dict[str, Any], raw: dict[str, dict[str, Any]], timing: Ti
             "steps": [{k: v for k, v in s.items() if k not in ("stalls",)} for s in rec["steps"]],
         }
         m["per_region_steps"] = _per_region_steps(rec, timing)
+        m["excess_over_ideal_s"] = {
+            "total": rec["step_time_s"] - ideal,
+            "trainer_publish": rec["publish_s"] - raw["ideal"]["publish_s"],
+            "what": "the trainer's publish is on its critical path (the step ends when the version is committed "
+            "at home); the rest of the excess is the slowest actor's wait at a batch boundary that the "
+            "generation window did not hide",
+        }
         if mode != "ideal":
             steps = timing.total_steps
             per_link = _links(rec, steps)
