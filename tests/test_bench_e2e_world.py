@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aurora_store import cli
-from bench import churn, e2e_world, egress, links
+from bench import egress, links
 from bench.e2e_regions import MODES
 
 pytestmark = pytest.mark.slow
@@ -100,26 +99,3 @@ def test_reports_and_targets(result: dict[str, Any]) -> None:
         b = result["bounds"][mode]
         assert b["link_alone_sync_s"] > 0 and b["link_alone_vs_ideal"] >= 1
     assert "<svg" in result["_chart"] and "ours" in result["_chart"]
-
-
-def test_churn_schedule_is_seeded_and_keeps_a_region() -> None:
-    fleet = {f"r{i}/a{j}": f"r{i}" for i in range(4) for j in range(2)}
-    a = churn.schedule(fleet, 1, 40, 0.5, seed=3)
-    assert a == churn.schedule(fleet, 1, 40, 0.5, seed=3) and a != churn.schedule(fleet, 1, 40, 0.5, seed=4)
-    live = dict(fleet)
-    for e in a:
-        if e.kind == "preempt":
-            del live[e.actor]
-        else:
-            live[e.actor] = e.region
-        assert {r for r in live.values()} == {f"r{i}" for i in range(4)}
-    with pytest.raises(ValueError, match="churn rate"):
-        churn.schedule(fleet, 1, 10, 1.5, seed=0)
-
-
-def test_egress_lines() -> None:
-    us, eu = links.site("home"), links.site("eu-west")
-    assert egress.rate(us, eu) == (0.02, "aws inter-region")
-    assert egress.rate(eu, links.site("gcp-eu"))[0] == egress.PRICES_PER_GB["aws"]["internet"]
-    assert e2e_world.QUICK.total_steps < e2e_world.DEFAULT.total_steps
-    assert Path(__file__).exists()
