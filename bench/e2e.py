@@ -20,7 +20,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import Progress
@@ -352,6 +352,12 @@ class Flags(Output):
     """Comma-separated subset of the modes; ideal is required (default: the preset's, all of them)."""
     seed: int = 0
     """Trace seed."""
+    world: Literal["three-regions", "four-regions"] = "three-regions"
+    """three-regions: home and three 1 Gbps regions, a steady fleet; four-regions: the link table of
+    ``bench.links`` (a 0.25 Gbps region, a gs:// region across clouds, a relay tree), spot churn, egress
+    dollars (``bench.e2e_world``)."""
+    chart: str | None = None
+    """four-regions: also write the chart of step time per mode (HTML with inline SVG) to this path."""
 
 
 def config_from(args: Flags) -> Config:
@@ -359,4 +365,14 @@ def config_from(args: Flags) -> Config:
 
 
 def run(args: Flags) -> int:
+    if args.world == "four-regions":
+        from bench import e2e_world
+
+        cfg = overridden(e2e_world.QUICK if args.quick else e2e_world.DEFAULT, args)
+        result = e2e_world.measure(cfg, progress=True)
+        if args.chart:
+            from bench import e2e_chart
+
+            e2e_chart.write(result, args.chart)
+        return emit(result, args, lambda r: e2e_world.render(r, Console()))
     return emit(measure(config_from(args), progress=True), args, lambda r: render(r, Console()))

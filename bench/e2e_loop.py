@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from actor.updater import Updater
     from aurora_store.coord.coordinator import Coordinator
+    from bench.churn import Event
 
 POLL_S = 0.2
 """Longest a waiting thread goes without checking for a failure elsewhere or the stop signal."""
@@ -138,6 +139,10 @@ class Synced:
         self._applied = threading.Event()
         self.staged_at: list[tuple[int, float]] = []
         """(version, when) each time the stager finished staging."""
+        self.applied_at: list[tuple[int, float]] = []
+        """(version, when) each time the actor applied a version at a batch boundary."""
+        self.joined_at = 0.0
+        """When it held its first version (0: from the start; a joining actor: when its bootstrap ended)."""
 
     def held(self) -> int:
         assert self.up.held is not None
@@ -148,6 +153,7 @@ class Synced:
             staged = self.up.staged
             if staged is not None and staged.version > self.held():
                 self.up.apply()
+                self.applied_at.append((self.held(), time.perf_counter()))
                 self._applied.set()
             if self.held() >= need or stop.is_set():
                 return
@@ -191,30 +197,72 @@ class Batch:
 
 
 class _Board:
-    """Which actors have finished their batch for each step."""
+    """Which actors have finished their batch for each step, and which actors the trainer waits for.
 
-    def __init__(self, actors: int) -> None:
+    An actor is a member from its first step on until it is preempted; the trainer's step waits for the
+    batches of the members whose first step it has reached. A preempted actor's batches are dropped."""
+
+    def __init__(self, actors: list[str]) -> None:
         self._cond = threading.Condition()
-        self._actors = actors
+        self._first = dict.fromkeys(actors, 1)
+        self._left: set[str] = set()
+        self.waiting = 1
+        """The step the trainer waits for (or will wait for next)."""
         self.batches: dict[int, list[Batch]] = {}
 
     def done(self, batch: Batch) -> None:
         with self._cond:
+            if batch.actor in self._left:
+                return
             self.batches.setdefault(batch.step, []).append(batch)
             self._cond.notify_all()
+
+    def join(self, actor: str) -> int:
+        """Add ``actor`` from the step after the one the trainer waits for; returns that step."""
+        with self._cond:
+            first = self.waiting + 1
+            self._first[actor] = first
+            return first
+
+    def begin(self, step: int) -> None:
+        """The trainer waits for ``step`` from now on (a joiner from now on starts with the next one)."""
+        with self._cond:
+            self.waiting = step
+
+    def leave(self, actor: str) -> None:
+        with self._cond:
+            self._left.add(actor)
+            self._cond.notify_all()
+
+    def _missing(self, step: int) -> bool:
+        done = {b.actor for b in self.batches.get(step, ())}
+        return any(a not in done and a not in self._left and first <= step for a, first in self._first.items())
 
     def wait(self, step: int, timeout_s: float, check: Callable[[], None]) -> None:
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while len(self.batches.get(step, ())) < self._actors:
+            self.waiting = step
+            while self._missing(step):
                 check()
                 if time.monotonic() > deadline:
                     raise LoopError(f"the batches of step {step} were not done within {timeout_s:.0f} s")
                 self._cond.wait(POLL_S)
 
 
-def _actor(name: str, w: Weights, timing: Timing, base: int, board: _Board, stop: threading.Event) -> None:
-    for step in range(1, timing.total_steps + 1):
+@dataclass(frozen=True, slots=True)
+class Churn:
+    """Spot churn for `run_steps`: the schedule, and how a mode makes a joining actor's weights (blocking:
+    a bootstrap from its region's bucket, or at once in the ideal mode)."""
+
+    events: list[Event]
+    join: Callable[[str, str], Weights]
+    """``join(actor, region)``."""
+
+
+def _actor(
+    name: str, w: Weights, timing: Timing, base: int, board: _Board, stop: threading.Event, first: int = 1
+) -> None:
+    for step in range(first, timing.total_steps + 1):
         t0 = time.perf_counter()
         w.boundary(base + timing.need(step), stop)
         start = time.perf_counter()
@@ -232,14 +280,24 @@ def run_steps(
     timing: Timing,
     check: Callable[[], None] = lambda: None,
     base_version: int = 0,
+    churn: Churn | None = None,
 ) -> dict[str, Any]:
     """Run the loop: actors in threads, the trainer here. Every actor holds ``base_version`` at the start;
     ``publish(step)`` makes version ``base_version + step`` available and returns what to record about it;
-    ``check`` raises if something outside the loop failed."""
+    ``check`` raises if something outside the loop failed. With ``churn``, its events happen as the trainer
+    starts waiting for their step: a preempted actor stops at once (its batch in flight is lost), a joining
+    one is made by ``churn.join`` in a thread of its own and takes batches from the step after the one the
+    trainer then waits for."""
     failures = _Failures()
     stop = threading.Event()
-    board = _Board(len(weights))
+    board = _Board(list(weights))
     threads: list[threading.Thread] = []
+    stops: dict[str, threading.Event] = {}
+    by_step: dict[int, list[Event]] = {}
+    for e in churn.events if churn is not None else ():
+        by_step.setdefault(e.step, []).append(e)
+    churned: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
 
     def start(name: str, fn: Callable[[], None]) -> None:
         def body() -> None:
@@ -257,15 +315,39 @@ def run_steps(
         failures.check()
         check()
 
+    def launch(name: str, w: Weights, first: int) -> None:
+        own = stops[name] = threading.Event()
+        for what, fn in w.threads(own):
+            start(f"{what} {name}", fn)
+        start(f"actor {name}", functools.partial(_actor, name, w, timing, base_version, board, own, first))
+
+    def join(e: Event) -> None:
+        assert churn is not None
+        t0 = time.perf_counter()
+        w = churn.join(e.actor, e.region)
+        if stop.is_set():
+            return
+        ready = time.perf_counter()
+        first = board.join(e.actor)
+        churned.append(
+            {"step": e.step, "kind": "join", "actor": e.actor, "region": e.region, "bootstrap_s": ready - t0}
+            | {"ready_at_s": ready - t_start, "first_step": first, "version": w.held()}
+        )
+        launch(e.actor, w, first)
+
     steps: list[dict[str, Any]] = []
     try:
         for name, w in weights.items():
-            for what, fn in w.threads(stop):
-                start(f"{what} {name}", fn)
-        t_start = time.perf_counter()
-        for name, w in weights.items():
-            start(f"actor {name}", functools.partial(_actor, name, w, timing, base_version, board, stop))
+            launch(name, w, 1)
         for step in range(1, timing.total_steps + 1):
+            board.begin(step)
+            for e in by_step.get(step, ()):
+                if e.kind == "preempt":
+                    board.leave(e.actor)
+                    stops[e.actor].set()  # no warning: whatever it was doing is dropped
+                    churned.append({"step": e.step, "kind": "preempt", "actor": e.actor, "region": e.region})
+                else:
+                    start(f"join {e.actor}", functools.partial(join, e))
             t0 = time.perf_counter()
             board.wait(step, timing.step_timeout_s, check_all)
             t1 = time.perf_counter()
@@ -277,9 +359,14 @@ def run_steps(
         check_all()
     finally:
         stop.set()
+        for own in list(stops.values()):
+            own.set()
         for t in threads:
             t.join(120)
-    return _summary(steps, board.batches, timing, base_version)
+    out = _summary(steps, board.batches, timing, base_version)
+    if churn is not None:
+        out["churn"] = churned
+    return out
 
 
 def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timing: Timing, base: int) -> dict[str, Any]:
@@ -296,6 +383,8 @@ def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timin
                 "stall_mean_s": sum(b.stall_s for b in bs) / len(bs),
                 "versions_used": sorted({b.version for b in bs}),
                 "staleness_max": max(base + s["step"] - 1 - b.version for b in bs),
+                "stalls": {b.actor: b.stall_s for b in bs},
+                "last_batch_region": max(bs, key=lambda b: b.end).actor.split("/", 1)[0],
             }
         )
     timed = out[timing.warmup_steps :]
