@@ -49,10 +49,11 @@ class TensorWeights(TensorWords):
 
     Classed lookups against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex`
     per tensor (2.1 bytes of host memory an element, built at a tensor's first lookup), which each
-    commit moves forward with the weights: a delta's lookup then costs O(changed), not a walk over
+    commit moves forward with the weights (at the next lookup, not at the safe point): a delta's
+    lookup then costs O(changed), not a walk over
     every element. An index is trusted only while its tensor's in-place version counter is the one
     it was built or moved at (anything else that writes the tensor makes it rebuild); ``rank_index``
-    False keeps the walk."""
+    False keeps the walk (None, the default: :func:`~aurora_store.codec.ranks.enabled`)."""
 
     def __init__(
         self,
@@ -60,19 +61,23 @@ class TensorWeights(TensorWords):
         *,
         device: str | torch.device = "cpu",
         lookup_on_device: bool | None = None,
-        rank_index: bool = True,
+        rank_index: bool | None = None,
     ) -> None:
         super().__init__(tensors, lookup_on_device=lookup_on_device)
         self.device = torch.device(device)
-        self.rank_index = rank_index
+        self.rank_index = ranks.enabled() if rank_index is None else rank_index
         self._ranks: dict[str, tuple[ranks.RankIndex, int]] = {}
         """name -> (index, the tensor's ``_version`` it holds the classes of)."""
         self._ranks_lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
+        self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
+        and the commit's positions, old and new words: made at the next lookup."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
         with self._ranks_lock:
             self._ranks.clear()
+            self._moves.clear()
         if not self.tensors:  # no engine tensors given: own them
             self.tensors = {s.name: from_words(s, words[s.name]).to(self.device) for s in specs}
             return
@@ -104,7 +109,17 @@ class TensorWeights(TensorWords):
         with building:  # blocks of one tensor decode in parallel: one builds, the others wait for it
             with self._ranks_lock:
                 held = self._ranks.get(name)
+                moves = self._moves.pop(name, None)
+            if held is None and moves is not None and moves[1] == flat._version:  # the last commit's moves
+                index, version, at, was, now = moves
+                try:
+                    index.update(at, was, now.view(was.dtype))
+                    held = (index, version)
+                except ValueError:  # not the words it held after all: rebuilt below
+                    held = None
             if held is not None and held[1] == flat._version and held[0].exponent == lookup.exponent:
+                with self._ranks_lock:
+                    self._ranks[name] = held
                 return held[0]
             words = flat.numpy().view(f"<u{flat.element_size()}")
             if not ranks.available(words):
@@ -126,6 +141,7 @@ class TensorWeights(TensorWords):
         return out
 
     def commit(self, prepared: object) -> None:
+        """Scatter, and leave each index its moves to make at its next lookup (off the safe point)."""
         assert isinstance(prepared, list)
         with torch.no_grad():
             for name, flat, idx_t, val_t, was in prepared:
@@ -133,14 +149,8 @@ class TensorWeights(TensorWords):
                 flat[idx_t] = val_t
                 with self._ranks_lock:
                     held = self._ranks.pop(name, None)
-                if held is None or was is None or held[1] != before:
-                    continue  # no index, or one that was already stale: the next lookup builds one
-                try:
-                    held[0].update(idx_t.numpy(), was, val_t.numpy().view(was.dtype))
-                except ValueError:
-                    continue  # not the words it held after all: dropped, rebuilt at the next lookup
-                with self._ranks_lock:
-                    self._ranks[name] = (held[0], flat._version)
+                    if held is not None and was is not None and held[1] == before:
+                        self._moves[name] = (held[0], flat._version, idx_t.numpy(), was, val_t.numpy())
 
     def discard(self, prepared: object) -> None:
         """Nothing to free: prepared tensors are ordinary objects."""

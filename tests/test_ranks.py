@@ -159,7 +159,9 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
         index = live._ranks["w"][0]
         at = np.flatnonzero(new != live.flat("w").numpy().view("<u2"))
         live.commit(live.prepare({"w": (at, new[at])}))
-        assert live._ranks["w"][0] is index
+        assert live._moves["w"][0] is index  # moved at the next lookup, not at the safe point
+    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))
+    assert live._ranks["w"][0] is index and not live._moves
     with torch.no_grad():  # a write the index is not told of: the next lookup builds a new one
         live.tensors["w"].mul_(-3)
     check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))

@@ -17,6 +17,8 @@ Results are those of :func:`classes.locate` exactly, errors included (a rank pas
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from aurora_store.codec import kernels
@@ -25,6 +27,12 @@ from aurora_store.errors import CorruptError
 
 CHUNK = 4096
 """Elements per chunk: offsets fit 2 bytes, and a move shifts at most a chunk's offsets."""
+
+
+def enabled() -> bool:
+    """Whether readers that can keep an index should (``AURORA_RANK_INDEX=0``: walk instead, and
+    spend no host memory on indexes)."""
+    return os.environ.get("AURORA_RANK_INDEX", "1") != "0"
 
 
 def available(words: np.ndarray) -> bool:
