@@ -40,8 +40,9 @@ class Config:
     """Embedding rows."""
     ks: tuple[int, ...] = (1, 10, 50)
     """How many versions behind the lagging actor is."""
-    versions: int = 60
-    """Versions published after version 0 (at least the largest K)."""
+    versions: int = 55
+    """Versions published after version 0 (at least the largest K). The last is the headline target:
+    55 with fulls every 20 puts no full within 10 versions of it and two within 50."""
     full_every: int = 20
     """The publisher's full-version period (``RunConfig.full_every``)."""
     first_step: int = 3
