@@ -47,13 +47,14 @@ class LiveWeights(Words, Protocol):
 class TensorWeights(TensorWords):
     """Live weights held as a mapping of HF names to torch tensors, on any device.
 
-    Classed lookups against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex`
+    With ``rank_index`` (opt-in: :func:`~aurora_store.codec.ranks.enabled` says why), classed lookups
+    against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex`
     per tensor (2.1 bytes of host memory an element, built at a tensor's first lookup), which each
     commit moves forward with the weights (at the next lookup, not at the safe point): a delta's
     lookup then costs O(changed), not a walk over
     every element. An index is trusted only while its tensor's in-place version counter is the one
     it was built or moved at (anything else that writes the tensor makes it rebuild); ``rank_index``
-    False keeps the walk (None, the default: :func:`~aurora_store.codec.ranks.enabled`)."""
+    False keeps the walk (None, the default: ``AURORA_RANK_INDEX=1`` turns it on)."""
 
     def __init__(
         self,

@@ -90,7 +90,7 @@ def test_a_classed_block_decodes_the_same_through_an_index() -> None:
     old, new = to_bf16(masters), to_bf16(masters + np.float32(3e-5))
     ex = classes.extract(old, new, Exponent(7, 8))
     enc = classed.encode(ex.positions, ex.old, ex.new, Exponent(7, 8), ex.classes, ex.ranks)
-    live = TensorWeights({"w": torch.from_numpy(old.view(np.int16).copy()).view(torch.bfloat16)})
+    live = TensorWeights({"w": torch.from_numpy(old.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
     from aurora_store.codec.base import BlockWords
 
     span = Span(old.size, 2, dtypes.dtype("BF16").exponent)
@@ -140,11 +140,13 @@ def test_an_update_from_words_it_does_not_hold_is_refused() -> None:
         index.update(at, lie, words[at])
 
 
-def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_writes() -> None:
+def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rng = np.random.default_rng(1)
     exponent = Exponent(7, 8)
     words = random_words(rng, 3 * ranks.CHUNK, np.dtype("<u2"), exponent, 12)
-    live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)})
+    live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
 
     def check(new: np.ndarray) -> None:
         now = live.flat("w").numpy().view("<u2")
@@ -166,7 +168,10 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
         live.tensors["w"].mul_(-3)
     check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))
     assert live._ranks["w"][0] is not index
-    off = TensorWeights({"w": live.tensors["w"].clone()}, rank_index=False)
+    monkeypatch.delenv("AURORA_RANK_INDEX", raising=False)
+    off = TensorWeights({"w": live.tensors["w"].clone()})  # the default: off (ranks.enabled says why)
     look = lookup_of(off.flat("w").numpy().view("<u2"), words[: 3 * ranks.CHUNK], exponent)
     off.locate("w", 0, 3 * ranks.CHUNK, look)
     assert not off._ranks
+    monkeypatch.setenv("AURORA_RANK_INDEX", "1")
+    assert TensorWeights().rank_index and not TensorWeights(rank_index=False).rank_index

@@ -212,17 +212,21 @@ def _rank_build(words: Any, shift: int, mask: int, size: int, perm: Any, start: 
     # Per chunk of ``size`` elements: a counting sort of its offsets by class (``perm``, offsets
     # ascending within a class) and where each class's run starts (``start[j, c]``; ``start[j, n_cls]``
     # is the chunk's length).
+    # Four interleaved counters per class, as in ``_extract``: a run of one class costs no
+    # store-to-load stall per element.
     n = words.size
     n_cls = mask + 1
     at = np.zeros(n_cls + 1, np.int64)
+    cnt = np.zeros((4, n_cls), np.int64)
     for j in range(start.shape[0]):
         lo = j * size
         hi = min(lo + size, n)
-        at[:] = 0
+        cnt[:] = 0
         for i in range(lo, hi):
-            at[((words[i] >> shift) & mask) + 1] += 1
+            cnt[i & 3, (words[i] >> shift) & mask] += 1
+        at[0] = 0
         for c in range(n_cls):
-            at[c + 1] += at[c]
+            at[c + 1] = at[c] + cnt[0, c] + cnt[1, c] + cnt[2, c] + cnt[3, c]
         for c in range(n_cls + 1):
             start[j, c] = at[c]
         for i in range(lo, hi):

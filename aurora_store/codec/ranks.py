@@ -30,9 +30,12 @@ CHUNK = 4096
 
 
 def enabled() -> bool:
-    """Whether readers that can keep an index should (``AURORA_RANK_INDEX=0``: walk instead, and
-    spend no host memory on indexes)."""
-    return os.environ.get("AURORA_RANK_INDEX", "1") != "0"
+    """Whether readers that can keep an index should: ``AURORA_RANK_INDEX=1``. Off by default: at the
+    reference trace's 1-2% density a lookup still touches most cache lines of the index (one change
+    in 50 elements, 32 offsets a line), so a decode takes 0.78x the walk's time (``aurora bench codec
+    --quick``), while building an index costs 2-3 walks at its first delta after each load and 2.1
+    bytes of host memory per weight; it pays at lower densities and over long runs."""
+    return os.environ.get("AURORA_RANK_INDEX", "0") == "1"
 
 
 def available(words: np.ndarray) -> bool:
