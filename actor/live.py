@@ -9,13 +9,15 @@ engine serves its fused, possibly tensor-parallel parameters through the same pr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from aurora_store.codec.base import Words
+from aurora_store.codec import ranks
+from aurora_store.codec.base import Lookup, Overlay, Words
 from aurora_store.device import TensorWords
 from aurora_store.errors import LayoutError
 from aurora_store.format.manifest import TensorSpec
@@ -43,7 +45,16 @@ class LiveWeights(Words, Protocol):
 
 
 class TensorWeights(TensorWords):
-    """Live weights held as a mapping of HF names to torch tensors, on any device."""
+    """Live weights held as a mapping of HF names to torch tensors, on any device.
+
+    With ``rank_index`` (opt-in: :func:`~aurora_store.codec.ranks.enabled` says why), classed lookups
+    against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex`
+    per tensor (2.1 bytes of host memory an element, built at a tensor's first lookup), which each
+    commit moves forward with the weights (at the next lookup, not at the safe point): a delta's
+    lookup then costs O(changed), not a walk over
+    every element. An index is trusted only while its tensor's in-place version counter is the one
+    it was built or moved at (anything else that writes the tensor makes it rebuild); ``rank_index``
+    False keeps the walk (None, the default: ``AURORA_RANK_INDEX=1`` turns it on)."""
 
     def __init__(
         self,
@@ -51,11 +62,23 @@ class TensorWeights(TensorWords):
         *,
         device: str | torch.device = "cpu",
         lookup_on_device: bool | None = None,
+        rank_index: bool | None = None,
     ) -> None:
         super().__init__(tensors, lookup_on_device=lookup_on_device)
         self.device = torch.device(device)
+        self.rank_index = ranks.enabled() if rank_index is None else rank_index
+        self._ranks: dict[str, tuple[ranks.RankIndex, int]] = {}
+        """name -> (index, the tensor's ``_version`` it holds the classes of)."""
+        self._ranks_lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}
+        self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
+        and the commit's positions, old and new words: made at the next lookup."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
+        with self._ranks_lock:
+            self._ranks.clear()
+            self._moves.clear()
         if not self.tensors:  # no engine tensors given: own them
             self.tensors = {s.name: from_words(s, words[s.name]).to(self.device) for s in specs}
             return
@@ -69,18 +92,66 @@ class TensorWeights(TensorWords):
             for s in specs:
                 self.tensors[s.name].copy_(from_words(s, words[s.name]))
 
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        index = self._index(name, lookup) if over is None or over[0].size == 0 else None
+        if index is None:
+            return super().locate(name, lo, hi, lookup, over)
+        return index.locate(lo, hi, lookup)
+
+    def _index(self, name: str, lookup: Lookup) -> ranks.RankIndex | None:
+        """The tensor's current rank index (built now if it has none or a stale one), or None where
+        the lookup does not take the host pass or no index can be built."""
+        flat = self.flat(name)
+        on_device = flat.device.type != "cpu" if self.lookup_on_device is None else self.lookup_on_device
+        if not self.rank_index or on_device or flat.device.type != "cpu":
+            return None
+        with self._ranks_lock:
+            building = self._building.setdefault(name, threading.Lock())
+        with building:  # blocks of one tensor decode in parallel: one builds, the others wait for it
+            with self._ranks_lock:
+                held = self._ranks.get(name)
+                moves = self._moves.pop(name, None)
+            if held is None and moves is not None and moves[1] == flat._version:  # the last commit's moves
+                index, version, at, was, now = moves
+                try:
+                    index.update(at, was, now.view(was.dtype))
+                    held = (index, version)
+                except ValueError:  # not the words it held after all: rebuilt below
+                    held = None
+            if held is not None and held[1] == flat._version and held[0].exponent == lookup.exponent:
+                with self._ranks_lock:
+                    self._ranks[name] = held
+                return held[0]
+            words = flat.numpy().view(f"<u{flat.element_size()}")
+            if not ranks.available(words):
+                return None
+            index = ranks.RankIndex(words, lookup.exponent)
+            with self._ranks_lock:
+                self._ranks[name] = (index, flat._version)
+            return index
+
     def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
         out = []
         for name, (idx, words) in changes.items():
             flat = self.flat(name)
-            out.append((flat, torch.from_numpy(idx).to(flat.device), word_tensor(words).to(flat.device)))
+            with self._ranks_lock:
+                held = self._ranks.get(name)
+            # the words being replaced, for the index's moves (read now: nothing writes before commit)
+            was = self.at(name, idx) if held is not None and held[1] == flat._version else None
+            out.append((name, flat, torch.from_numpy(idx).to(flat.device), word_tensor(words).to(flat.device), was))
         return out
 
     def commit(self, prepared: object) -> None:
+        """Scatter, and leave each index its moves to make at its next lookup (off the safe point)."""
         assert isinstance(prepared, list)
         with torch.no_grad():
-            for flat, idx_t, val_t in prepared:
+            for name, flat, idx_t, val_t, was in prepared:
+                before = flat._version
                 flat[idx_t] = val_t
+                with self._ranks_lock:
+                    held = self._ranks.pop(name, None)
+                    if held is not None and was is not None and held[1] == before:
+                        self._moves[name] = (held[0], flat._version, idx_t.numpy(), was, val_t.numpy())
 
     def discard(self, prepared: object) -> None:
         """Nothing to free: prepared tensors are ordinary objects."""

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "state": "what saving the trainer state of every version costs the training thread; see --help",
     "identity": "actor identities: sign and check microseconds per result, admission signed vs unsigned; see --help",
     "recipe": "whether aurora demo's recipe learns: reward rise, verified versions, delta sizes; see --help",
+    "catchup": "a lagging actor's path to the latest version: delta chain vs latest full plus chain; see --help",
     "coord": "one Redis and one trainer against 8..1024 actors: round trips, Redis CPU, bytes, memory; see --help",
 }
 

@@ -27,8 +27,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from aurora_store import codec
-from aurora_store.codec import classes, kernels, sparse
-from aurora_store.codec.base import Decoded, Encoded
+from aurora_store.codec import classes, kernels, ranks, sparse
+from aurora_store.codec.base import BlockWords, Decoded, Encoded, Lookup, Overlay
 from aurora_store.codec.words import block_of
 from aurora_store.format import dtypes
 from aurora_store.format.delta import code_block
@@ -45,6 +45,9 @@ PRESETS = {
     "--quick": dict(zip(("layers", "steps"), QUICK, strict=True)),
 }
 """What ``--help`` says the preset flags default to."""
+LINKS_GBPS = (0.25, 1, 10)
+"""Links a step's delta is timed across (``link_s``: payload bits over the bandwidth, no RTT), to set
+beside its decode time."""
 SUMMARY_FROM = 4
 """The summary averages steps from this one on (Adam's moments have warmed up), or all steps if none."""
 TARGETS = {
@@ -104,15 +107,32 @@ def encode_sparse(old: Arrays, new: Arrays) -> Coded:
     return out
 
 
-def decode(blocks: Coded, parent: Arrays) -> dict[str, Decoded]:
-    """As an actor stages a version: every block decoded against the parent's words."""
+def decode(blocks: Coded, parent: Arrays, indexes: dict[str, ranks.RankIndex] | None = None) -> dict[str, Decoded]:
+    """As an actor stages a version: every block decoded against the parent's words (their classed
+    lookups through ``indexes``, the rank indexes an actor keeps across versions, when given)."""
     out = {}
     for name, (codec_name, b) in blocks.items():
         c = codec.get(codec_name)
         assert c is not None
         t = parent[name]
-        out[name] = c.decode(b.payload, b.header, BF16.span(t.size), block_of(t), name)
+        words = block_of(t) if indexes is None else BlockWords(Indexed(parent, indexes), name, 0, t.size)
+        out[name] = c.decode(b.payload, b.header, BF16.span(t.size), words, name)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Indexed:
+    """Host words whose classed lookups go through a :class:`~aurora_store.codec.ranks.RankIndex` each."""
+
+    arrays: Arrays
+    indexes: dict[str, ranks.RankIndex]
+
+    def at(self, name: str, index: np.ndarray) -> np.ndarray:
+        return self.arrays[name][index]
+
+    def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
+        assert over is None
+        return self.indexes[name].locate(lo, hi, lookup)
 
 
 def apply(decoded: dict[str, Decoded], target: Arrays) -> None:
@@ -156,12 +176,21 @@ def measure_step(
         best[key] = min(best.get(key, float("inf")), t)
         return out
 
+    # an actor keeps these across versions (moved forward at each commit): built outside the timers
+    indexes = {k: ranks.RankIndex(a, BF16.exponent) for k, a in flat_old.items()} if classes.compiled() else None
     for _ in range(repeats):  # interleaved, so drift in machine speed hits every timing alike
         positions = timed("scan", partial(scan, old, new))
         for label, enc_fn in (("ours", encode), ("sparse", encode_sparse)):
             prefix = "" if label == "ours" else "sparse_"
             coded[label] = timed(prefix + "encode", partial(enc_fn, old, new))
             decoded = timed(prefix + "decode", partial(decode, coded[label], flat_old))
+            if label == "ours" and indexes is not None:
+                via = timed("indexed_decode", partial(decode, coded[label], flat_old, indexes))
+                for k, d in decoded.items():
+                    e = via[k]
+                    assert d.delta is not None and e.delta is not None
+                    if not (np.array_equal(d.positions, e.positions) and np.array_equal(d.delta, e.delta)):
+                        raise RoundTripError(f"step {step}: {k} decodes otherwise through its rank index")
             for k, a in flat_old.items():  # a fresh copy of the old version, outside the timer
                 np.copyto(target[k], a)
             timed(prefix + "apply", partial(apply, decoded, target))
@@ -205,7 +234,9 @@ def measure_step(
             "apply_vs_sparse": best["apply"] / best["sparse_apply"],
             "sparse_encode_vs_scan": best["sparse_encode"] / best["scan"],
             "sparse_decode_vs_scan": best["sparse_decode"] / best["scan"],
+            "indexed_decode_vs_decode": best["indexed_decode"] / best["decode"] if "indexed_decode" in best else None,
         },
+        "link_s": {f"{g} Gbps": size["ours"] * 8 / (g * 1e9) for g in LINKS_GBPS},
         "peak_rss_mb": peak_rss_mb(),
     }
 
@@ -231,7 +262,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over steps >= SUMMARY_FROM (all steps if there are none), and the targets met."""
     use = [s for s in steps if s["step"] >= SUMMARY_FROM] or steps
     out: dict[str, Any] = {"over_steps": [s["step"] for s in use], "density": _mean(s["density"] for s in use)}
-    for key in ("bytes_per_changed", "smaller_than", "time_ratio", "seconds"):
+    for key in ("bytes_per_changed", "smaller_than", "time_ratio", "seconds", "link_s"):
         out[key] = {k: _mean(s[key][k] for s in use) for k in use[0][key]} if use else {}
     out["peak_rss_mb"] = max((s["peak_rss_mb"] for s in steps), default=None)
 

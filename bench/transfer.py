@@ -30,8 +30,11 @@ from bench.world import MIB, MODES, Config, World, cpus, own_peak_rss_mb
 TARGETS = {"link_bytes_per_delta": 1.1, "fetch_fraction": 0.85, "delta_vs_full": 20.0}
 
 FULL = Config()
-QUICK = Config(layers=2, vocab=16384, versions=2, fetch_bytes=64 * MIB, full_part_bytes=2 * MIB)
-"""A full quick version is ~100 MB in a few shards: 2 MiB parts keep enough of them in flight to fill a link."""
+QUICK = Config(layers=2, vocab=16384, versions=2, fetch_bytes=64 * MIB, full_part_bytes=2 * MIB, part_bytes=MIB // 8)
+"""A full quick version is ~100 MB in a few shards: 2 MiB parts keep enough of them in flight to fill a link.
+A quick delta is one ~0.8 MB segment: in the default 1 MiB parts it would cross each link as one GET on one
+connection (Mathis-capped: ~9.5 Mbit/s at 150 ms and 1e-4 loss, 0.7 s for the delta), where a full-size delta
+(~10 MB, three segments) spreads over a dozen; 128 KiB parts keep the quick delta spread as the full one is."""
 PRESETS = {"default": FULL, "--quick": QUICK}
 """What ``--help`` says the preset flags default to."""
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aurora_store.codec import classes
 from bench import baselines, codec, trace
 from bench.baselines import BASELINES, Baseline
 
@@ -171,16 +172,24 @@ def test_measure_reports_the_json_shape(tiny: dict) -> None:
             "apply_vs_sparse",
             "sparse_encode_vs_scan",
             "sparse_decode_vs_scan",
+            "indexed_decode_vs_decode",
         }
-        assert set(s["seconds"]) == {
-            "scan",
-            "encode",
-            "decode",
-            "apply",
-            "sparse_encode",
-            "sparse_decode",
-            "sparse_apply",
-        }
+        indexed = {"indexed_decode"} if classes.compiled() else set()  # through rank indexes: kernels only
+        assert (
+            set(s["seconds"])
+            == {
+                "scan",
+                "encode",
+                "decode",
+                "apply",
+                "sparse_encode",
+                "sparse_decode",
+                "sparse_apply",
+            }
+            | indexed
+        )
+        assert set(s["link_s"]) == {"0.25 Gbps", "1 Gbps", "10 Gbps"}
+        assert s["link_s"]["0.25 Gbps"] == pytest.approx(s["bytes"]["ours"] * 8 / 0.25e9)
         assert sum(s["blocks_by_codec"].values()) > 0
         assert all(v > 0 for v in s["seconds"].values())
         assert s["peak_rss_mb"] > 0

@@ -208,6 +208,164 @@ def _rice_decode(
     return 0
 
 
+def _rank_build(words: Any, shift: int, mask: int, size: int, perm: Any, start: Any) -> None:
+    # Per chunk of ``size`` elements: a counting sort of its offsets by class (``perm``, offsets
+    # ascending within a class) and where each class's run starts (``start[j, c]``; ``start[j, n_cls]``
+    # is the chunk's length).
+    # Four interleaved counters per class, as in ``_extract``: a run of one class costs no
+    # store-to-load stall per element.
+    n = words.size
+    n_cls = mask + 1
+    at = np.zeros(n_cls + 1, np.int64)
+    cnt = np.zeros((4, n_cls), np.int64)
+    for j in range(start.shape[0]):
+        lo = j * size
+        hi = min(lo + size, n)
+        cnt[:] = 0
+        for i in range(lo, hi):
+            cnt[i & 3, (words[i] >> shift) & mask] += 1
+        at[0] = 0
+        for c in range(n_cls):
+            at[c + 1] = at[c] + cnt[0, c] + cnt[1, c] + cnt[2, c] + cnt[3, c]
+        for c in range(n_cls + 1):
+            start[j, c] = at[c]
+        for i in range(lo, hi):
+            c = (words[i] >> shift) & mask
+            perm[lo + at[c]] = i - lo
+            at[c] += 1
+
+
+def _rank_locate(
+    perm: Any, start: Any, size: int, lo: int, hi: int, present: Any, counts: Any, ranks: Any, out: Any, src: Any
+) -> int:
+    # Class-major (class, rank) pairs of the range [lo, hi) to range-relative positions (``out``,
+    # ascending) and their index in ``ranks`` (``src``), chunk by chunk (a chunk's offsets stay in
+    # cache); -1 for a rank that is not below its class's size in the range or not ascending. No
+    # element is read: per chunk, each class's count, and the offsets of the ranks that fall in it.
+    n = present.size
+    j0 = lo // size
+    ptr = np.zeros(n, np.int64)
+    end = np.zeros(n, np.int64)
+    cum = np.zeros(n, np.int64)  # class-i elements in [lo, chunk j's start): negative in lo's own chunk
+    at = 0
+    for i in range(n):
+        c = present[i]
+        ptr[i] = at
+        at += counts[i]
+        end[i] = at
+        left = j0 * size + np.int64(start[j0, c])
+        right = j0 * size + np.int64(start[j0, c + 1])
+        s = left
+        while left < right:
+            mid = (left + right) >> 1
+            if perm[mid] < lo - j0 * size:
+                left = mid + 1
+            else:
+                right = mid
+        cum[i] = s - left
+        for q in range(ptr[i] + 1, end[i]):
+            if ranks[q] <= ranks[q - 1]:
+                return -1
+    k = 0
+    j = j0
+    tmp_off = np.empty(size, np.int64)
+    tmp_src = np.empty(size, np.int64)
+    bucket = np.zeros(65, np.int64)
+    shift = 0  # 64 buckets of offsets per chunk
+    while (size - 1) >> shift >= 64:
+        shift += 1
+    while j * size < hi and k < at:
+        base = j * size
+        m = 0
+        for i in range(n):
+            c = present[i]
+            first = np.int64(start[j, c])
+            cnt = np.int64(start[j, c + 1]) - first
+            q = ptr[i]
+            top = cum[i] + cnt
+            while q < end[i] and ranks[q] < top:
+                tmp_off[m] = np.int64(perm[base + first + ranks[q] - cum[i]])
+                tmp_src[m] = q
+                m += 1
+                q += 1
+            ptr[i] = q
+            cum[i] = top
+        # the chunk's finds in offset order: a counting sort by the offset's top bits, then an
+        # insertion pass over what is left (each find is at most its bucket's length from its place)
+        bucket[:] = 0
+        for t in range(m):
+            bucket[(tmp_off[t] >> shift) + 1] += 1
+        for g in range(64):
+            bucket[g + 1] += bucket[g]
+        for t in range(m):
+            g = tmp_off[t] >> shift
+            d = k + bucket[g]
+            bucket[g] += 1
+            out[d] = tmp_off[t]
+            src[d] = tmp_src[t]
+        for t in range(k + 1, k + m):
+            o = out[t]
+            r = src[t]
+            u = t
+            while u > k and out[u - 1] > o:
+                out[u] = out[u - 1]
+                src[u] = src[u - 1]
+                u -= 1
+            out[u] = o
+            src[u] = r
+        for t in range(k, k + m):
+            p = base + out[t]
+            if p >= hi:
+                return -1
+            out[t] = p - lo
+        k += m
+        j += 1
+    return 0 if k == at else -1
+
+
+def _rank_move(perm: Any, start: Any, size: int, pos: Any, was: Any, now: Any) -> int:
+    # Element ``pos[t]`` leaves class ``was[t]`` for class ``now[t]``: its offset moves from one run of
+    # its chunk's ``perm`` to its sorted place in the other, the runs between shift by one, and their
+    # starts with them. -1 if an offset is not where the index says (the index is stale).
+    for t in range(pos.size):
+        j = pos[t] // size
+        base = j * size
+        o = pos[t] - base
+        a_c = was[t]
+        b_c = now[t]
+        a = base + np.int64(start[j, a_c])
+        b = base + np.int64(start[j, a_c + 1])
+        while a < b:
+            m = (a + b) >> 1
+            if perm[m] < o:
+                a = m + 1
+            else:
+                b = m
+        if a >= base + np.int64(start[j, a_c + 1]) or perm[a] != o:
+            return -1
+        lo = base + np.int64(start[j, b_c])
+        hi = base + np.int64(start[j, b_c + 1])
+        while lo < hi:
+            m = (lo + hi) >> 1
+            if perm[m] < o:
+                lo = m + 1
+            else:
+                hi = m
+        if b_c > a_c:
+            for x in range(a, lo - 1):
+                perm[x] = perm[x + 1]
+            perm[lo - 1] = o
+            for c in range(a_c + 1, b_c + 1):
+                start[j, c] -= 1
+        else:
+            for x in range(a, lo, -1):
+                perm[x] = perm[x - 1]
+            perm[lo] = o
+            for c in range(b_c + 1, a_c + 1):
+                start[j, c] += 1
+    return 0
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     extract: Any
@@ -216,6 +374,9 @@ class Kernels:
     class_major: Any
     rice_encode: Any
     rice_decode: Any
+    rank_build: Any
+    rank_locate: Any
+    rank_move: Any
 
 
 _KERNELS: Kernels | None = None
@@ -246,7 +407,17 @@ def get() -> Kernels | None:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        k = Kernels(jit(_extract), jit(_sizes), jit(_locate), jit(_class_major), jit(_rice_encode), jit(_rice_decode))
+        k = Kernels(
+            jit(_extract),
+            jit(_sizes),
+            jit(_locate),
+            jit(_class_major),
+            jit(_rice_encode),
+            jit(_rice_decode),
+            jit(_rank_build),
+            jit(_rank_locate),
+            jit(_rank_move),
+        )
 
         def i64(n: int = 1) -> np.ndarray:
             return np.zeros(n, np.int64)
@@ -262,6 +433,10 @@ def get() -> Kernels | None:
             k.class_major(
                 i64(), i64(), w, w.copy(), 1, i64(), i64(), w.copy(), w.copy(), u8(), np.zeros((1, 16), np.int64)
             )
+            perm, start = np.zeros(1, np.uint16), np.zeros((1, 2), np.uint16)
+            k.rank_build(w, 0, 0, 1, perm, start)
+        k.rank_locate(perm, start, 1, 0, 1, i64(), i64(), i64(), i64(), i64())
+        k.rank_move(perm, start, 1, i64(0), i64(0), i64(0))
         k.rice_encode(i64(0), i64(), u8(), u8(), u8())
         for running in (False, True):
             k.rice_decode(u8(), u8(), i64(), u8(), LEAD, running, 1, i64(), i64(2))
