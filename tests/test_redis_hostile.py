@@ -386,8 +386,6 @@ def test_a_failing_result_takes_the_lease_only_from_its_own_holder(redis_server:
     the holder's token with another name, or from a former holder (an old token), is dropped and the lease
     stays with the actor working on it, whose result is then admitted (it was dropped as stale_lease: 16
     such entries a second admitted 0 of 8 results in 30 s). The holder's own failure still gives it up."""
-    import time
-
     from aurora_store.rl.tasks import Prompt
     from aurora_store.testing.processes import wait_for
 
@@ -405,8 +403,9 @@ def test_a_failing_result_takes_the_lease_only_from_its_own_holder(redis_server:
     for fields in forged:
         d.board.rb.xadd(stream, fields)
     wait_for(lambda: bool(d._collect_once()) or sum(d.dropped.values()) >= len(forged), "the forged results read")
-    time.sleep(0.1)
-    d._collect_once()  # a sweep (every 50 ms here): a lease taken back would be leased again now
+    sweeps = d.leases.sweeps
+    # a sweep (every 50 ms here): a lease taken back would be leased again at it
+    wait_for(lambda: bool(d._collect_once()) or d.leases.sweeps > sweeps, "a sweep after the forged results")
     assert d.leases.holder.get(lease.job) == "a" and lease.job not in d.leases.pending, d.dropped
     d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
     wait_for(lambda: bool(d._collect_once()) or d.admitted_total >= 1, "the holder's result admitted", timeout=20)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from aurora_store.testing.processes import free_port, wait_until_answers
+from aurora_store.testing.processes import free_port, stop_process, wait_until_answers
 
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
@@ -71,13 +71,7 @@ class GcsServer:
 
     def stop(self) -> None:
         """Terminate the server, wait for it and remove its objects; idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Self:

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from aurora_store.testing.processes import free_port, peak_rss_mb, wait_until_answers
+from aurora_store.testing.processes import free_port, peak_rss_mb, stop_process, wait_until_answers
 
 
 @dataclass
@@ -74,13 +74,7 @@ class S3Server:
 
     def stop(self) -> None:
         """Terminate the server and wait for it; idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
 
     def __enter__(self) -> Self:
         return self

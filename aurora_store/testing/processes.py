@@ -16,6 +16,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc`` and wait for it, killing it after 10 s; idempotent."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60, interval: float = 0.05) -> None:
     """Poll ``cond`` until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
