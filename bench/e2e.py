@@ -1,7 +1,7 @@
 """``aurora bench e2e``: RL step time with deltas and relays against full broadcast and no transfer at all.
 
 Home and three regions behind emulated 1 Gbps WANs (the world of ``bench.transfer``: a moto S3 server
-per region, a WAN proxy per link, relays, real ``Updater`` actors, embedded Redis). On the same trace
+per region, a WAN proxy per link, relays, real ``Updater`` actors, Redis). On the same trace
 and schedule, three modes: ``ours`` (auto/delta versions published cut-through, relayed once per region,
 staged while actors generate, applied between batches), ``full`` (every version full, relayed and staged
 the same way: the PrimeRL-Full baseline) and ``ideal`` (actors hold each version the moment it is
@@ -31,7 +31,7 @@ from bench import e2e_modes
 from bench.e2e_loop import Timing
 from bench.output import Output, comma_list, emit, overridden
 from bench.workload import Workload, make_workload
-from bench.world import MIB, World, cpus, own_peak_rss_mb
+from bench.world import MIB, World, cpus, own_peak_rss_mb, redis_kind
 
 MODES = ("ideal", "ours", "full")
 TARGET = 1.05
@@ -157,6 +157,7 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         "note": "emulation with stand-ins: generation and training are sleeps of fixed, documented durations; "
         "every byte of weights moves over loopback through userspace WAN proxies to per-region S3 servers (moto), "
         f"and all processes share {cpus()} CPU cores",
+        "redis": redis_kind(world.redis),
         "model": f"Qwen3-0.6B-shaped ({cfg.layers} layers, vocab {shape.vocab})",
         "params": trace.parameter_count(cfg.layers, shape.vocab),
         "model_bytes": work.full_bytes,

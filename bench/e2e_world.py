@@ -25,7 +25,7 @@ from bench import churn, e2e_regions, egress, links
 from bench.e2e_loop import Timing
 from bench.e2e_regions import MODES, Sizes
 from bench.workload import make_workload
-from bench.world import MIB, cpus, own_peak_rss_mb
+from bench.world import MIB, cpus, own_peak_rss_mb, redis_kind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,6 +123,7 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         "note": "emulation with stand-ins: generation and training are sleeps of fixed durations; every byte of "
         "weights moves over loopback through userspace WAN proxies (one process per link) to per-region bucket "
         f"servers (moto for s3://, fake-gcs-server for gs://), and all processes share {cpus()} CPU cores",
+        "redis": redis_kind(worlds[0].redis) if worlds else None,
         "model": f"Qwen3-0.6B-shaped ({cfg.layers} layers, vocab {shape.vocab})",
         "params": trace.parameter_count(cfg.layers, shape.vocab),
         "model_bytes": work.full_bytes,

@@ -186,10 +186,13 @@ def summarize(result: dict[str, Any], raw: dict[str, dict[str, Any]], timing: Ti
         m["per_region_steps"] = _per_region_steps(rec, timing)
         m["excess_over_ideal_s"] = {
             "total": rec["step_time_s"] - ideal,
-            "trainer_publish": rec["publish_s"] - raw["ideal"]["publish_s"],
-            "what": "the trainer's publish is on its critical path (the step ends when the version is committed "
-            "at home); the rest of the excess is the slowest actor's wait at a batch boundary that the "
-            "generation window did not hide",
+            "mean_stall_max_s": rec["stall_max_s"],
+            "what": "the slowest actor's wait at batch boundaries: with one-step asynchrony the batch an actor "
+            "starts as the trainer takes the previous one needs the version published one step earlier, so a "
+            "version whose path from the trainer's publish to the last actor staged (sync_path_s) is longer than "
+            "the generation window minus training (budget_s) stalls its region; the trainer's own publish is not "
+            "on the trainer's critical path (it ends long before the next batch does) but is the first part of "
+            "that sync path",
         }
         if mode != "ideal":
             steps = timing.total_steps
@@ -202,12 +205,19 @@ def summarize(result: dict[str, Any], raw: dict[str, dict[str, Any]], timing: Ti
                 "links": per_link,
                 "link_bytes_per_step_total": sum(lk["bytes_per_step"] for lk in per_link.values()),
                 "usd_per_1000_steps": sum(lk["usd_per_1000_steps"] for lk in per_link.values()),
-                "regions": _region_times(rec, timing),
+                "regions": (regions := _region_times(rec, timing)),
                 "link_alone_version_s": _link_alone(mode, per_link, 1.0),
                 "cpu_s": cpu,
                 "cpu_busy_cores": cpu / rec["wall_s"] if cpu is not None else None,
                 "final": rec["final"],
                 "bit_exact": rec["bit_exact"],
+            }
+            m["excess_over_ideal_s"] |= {
+                "budget_s": timing.generation_s - timing.training_s,
+                "sync_path_s": {
+                    q: max((r["staged_s"][q] for r in regions.values() if r["staged_s"][q] is not None), default=None)
+                    for q in ("p50", "p95")
+                },
             }
             if mode in RELAYED:
                 m["relayed_versions"] = {r: n for r, (n, _) in rec["relayed"].items()}

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aurora_store.testing.gcs as gcs  # first: sets the gcsfs variable before anything imports gcsfs
-from aurora_store.coord.embedded import EmbeddedRedis
 from aurora_store.testing.moto import S3Server, start_moto
 from bench import links
 from bench.wan import Link
-from bench.world import ProxyProcess, cpu_seconds, s3_options
+from bench.world import ProxyProcess, bench_redis, cpu_seconds, redis_pids, s3_options
 
 LOSS = 1e-4
 """Each link's packet loss: only sets the Mathis per-connection cap (nothing is dropped)."""
@@ -93,8 +92,7 @@ class Regions:
             proxy = ProxyProcess(source, link_of(hop), seed=seed + i)
             stack.callback(proxy.stop)
             self.proxies[hop.name] = proxy
-        self.redis = EmbeddedRedis()
-        stack.callback(self.redis.close)
+        self.redis = bench_redis(stack)
 
     def reset(self) -> None:
         """A fresh bucket at every site for the next mode."""
@@ -109,4 +107,5 @@ class Regions:
     def snapshot(self) -> dict[str, Any]:
         """Bytes each link has carried so far, and CPU seconds of this process and every server and proxy."""
         pids = [b.pid() for b in self.sites.values()] + [p.pid for p in self.proxies.values()]
+        pids += redis_pids(self.redis)
         return {"links": {n: p.stats() for n, p in self.proxies.items()}, "cpu_s": cpu_seconds(pids)}

@@ -1,7 +1,8 @@
 """``aurora bench transfer``: time from a trainer's step to the weights applied in every region, over emulated WANs.
 
 Home and three regions each run an S3 server (moto) on loopback; every cross-region read goes through
-a `bench.wan.WanProxy` link (its own process) in front of home's server; Redis is the embedded server.
+a `bench.wan.WanProxy` link (its own process) in front of home's server; Redis is a real server where
+installed (`bench.world.bench_redis`).
 On the same reference trace, three modes: deltas through relays (cut-through), full versions through
 relays, and deltas read by every actor straight from home. Also: fetch throughput over one link with
 1 vs N connections, bytes that cross each link per version, and the cut-through publish check
@@ -25,7 +26,7 @@ from bench.output import Output, comma_list, emit, overridden
 from bench.transfer_modes import fetch_throughput, publish_check, run_mode
 from bench.wan import describe
 from bench.workload import Workload, make_workload
-from bench.world import MIB, MODES, Config, World, cpus, own_peak_rss_mb
+from bench.world import MIB, MODES, Config, World, cpus, own_peak_rss_mb, redis_kind
 
 TARGETS = {"link_bytes_per_delta": 1.1, "fetch_fraction": 0.85, "delta_vs_full": 20.0}
 
@@ -76,7 +77,8 @@ def measure(cfg: Config, progress: bool = False) -> dict[str, Any]:
         "emulated": True,
         "emulation": "one machine, loopback only: an S3 server (moto) per region; each region reads home through "
         "a userspace WAN proxy (bench.wan) in its own process; relays write and actors read their own region's "
-        "server directly (no emulation inside a region); Redis is the embedded server; all on "
+        "server directly (no emulation inside a region); Redis: "
+        f"{redis_kind(world.redis)}; all on "
         f"{cpus()} CPU cores shared by every process",
         "model": "Qwen3-0.6B"
         if shape == trace.QWEN3_0_6B
@@ -148,6 +150,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         },
         "time_to_apply_s": times,
         "per_region": {m: modes[m]["per_region_s"] for m in modes},
+        "time_split_s": {m: _split(modes[m]) for m in modes},
         "full_vs_delta_time": full_over_delta,
         "full_vs_delta_bytes": result["full_bytes"] / delta_bytes if delta_bytes else None,
         "bit_exact": all(m["bit_exact"] for m in modes.values()),
@@ -165,6 +168,23 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         f">= {TARGETS['delta_vs_full']}",
     }
     return result
+
+
+def _split(mode: dict[str, Any]) -> dict[str, Any]:
+    """Where a version's time to apply goes in the mode's slowest region (means over timed versions)."""
+    per, seen = mode["per_region_s"], mode["region_has_it_s"]
+    region = max(per, key=per.get)
+    publish = mode["publish_s"]
+    return {
+        "region": region,
+        "publish": publish,
+        "until_region_commit": seen[region] - publish,
+        "actors": per[region] - seen[region],
+        "what": "publish: the trainer's extract, upload and commit at home; until_region_commit: from home's "
+        "commit until the region's commit event (relay modes: the relay's last copies and its manifest read "
+        "across the link, its commit there; direct: the event alone); actors: the slowest actor's fetch "
+        "(direct: across the link), verification, decode, staging and apply",
+    }
 
 
 # ---------------------------------------------------------------- CLI

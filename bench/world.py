@@ -1,8 +1,9 @@
 """The emulated world of the transfer and e2e benchmarks: home and regions on one machine.
 
 Each region and home run an S3 server (moto) on loopback; every cross-region read goes through a
-`bench.wan.WanProxy` link in a process of its own in front of home's server; Redis is the embedded
-server. Emulation, not a WAN: the benchmarks' JSON says so.
+`bench.wan.WanProxy` link in a process of its own in front of home's server; Redis is a real
+``redis-server`` process where one is installed (:func:`bench_redis`). Emulation, not a WAN: the
+benchmarks' JSON says so.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aurora_store.coord.embedded import EmbeddedRedis
 from aurora_store.testing.moto import S3Server, start_moto
@@ -210,8 +211,7 @@ class World:
             proxy = ProxyProcess(self.home, link, seed=cfg.seed + i)
             stack.callback(proxy.stop)
             self.regions.append(Region(name, link, server, proxy))
-        self.redis = EmbeddedRedis()
-        stack.callback(self.redis.close)
+        self.redis = bench_redis(stack)
 
     def reset(self) -> None:
         """Drop every object of the last phase (moto keeps them in memory or temp files) and make buckets."""
@@ -230,8 +230,41 @@ class World:
     def snapshot(self) -> dict[str, Any]:
         """Bytes each link has carried so far, and CPU seconds every process of the benchmark has used."""
         pids = [self.home.process.pid, *(r.server.process.pid for r in self.regions)]
-        pids += [r.proxy.pid for r in self.regions]
+        pids += [r.proxy.pid for r in self.regions] + redis_pids(self.redis)
         return {"links": {r.name: r.proxy.stats() for r in self.regions}, "cpu_s": cpu_seconds(pids)}
+
+
+class BenchRedis(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+def bench_redis(stack: contextlib.ExitStack) -> BenchRedis:
+    """The Redis of a bench world, closed by ``stack``: a real ``redis-server`` (its own process, as in a
+    deployment) where one is installed, else the embedded server. The embedded server answers from a
+    thread of the benchmark's own process: its CPU time (a fifth of that process's samples in the
+    four-regions world) then competes under one GIL with the relays and actors it serves."""
+    from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
+
+    try:
+        server = RedisServer().start()
+    except RedisUnavailable:
+        embedded = EmbeddedRedis()
+        stack.callback(embedded.close)
+        return embedded
+    stack.callback(server.stop)
+    return server
+
+
+def redis_kind(redis: BenchRedis) -> str:
+    """What the JSON says the world's Redis was."""
+    return "embedded (fakeredis, in the benchmark's process)" if isinstance(redis, EmbeddedRedis) else "redis-server"
+
+
+def redis_pids(redis: BenchRedis) -> list[int]:
+    """The Redis server's process, where it has one of its own (the embedded one is counted in ours)."""
+    pid = getattr(redis, "pid", None)
+    return [pid] if isinstance(pid, int) else []
 
 
 def cpu_seconds(pids: list[int]) -> float | None:

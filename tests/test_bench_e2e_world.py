@@ -94,6 +94,9 @@ def test_reports_and_targets(result: dict[str, Any]) -> None:
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     assert result["modes"]["full"]["vs_ideal"] > result["modes"]["ours"]["vs_ideal"]
     assert result["slowest_region"]["region"] in {r.name for r in links.regions()}
+    excess = result["modes"]["ours"]["excess_over_ideal_s"]
+    assert excess["total"] == pytest.approx(result["modes"]["ours"]["step_time_s"] - result["step_time_s"]["ideal"])
+    assert excess["sync_path_s"]["p95"] >= excess["sync_path_s"]["p50"] > 0 and excess["budget_s"] > 0
     assert len(result["bounds"]["load_average_1_5_15"]) == 3
     for mode in MODES[1:]:
         b = result["bounds"][mode]

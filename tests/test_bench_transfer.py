@@ -59,6 +59,11 @@ def test_json_shape(result: dict[str, Any]) -> None:
         assert m["versions"][0]["kind"] == ("full" if mode == "full_relay" else "delta")
         assert set(out["per_region"][mode]) == set(regions)
         assert out["time_to_apply_s"][mode] == max(out["per_region"][mode].values()) > 0
+        split = out["time_split_s"][mode]  # the slowest region's time, cut into its three legs
+        assert split["region"] in regions and min(split["publish"], split["actors"]) > 0
+        assert split["publish"] + split["until_region_commit"] + split["actors"] == pytest.approx(
+            out["time_to_apply_s"][mode]
+        )
 
 
 def test_every_actor_ends_bit_exact(result: dict[str, Any]) -> None:
