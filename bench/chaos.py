@@ -24,18 +24,19 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aurora_store.format.keys import manifest_key
+from aurora_store.options import option
 from bench.chaos_check import summarize
 from bench.chaos_config import Config
 from bench.chaos_faults import Faults
-from bench.chaos_schedule import schedule
+from bench.chaos_schedule import kinds_of, schedule
 from bench.chaos_supervisor import Supervisor
 from bench.chaos_world import REGIONS, RUN, World
-from bench.output import Output, emit, overridden
+from bench.output import Output, comma_list, emit, overridden
 
 
 def measure(cfg: Config) -> dict[str, Any]:
@@ -63,10 +64,11 @@ def measure(cfg: Config) -> dict[str, Any]:
             for _ in range(cfg.actors):
                 sup.spawn_actor(r)
         faults = Faults(rng, sup, world.buckets, world.gates, world.redis, RUN, cfg.group, record)
-        started = _wait(sup, faults, lambda: sup.finished or _first_step(work), cfg.start_timeout_s)
-        notes += [] if started else [f"the trainer committed no step in {cfg.start_timeout_s:.0f} s"]
+        first = max(1, cfg.calm_steps)
+        started = _wait(sup, faults, lambda: sup.finished or _step_done(work, first), cfg.start_timeout_s)
+        notes += [] if started else [f"the trainer committed no step {first} in {cfg.start_timeout_s:.0f} s"]
         phases["start_s"] = time.monotonic() - t0
-        kinds = schedule(rng, cfg.faults)
+        kinds = schedule(rng, cfg.faults, kinds_of(cfg.kinds))
         for i, kind in enumerate(kinds):
             _wait(sup, faults, lambda: sup.finished, rng.uniform(0.5, 1.5) * cfg.interval_s)
             if sup.finished:
@@ -95,10 +97,11 @@ def measure(cfg: Config) -> dict[str, Any]:
         phases["check_s"] = time.monotonic() - t0 - sum(phases.values())
     left = [g for g in sup.pgids if _lives(os.killpg, g)] + [pid for pid in servers if _lives(os.kill, pid)]
     notes += [f"processes outlived the run: {left}"] if left else []
+    extra = {"phases": phases, "links": links, "gates": dict(world.gates.counts), "orphans": len(left)}
     return summarize(
         seed=cfg.seed, requested=cfg.faults, steps=last, prompts=cfg.prompts, faults=faults, counts=sup.counts,
         crashes=sup.crashes, admissions=world.admissions, regions=regions, work=work, t0=t0,
-        notes=notes, extra={"phases": phases, "links": links, "gates": dict(world.gates.counts), "orphans": len(left)},
+        calm_steps=cfg.calm_steps, notes=notes, extra=extra,
     )  # fmt: skip
 
 
@@ -125,9 +128,9 @@ def _lives(signal_fn: Callable[[int, int], None], pid: int) -> bool:
     return pid > 0
 
 
-def _first_step(work: Path) -> bool:
+def _step_done(work: Path, step: int) -> bool:
     log = work / "trainer.log"
-    return log.exists() and '"step": 1,' in log.read_text(errors="replace")
+    return log.exists() and f'"step": {step},' in log.read_text(errors="replace")
 
 
 _DEFAULT = Config()
@@ -157,6 +160,11 @@ class Flags(Output):
     """Longest settle after the schedule, seconds."""
     workdir: str | None = _DEFAULT.workdir
     """Where the logs go (default: a new temporary directory, kept)."""
+    kinds: tuple[str, ...] | None = field(default=None, metadata=option(parse=comma_list))
+    """Comma-separated fault kinds to draw from (default: all; ``writers``: the Redis/bucket writer family,
+    under which every step must be admitted within 2x the fault-free pace)."""
+    calm_steps: int = _DEFAULT.calm_steps
+    """Fault-free steps before the first fault (the pace baseline)."""
 
 
 def run(args: Flags) -> int:

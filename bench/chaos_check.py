@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.chaos_bucket import RegionState
 from bench.chaos_descent import Start, descent, read_starts
+from bench.chaos_schedule import WRITERS
 
 if TYPE_CHECKING:
     from bench.chaos_faults import Faults
@@ -276,6 +277,7 @@ def summarize(
     t0: float,
     notes: list[str],
     extra: dict[str, Any],
+    calm_steps: int = 0,
 ) -> dict[str, Any]:
     """The run's JSON: what was injected, what recovered, the verdicts, and where the logs are."""
     records, torn = read_admissions(admissions)
@@ -283,6 +285,15 @@ def summarize(
         notes.append(f"{torn} lines of the admissions log are not JSON (a trainer killed mid-write)")
     starts = read_starts(work / "trainer.log")
     verdict = check(records, regions, steps=steps, prompts=prompts, starts=starts, forged=faults.forged_results)
+    paced = pace(records, calm_steps, set(faults.injected))
+    if paced["held"] is not None:
+        verdict.invariants["steps_at_pace"] = paced["held"]
+        if not paced["held"]:
+            verdict.problems["steps_at_pace"] = [
+                f"step {s} took {t:.1f} s to admit, over {PACE_BOUND}x the fault-free {paced['baseline_s']:.1f} s"
+                for s, t in paced["per_step_s"].items()
+                if s > calm_steps and t > PACE_BOUND * paced["baseline_s"]
+            ][:MAX_PROBLEMS]
     if verdict.details.get("admissions_without_deadline"):
         notes.append("admission records carry no deadline_ms: lease expiry is checked by the trainer's admit only")
     logs = scan_logs(work)
@@ -311,6 +322,7 @@ def summarize(
         "problems": verdict.problems,
         "details": verdict.details,
         "steps": steps,
+        "pace": paced,
         "versions": {r: len(st.versions) for r, st in regions.items()},
         "seconds": round(time.monotonic() - t0, 1),
         "processes": {"by_role": {r: dict(c) for r, c in counts.items()}, "crashes": crashes[:30]},
@@ -318,6 +330,41 @@ def summarize(
         **extra,
         "notes": notes,
         "workdir": str(work),
+    }
+
+
+PACE_BOUND = 2.0
+"""Under faults of the writer family alone, each step is admitted within this many times the fault-free pace."""
+
+
+def pace(admissions: list[dict[str, Any]], calm_steps: int, injected: set[str]) -> dict[str, Any]:
+    """Each step's admission time (from the last admission of the step before to its own last, one
+    trainer incarnation) against the fault-free baseline: the median over steps 2..``calm_steps``,
+    admitted before the first fault. ``held`` is whether every later step kept within
+    :data:`PACE_BOUND` times it; None where that is not asked (no calm steps, or a fault outside the
+    writer family: kills and partitions are allowed to cost time)."""
+    last: dict[tuple[Any, int], int] = {}
+    for r in admissions:
+        step, at = r.get("step"), r.get("admitted_ms")
+        if isinstance(step, int) and isinstance(at, int):
+            key = (r.get("trainer"), step)
+            last[key] = max(last.get(key, at), at)
+    per_step: dict[int, float] = {}
+    for (tag, step), at in sorted(last.items(), key=lambda kv: kv[0][1]):
+        before = last.get((tag, step - 1))
+        if before is not None:
+            per_step[step] = (at - before) / 1000
+    calm = sorted(t for s, t in per_step.items() if s <= calm_steps)
+    baseline = calm[len(calm) // 2] if calm else None
+    after = {s: t for s, t in per_step.items() if s > calm_steps}
+    asked = baseline is not None and baseline > 0 and bool(injected) and injected <= set(WRITERS)
+    return {
+        "baseline_s": baseline,
+        "calm_steps": calm_steps,
+        "per_step_s": per_step,
+        "max_ratio": max(after.values()) / baseline if baseline and after else None,
+        "bound": PACE_BOUND,
+        "held": all(t <= PACE_BOUND * baseline for t in after.values()) if asked and baseline else None,
     }
 
 

@@ -41,6 +41,11 @@ class Config:
     settle_s: float = 300.0
     """Longest wait, after the schedule, for the trainer to finish and every region to hold every version."""
     workdir: str | None = None
+    kinds: tuple[str, ...] | None = None
+    """The fault kinds to draw from (`bench.chaos_schedule.KINDS`); None: all of them."""
+    calm_steps: int = 0
+    """Steps the trainer completes before the first fault: their admission times are the fault-free
+    baseline that steps under faults of the writer family are held to (`bench.chaos_check.pace`)."""
 
     @property
     def total_steps(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import random
 import signal
 import threading
 import time
@@ -291,6 +292,71 @@ class Faults:
                 sent.append({**forged, "weights_digest": payload["weights_digest"]})
         self.forged_results += sent
         return {"variant": variant, **sent[0], "copies": len(sent)}
+
+    def forged_flood(self) -> dict[str, Any]:
+        """A Redis writer floods the results stream for some seconds, 16 entries a second, each under the
+        name and fencing token of a real open job's holder (read from Redis, as anyone who can write
+        there can) but with a wrong version hash or a damaged payload. Each used to take the lease
+        from its holder, whose real result was then dropped as stale (issue 25, bug 1)."""
+        seconds = self.rng.uniform(4, 8)
+        rng = random.Random(self.rng.random())  # the flood's own draws: the schedule's stay seeded
+
+        def flood() -> None:
+            end = time.monotonic() + seconds
+            with self._r() as r:
+                while time.monotonic() < end:
+                    jobs = sorted(r.smembers(self._k("open")))
+                    for job in rng.sample(jobs, min(len(jobs), 4)):
+                        h = r.hgetall(self._k("job", job))
+                        if not h.get("actor"):
+                            continue
+                        fields = {
+                            "job": job,
+                            "token": h.get("token", ""),
+                            "actor": h["actor"],
+                            "version": h.get("version", "0"),
+                            "version_hash": rng.randbytes(32).hex(),
+                            "payload": rng.choice(["{", json.dumps({"completions": [], "ref": "results/none"})]),
+                        }
+                        r.xadd(self._k("results"), fields)
+                        with self._lock:
+                            self.forged_results.append(
+                                {k: fields[k] for k in ("job", "token", "actor", "version", "version_hash")}
+                            )
+                    time.sleep(0.25)
+
+        threading.Thread(target=flood, name="forged flood", daemon=True).start()
+        return {"seconds": round(seconds, 1), "per_s": 16}
+
+    def inflated_registration(self) -> dict[str, Any]:
+        """A registration in an actor's form that claims 10^12 tokens/s and never takes a job, alive for
+        some seconds (issue 25, bug 3: the trainer gave it every prompt and waited out every lease)."""
+        from aurora_store.coord.coordinator import Coordinator
+
+        region = self.rng.choice(list(self.buckets))
+        stay = self.rng.uniform(15, 30)
+        coord = Coordinator(f"redis://127.0.0.1:{self.redis.port}/0", self.run_id)
+        try:
+            wid = coord.workers.register("actor", region, ttl_s=stay, worker_id=f"actor-{region}-inflated")
+            coord.call(coord.r.hset, coord.key("tau"), wid, repr(1e12))
+        finally:
+            coord.close()
+        return {"target": wid, "stays_s": round(stay, 1), "claims_tokens_per_s": 1e12}
+
+    def forged_retention(self) -> dict[str, Any]:
+        """An unsigned retention record in a region's bucket that retires the next versions, before they
+        exist (issue 25, bug 7: relays skipped real versions and audits passed); removed later."""
+        region = self.rng.choice(list(self.buckets))
+        b = self.buckets[region]
+        latest = max(b.versions(), default=0)
+        created = int(time.time() * 1000)
+        doc = {"format": "aurora-retention/1", "created_ms": created, "retired": [[latest + 1, latest + 50]]}
+        data = (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        key = f"retention/{created:013d}-{hashlib.sha256(data).hexdigest()[:32]}.json"
+        b.put(key, data)
+        hold = self._hold()
+        self.later(hold, f"{region}: forged retention record removed", lambda: b.put(key, None))
+        return {"target": region, "retires": [latest + 1, latest + 50], "removed_after_s": round(hold, 1)}
 
     def malformed_event(self) -> dict[str, Any]:
         region = self.rng.choice(list(self.buckets))
