@@ -304,6 +304,41 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
     assert text.returncode == 0 and "Redis not asked" in text.stdout and "dry run" in text.stdout
 
 
+def test_an_actor_paused_past_its_registration_catches_up_from_the_full_version_gc_left(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """Issue 25, bug 4: an actor holding version 1 stops heartbeating (paused) until its registration
+    expires; ``aurora gc`` then retires everything no live worker holds, 1 to 7. Woken up, its Updater
+    asked for every manifest from 2 on and failed with MissingError forever; it now jumps to the full
+    version gc kept (8) and the delta after it, and holds the latest version bit for bit."""
+    from actor.updater import Updater
+
+    uri = (tmp_path / "home" / "p").as_uri()
+    run = aurora_store.open_run(uri, full_every=4)
+    coord = Coordinator(redis_server.url, "p")
+    run.announcer = RegionAnnouncer(coord, "home")
+    weights = _publish(run, 2)
+    actor = Updater(aurora_store.open_run(uri), region="home", coord=coord, worker_id="paused")
+    actor.bootstrap(1)
+    wid = coord.workers.register("actor", "home", worker_id="paused", ttl_s=0.5)
+    coord.workers.update(wid, version=1, version_hash=run.manifest(1).version_hash)
+    assert coord.holds()[0]["actor paused in home"] == 1
+    weights.update(_publish(run, 8, seed=1))  # versions 2-9, fulls at 4 and 8; the actor is paused meanwhile
+    wait_for(lambda: "actor paused in home" not in coord.holds()[0], "the paused actor's registration to lapse")
+
+    done = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert run.versions() == [0, 8, 9], "gc retired every version the paused actor would have read"
+
+    assert [m.version for m in actor.route(9)] == [8, 9]
+    staged = actor.stage()  # the region's latest, from Redis
+    assert staged is not None and staged.version == 9
+    held = actor.apply()
+    assert held is not None and held.version == 9
+    assert held.weights_digest == run.manifest(9).weights_digest == actor.live_digest()
+    assert bits_equal(actor.weights, weights[9])
+
+
 DAY = 86400
 HOSTILE_RESULT_NAMES = [
     "results/" + "AB" * 32 + ".bin",  # upper-case hex
