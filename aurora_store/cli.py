@@ -83,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="version to rebuild (default: the latest)")
     p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
     p.add_argument("--shard-bytes", type=positive, default=None, help="target size of a safetensors shard")
-    p.add_argument("--force", action="store_true", help="replace an --out an earlier replay wrote (never other files)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an --out an earlier replay wrote: only files under replay's own names, and attachments "
+        "whose bytes the run vouches for (never other files, links or directories)",
+    )
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
