@@ -279,7 +279,10 @@ class Relay:
             for k in ready:
                 del self._pending_records[k]
         for key in ready:
-            self.dest.put_if_absent(key, self.source.get(key, max_bytes=retention.MAX_RECORD_BYTES))
+            try:
+                self.dest.put_if_absent(key, self.source.get(key, max_bytes=retention.MAX_RECORD_BYTES))
+            except StoreError as exc:  # the version is committed whatever becomes of its record: next backfill
+                log.info("relay %s: retention record %s not copied yet: %s", self.dest_region, key, exc)
 
     # ------------------------------------------------------------ the loop
 
