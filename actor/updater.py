@@ -25,6 +25,7 @@ from actor.config import SyncConfig
 from actor.live import LiveWeights, TensorWeights
 from actor.rwlock import ReadWriteLock
 from actor.staging import Staging
+from aurora_store.bucket import catchup
 from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
@@ -142,18 +143,10 @@ class Updater:
         return self.live.tensors
 
     def route(self, target: int) -> list[Manifest]:
-        """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch)."""
+        """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch); from
+        the latest full version when gc retired a version between (:mod:`aurora_store.bucket.catchup`)."""
         assert self.held is not None
-        reader = self.run.reader
-        path = [reader.manifest(v) for v in range(self.held.version + 1, target + 1)]
-        fulls = [i for i, m in enumerate(path) if m.kind == "full"]
-        if fulls:
-            via_full = path[fulls[-1] :]
-            if sum(m.stats.bytes for m in via_full) <= sum(m.stats.bytes for m in path) or any(
-                m.tensors != self.specs for m in path[: fulls[-1] + 1]
-            ):
-                return via_full
-        return path
+        return catchup.route(self.run.reader, self.held.version, target, self.specs)
 
     def stage(self, target: int | None = None) -> Staging | None:
         """Fetch, verify and decode up to ``target`` (latest when None) without touching live weights."""
@@ -188,7 +181,7 @@ class Updater:
                 plan = (
                     self.route(target)
                     if staged.version == self.held.version
-                    else [self.run.reader.manifest(v) for v in range(staged.version + 1, target + 1)]
+                    else catchup.route(self.run.reader, staged.version, target, self.specs, cheapest=False)
                 )
                 for m in plan:
                     self._stage_one(work, m)

@@ -83,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="version to rebuild (default: the latest)")
     p.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
     p.add_argument("--shard-bytes", type=positive, default=None, help="target size of a safetensors shard")
-    p.add_argument("--force", action="store_true", help="replace an --out an earlier replay wrote (never other files)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an --out an earlier replay wrote: only files under replay's own names, and attachments "
+        "whose bytes the run vouches for (never other files, links or directories)",
+    )
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
@@ -120,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's Redis (default $AURORA_REDIS): what live actors hold and regions are at; --apply needs it",
     )
     p.add_argument("--run-id", default=None, help="the run's name in Redis (default: the last part of URI)")
+    p.add_argument(
+        "--signing-key",
+        default=os.environ.get("AURORA_SIGNING_KEY") or None,
+        metavar="KEY",
+        help="the run's Ed25519 private key (a PEM file; default $AURORA_SIGNING_KEY): in a signed run, --apply "
+        "signs its retention record with it, as the run's versions are (readers ignore an unsigned one)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from aurora_store.cli_gc import add_results_arguments
 
@@ -150,11 +162,19 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _open(args: argparse.Namespace) -> Run:
+def _open(args: argparse.Namespace, *, signing_key: str | None = None) -> Run:
     from aurora_store.bucket.run import open_run
     from aurora_store.errors import StoreError
     from aurora_store.format import signing
 
+    private = None
+    if signing_key:
+        try:
+            private = signing.load_signing_key(signing_key)
+        except (OSError, ValueError) as exc:
+            msg = exc if isinstance(exc, StoreError) else f"not an Ed25519 private key ({type(exc).__name__}: {exc})"
+            shown = "(PEM text)" if signing_key.lstrip().startswith("-----BEGIN") else signing_key
+            raise CommandError(f"--signing-key {shown}: {msg}") from None
     key = None
     if args.verify_key:
         try:
@@ -163,7 +183,7 @@ def _open(args: argparse.Namespace) -> Run:
             msg = exc if isinstance(exc, StoreError) else f"not an Ed25519 public key ({type(exc).__name__}: {exc})"
             shown = "(PEM text)" if args.verify_key.lstrip().startswith("-----BEGIN") else args.verify_key
             raise CommandError(f"--verify-key {shown}: {msg}") from None
-    return open_run(args.uri, storage_options=args.storage_options, verify_key=key)
+    return open_run(args.uri, storage_options=args.storage_options, verify_key=key, signing_key=private)
 
 
 def _stderr() -> Console:
@@ -332,7 +352,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.ledger:
         write_ledger(result, args.ledger)
     for bad in result.bad_records:
-        print(f"{PROG}: error: unreadable retention record {bad}", file=sys.stderr)
+        print(f"{PROG}: error: retention record ignored: {bad}", file=sys.stderr)
     if result.first_error is None and result.bad_records:
         return 1
     if result.first_error is not None:
@@ -370,7 +390,7 @@ def _audit_table(result: Any) -> None:
 def cmd_gc(args: argparse.Namespace) -> int:
     from aurora_store.cli_gc import gc
 
-    with _open(args) as run:
+    with _open(args, signing_key=args.signing_key) as run:
         return gc(run, args)
 
 

@@ -33,7 +33,7 @@ from aurora_store.bucket.retention import records as retention_records
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
-from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError
+from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format import retention, signing
 from aurora_store.format.keys import manifest_key, object_version, rotation_marker_key
 from aurora_store.format.manifest import Manifest, Segment, check_link
@@ -69,7 +69,9 @@ class Relay:
         self.dst = Reader(dest, self.limits, vk, keys_from=self.src)  # a rotation may reach the destination last
         self.stats = RelayStats()
         self._retired = Retired()
-        """What the destination's retention records retire (read with every backfill)."""
+        """What gc retired at the source or the destination (their honoured records', read with every backfill)."""
+        self._pending_records: dict[str, int] = {}
+        """The source's honoured records not at the destination yet, with the highest version each retires."""
         self._verified: dict[int | None, set[tuple[str, str]]] = {}
         """Objects verified at the destination, by version (None: attachments), for uncommitted versions only."""
         self._committed = -1
@@ -227,6 +229,7 @@ class Relay:
 
     def _advance(self, m: Manifest) -> None:
         self._committed_through(m.version)
+        self._place_records(m.version)
         self.metrics.region_at(m.version)
         if self.coord is not None:
             self.coord.regions.commit(self.dest_region, m.version, m.version_hash, m.kind)
@@ -251,15 +254,35 @@ class Relay:
         return done
 
     def _copy_retention(self) -> Retired:
-        """Copy the source's retention records the destination lacks (so an audit here knows which
-        versions gc retired upstream, and none is copied back); returns what the destination's say."""
-        keys, _, _ = retention_records(self.source)
+        """What gc retired, at the source or here (none of it is copied back): the records each
+        side's reader honours (a record that is not the run's, unsigned in a signed run or retiring
+        versions not below the latest is ignored and logged). The source's records are placed here
+        once this region holds a version above all they retire (:meth:`_place_records`), so an audit
+        here never meets a record that retires versions it has yet to reach, nor one that was ignored."""
+        src, dst = retention_records(self.src), retention_records(self.dst)
+        for bad in src.bad:  # counted and logged, like every refusal; it is not copied here
+            self.reject("a retention record", UnauthenticatedError(bad))
         there = set(self.dest.list_keys(retention.DIR))
-        for key in keys:
-            if key not in there:
-                self.dest.put_if_absent(key, self.source.get(key, max_bytes=retention.MAX_RECORD_BYTES))
-        self._retired = retention_records(self.dest)[1]
+        with self._lock:
+            self._pending_records = {k: v for k, v in src.latest.items() if k not in there}
+        committed = self.dst.versions()
+        if committed:
+            self._place_records(committed[-1])
+        self._retired = src.retired | dst.retired
         return self._retired
+
+    def _place_records(self, committed: int) -> None:
+        """Copy the source's honoured records whose retired versions are all below ``committed``,
+        the version this region now holds."""
+        with self._lock:
+            ready = [k for k, top in self._pending_records.items() if top < committed]
+            for k in ready:
+                del self._pending_records[k]
+        for key in ready:
+            try:
+                self.dest.put_if_absent(key, self.source.get(key, max_bytes=retention.MAX_RECORD_BYTES))
+            except StoreError as exc:  # the version is committed whatever becomes of its record: next backfill
+                log.info("relay %s: retention record %s not copied yet: %s", self.dest_region, key, exc)
 
     # ------------------------------------------------------------ the loop
 

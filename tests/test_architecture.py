@@ -22,6 +22,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.options": 0.5,
     "aurora_store.config": 0.6,
     "aurora_store.redact": 0,
+    "aurora_store.localfile": 0,
     "aurora_store.metrics": 0.5,
     "aurora_store.codec": 1,
     "aurora_store.format": 2,

@@ -269,6 +269,60 @@ def test_replay_refuses_non_empty_out_unless_forced(pub: Published, tmp_path: Pa
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_replay_force_deletes_only_what_replay_provably_wrote(tmp_path: Path) -> None:
+    """Issue 25, weak spot: ``--force`` trusted the unsigned ``aurora_replay.json`` in the target, so a
+    record listing a user's file got it deleted. Now a file is replaced only under replay's own names
+    (record, index, shards) or as an attachment whose bytes the run vouches for at the recorded
+    version; a file the record lists for no reason, a link (to a file outside) or a name with ``..``
+    in the record are never deleted, and a real earlier replay is still replaced."""
+    uri = f"file://{tmp_path / 'run'}"
+    run = open_run(uri, full_every=FULL_EVERY)
+    run.files.put("config.json", b'{"model_type": "toy"}')
+    sd = first_state()
+    run.publish(sd)
+    run.publish(next_state(sd, 1))
+    out = tmp_path / "model"
+    assert aurora("replay", uri, "--version", "0", "--out", str(out)).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["aurora_replay.json", "config.json", "model.safetensors"]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not replay's")
+    secret = out / "secret.txt"
+    secret.write_text("a user's notes")
+    (out / "tokenizer.json").symlink_to(outside)
+    prov = out / "aurora_replay.json"
+    record = json.loads(prov.read_text())
+    record["files"].update(
+        {
+            "secret.txt": hashlib.sha256(b"a user's notes").hexdigest(),
+            "tokenizer.json": hashlib.sha256(b"not replay's").hexdigest(),
+            "../outside.txt": hashlib.sha256(b"not replay's").hexdigest(),
+        }
+    )
+    record["shards"].append("secret.txt")
+    prov.write_text(json.dumps(record))
+
+    r = aurora("replay", uri, "--version", "1", "--out", str(out), "--force")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "secret.txt" in r.stderr and "tokenizer.json (not a regular file)" in r.stderr
+    assert secret.read_text() == "a user's notes" and outside.read_text() == "not replay's"
+    assert (out / "tokenizer.json").is_symlink()
+
+    (out / "tokenizer.json").unlink()
+    r = aurora("replay", uri, "--version", "1", "--out", str(out), "--force")
+    assert r.returncode == 1 and "secret.txt" in r.stderr and secret.exists(), "still listed, still not replay's"
+    secret.unlink()
+    (out / "config.json").write_text('{"model_type": "mine"}')  # an attachment's name, other bytes
+    r = aurora("replay", uri, "--version", "1", "--out", str(out), "--force")
+    assert r.returncode == 1 and "config.json" in r.stderr
+    assert (out / "config.json").read_text() == '{"model_type": "mine"}'
+
+    (out / "config.json").write_bytes(b'{"model_type": "toy"}')  # the run's bytes: replay's to replace
+    r = aurora("replay", uri, "--version", "1", "--out", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(prov.read_text())["version"] == 1 and outside.read_text() == "not replay's"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_replay_qwen3_loads_in_transformers(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.Qwen3Config(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +34,7 @@ from aurora_store.cli import main
 from aurora_store.cli_gc import RESULTS_MAX_AGE_S, add_results_arguments
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
-from aurora_store.format import retention
+from aurora_store.format import retention, signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.retention import Retired
 from aurora_store.testing import damage
@@ -66,6 +67,16 @@ def _kinds(run: Any) -> dict[int, str]:
     return {v: run.manifest(v).kind for v in run.versions()}
 
 
+ORIGIN = "0" * 64
+
+
+def _record(run: Any, retired: Retired, *, latest: int | None = None) -> tuple[str, bytes]:
+    """An unsigned record of ``run`` (as gc writes one in an unsigned run), naming ``latest``
+    (default: the run's latest version) as the latest committed."""
+    latest = run.versions()[-1] if latest is None else latest
+    return retention.encode(retired, 1_700_000_000_000, latest=latest, origin=run.reader.identity().origin)
+
+
 def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
     weights = _publish(run, 14)  # fulls at 0, 4, 8, 12
@@ -95,16 +106,16 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     result = audit(fresh)
     assert result.ok, result.first_error
     assert result.retired == 7 and all(r.status == "ok" for r in result.versions)
-    keys, retired, bad = records(fresh.store)
-    assert len(keys) == 1 and not bad and list(retired.ranges) == [(1, 7)]
+    found = records(fresh.reader)
+    assert len(found.keys) == 1 and not found.bad and list(found.retired.ranges) == [(1, 7)]
 
     later = _publish(fresh, 3, seed=1)  # the run goes on; a second gc merges the records
     weights.update(later)
     p2 = gc.plan(fresh, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=1))
     gc.apply(fresh, p2)
-    keys, retired, _ = records(fresh.store)
-    assert len(keys) == 1, "one record holds every retired version; the older one is gone"
-    assert set(range(1, 8)) <= {v for v in range(20) if v in retired}
+    found = records(fresh.reader)
+    assert len(found.keys) == 1, "one record holds every retired version; the older one is gone"
+    assert set(range(1, 8)) <= {v for v in range(20) if v in found.retired}
     assert audit(aurora_store.open_run((tmp_path / "r").as_uri())).ok
 
 
@@ -121,7 +132,7 @@ def test_a_gap_gc_did_not_make_still_fails_the_audit(tmp_path: Path) -> None:
 def test_an_interrupted_gc_is_finished_by_the_next(tmp_path: Path) -> None:
     run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
     weights = _publish(run, 9)
-    key, data = retention.encode(Retired() | [1, 2, 3], 1_700_000_000_000)
+    key, data = _record(run, Retired() | [1, 2, 3])
     run.store.put_if_absent(key, data)  # a gc wrote its intent, deleted version 2's manifest, then died
     damage.delete(run.store, manifest_key(2))
     left = [k for k in run.store.list_keys("versions/0000000002")]
@@ -140,10 +151,10 @@ def test_a_record_never_deletes_a_version_being_published(tmp_path: Path) -> Non
     _publish(run, 5)
     in_flight = "versions/0000000005/00000-" + "ab" * 16 + ".seg"  # the next version's segment, uploaded ahead
     run.store.put_if_absent(in_flight, b"segment bytes")
-    key, data = retention.encode(Retired() | [5], 1_700_000_000_000)  # a forged (or confused) record
+    key, data = _record(run, Retired() | [5], latest=6)  # a forged (or confused) record
     run.store.put_if_absent(key, data)
     p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1))
-    assert 5 not in p.leftovers
+    assert 5 not in p.leftovers and p.bad_records, "a record retiring the latest version or above is ignored"
     gc.apply(run, p)
     assert run.store.exists(in_flight)
 
@@ -183,14 +194,14 @@ def test_hostile_retention_records_retire_nothing_and_fail_the_audit(tmp_path: P
     with pytest.raises(CorruptError):
         retention.decode(data, key)
     damage.overwrite(run.store, key, data)
-    keys, retired, bad = records(run.store)
-    assert keys == [] and len(retired) == 0 and bad
+    found = records(run.reader)
+    assert found.keys == [] and len(found.retired) == 0 and found.bad
     result = audit(run)
     assert not result.ok and result.bad_records
 
 
 def test_a_record_under_another_name_is_refused() -> None:
-    key, data = retention.encode(Retired() | [4], 1234)
+    key, data = retention.encode(Retired() | [4], 1234, latest=5, origin=ORIGIN)
     assert retention.decode(data, key).retired.ranges == ((4, 4),)
     with pytest.raises(CorruptError, match="hash of its bytes"):
         retention.decode(data, key.replace(key.rsplit("-", 1)[1][:4], "ffff"))
@@ -199,10 +210,10 @@ def test_a_record_under_another_name_is_refused() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(versions=st.sets(st.integers(1, 10**10 - 1), max_size=40), created=st.integers(0, 10**13 - 1))
+@given(versions=st.sets(st.integers(1, 10**10 - 2), max_size=40), created=st.integers(0, 10**13 - 1))
 def test_records_round_trip(versions: set[int], created: int) -> None:
     retired = Retired() | versions
-    key, data = retention.encode(retired, created)
+    key, data = retention.encode(retired, created, latest=10**10 - 1, origin=ORIGIN)
     back = retention.decode(data, key)
     assert back.created_ms == created and back.retired == retired
     assert all(v in back.retired for v in versions) and len(back.retired) == len(versions)
@@ -220,7 +231,8 @@ def test_random_bytes_are_no_record(data: bytes) -> None:
     except CorruptError:
         return
     # bytes that do decode are a record: encoding it again gives the same record
-    key2, data2 = retention.encode(back.retired, back.created_ms)
+    latest = back.latest if back.latest is not None else 10**10 - 1
+    key2, data2 = retention.encode(back.retired, back.created_ms, latest=latest, origin=back.origin or ORIGIN)
     again = retention.decode(data2, key2)
     assert again.retired == back.retired and again.created_ms == back.created_ms
 
@@ -302,6 +314,156 @@ def test_aurora_gc_dry_runs_and_asks_redis_before_it_applies(tmp_path: Path, red
         assert bad.returncode == 2 and flag in bad.stderr
     text = _gc(uri, "--keep-last", "2")
     assert text.returncode == 0 and "Redis not asked" in text.stdout and "dry run" in text.stdout
+
+
+def test_an_actor_paused_past_its_registration_catches_up_from_the_full_version_gc_left(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """Issue 25, bug 4: an actor holding version 1 stops heartbeating (paused) until its registration
+    expires; ``aurora gc`` then retires everything no live worker holds, 1 to 7. Woken up, its Updater
+    asked for every manifest from 2 on and failed with MissingError forever; it now jumps to the full
+    version gc kept (8) and the delta after it, and holds the latest version bit for bit."""
+    from actor.updater import Updater
+
+    uri = (tmp_path / "home" / "p").as_uri()
+    run = aurora_store.open_run(uri, full_every=4)
+    coord = Coordinator(redis_server.url, "p")
+    run.announcer = RegionAnnouncer(coord, "home")
+    weights = _publish(run, 2)
+    actor = Updater(aurora_store.open_run(uri), region="home", coord=coord, worker_id="paused")
+    actor.bootstrap(1)
+    wid = coord.workers.register("actor", "home", worker_id="paused", ttl_s=0.5)
+    coord.workers.update(wid, version=1, version_hash=run.manifest(1).version_hash)
+    assert coord.holds()[0]["actor paused in home"] == 1
+    weights.update(_publish(run, 8, seed=1))  # versions 2-9, fulls at 4 and 8; the actor is paused meanwhile
+    wait_for(lambda: "actor paused in home" not in coord.holds()[0], "the paused actor's registration to lapse")
+
+    done = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert run.versions() == [0, 8, 9], "gc retired every version the paused actor would have read"
+
+    assert [m.version for m in actor.route(9)] == [8, 9]
+    staged = actor.stage()  # the region's latest, from Redis
+    assert staged is not None and staged.version == 9
+    held = actor.apply()
+    assert held is not None and held.version == 9
+    assert held.weights_digest == run.manifest(9).weights_digest == actor.live_digest()
+    assert bits_equal(actor.weights, weights[9])
+
+
+def _signed_run(tmp_path: Path, versions: int) -> tuple[str, Path, Path, dict[int, dict[str, torch.Tensor]]]:
+    """A signed run of ``versions`` versions (fulls every 4) at home: its URI, key files and weights."""
+    private, public = signing.generate_keypair()
+    key, pub = tmp_path / "run.key", tmp_path / "run.pub"
+    key.write_bytes(private)
+    pub.write_bytes(public)
+    uri = (tmp_path / "home" / "s").as_uri()
+    run = aurora_store.open_run(uri, full_every=4, signing_key=private)
+    weights = _publish(run, versions)
+    run.close()
+    return uri, key, pub, weights
+
+
+def _relay_once(source: str, dest: str, pub: Path | None) -> subprocess.CompletedProcess[str]:
+    argv = ["relay", "--source", source, "--dest", dest, "--dest-region", "eu", "--once"]
+    argv += [] if pub is None else ["--verify-key", str(pub)]
+    return subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", *argv], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+
+
+def test_forged_retention_records_hide_no_version_from_a_relay(tmp_path: Path) -> None:
+    """Issue 25, bug 7: an unsigned record retiring versions 1 to a million, planted in a signed run's
+    home bucket, made ``relay --once`` copy only version 0 of 0-5 and exit 0, and the region's audit
+    pass. Records are now signed like versions and never retire the latest committed version or
+    above: the relay copies every version, leaves the forged records behind, and the home audit
+    reports each of them (unsigned in a signed run, signed by another key, retiring the future)."""
+    uri, _key, pub, weights = _signed_run(tmp_path, 6)
+    run = aurora_store.open_run(uri, verify_key=pub.read_bytes())
+    origin = run.reader.identity().origin
+    assert origin is not None
+    legacy = b'{"created_ms":1,"format":"aurora-retention/1","retired":[[1,1000000]]}\n'
+    run.store.put_if_absent(f"retention/0000000000001-{hashlib.sha256(legacy).hexdigest()[:32]}.json", legacy)
+    eu = (tmp_path / "eu" / "s").as_uri()
+    r = _relay_once(uri, eu, pub)
+    assert r.returncode == 0, r.stderr
+    eu_run = aurora_store.open_run(eu, verify_key=pub.read_bytes())
+    assert eu_run.versions() == [0, 1, 2, 3, 4, 5], "every version copied, none hidden by a forged record"
+
+    # records of today's format, as an attacker with write access to the bucket (no run key) makes them
+    run.store.put_if_absent(*retention.encode(Retired() | [1, 4], 2, latest=5, origin=origin))
+    other = Ed25519PrivateKey.generate()
+    run.store.put_if_absent(*retention.encode(Retired() | [1, 4], 3, latest=5, origin=origin, key=other))
+    r = _relay_once(uri, eu, pub)
+    assert r.returncode == 0, r.stderr
+    assert eu_run.store.list_keys(retention.DIR) == [], "no forged record reaches the region"
+    assert audit(eu_run).ok
+    assert bits_equal(eu_run.materialize(5), weights[5])
+
+    home = audit(aurora_store.open_run(uri, verify_key=pub.read_bytes()))
+    assert not home.ok and len(home.bad_records) == 3, home.bad_records
+    why = "\n".join(home.bad_records)
+    assert "honoured only below version 4" not in why and "honoured only below version 0" in why
+    assert "unsigned, in a run signed by key" in why and f"expected {run.reader.identity().signed_by}" in why
+    assert home.retired == 0
+
+    # and in an unsigned run, where anyone may write a record: never one retiring the latest or above
+    plain = aurora_store.open_run((tmp_path / "plain").as_uri(), full_every=100)
+    _publish(plain, 6)
+    plain_origin = plain.reader.identity().origin
+    assert plain_origin is not None
+    ahead = retention.encode(Retired() | [1, 9], 4, latest=10, origin=plain_origin)
+    plain.store.put_if_absent(*ahead)
+    found = records(plain.reader)
+    assert len(found.retired) == 0 and "not below the latest committed version 5" in found.bad[0]
+    out = (tmp_path / "plain-eu").as_uri()
+    assert _relay_once(plain.uri, out, None).returncode == 0
+    assert aurora_store.open_run(out).versions() == list(range(6))
+
+
+def test_gc_signs_its_record_in_a_signed_run_and_relays_honour_it(tmp_path: Path, redis_server: Any) -> None:
+    """Issue 25, bug 7: in a signed run, ``aurora gc --apply`` signs its record with the run's key
+    (and refuses, deleting nothing, without it or with another key); a relay to a new region then
+    skips exactly the retired versions, places the record there once the region holds a version
+    above them, and both audits pass. A record written by earlier code (format 1) is still honoured
+    below the latest full version it leaves."""
+    uri, key, pub, weights = _signed_run(tmp_path, 10)  # fulls at 0, 4, 8
+    coord = Coordinator(redis_server.url, "s")
+    run = aurora_store.open_run(uri, verify_key=pub.read_bytes())
+    coord.regions.commit("home", 9, run.manifest(9).version_hash, "delta")
+    args = [uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1"]
+    args += ["--verify-key", str(pub)]
+    unsigned = _gc(*args, env={"AURORA_SIGNING_KEY": ""})
+    assert unsigned.returncode == 1 and "give gc the run's signing key" in unsigned.stderr, unsigned.stderr
+    other = tmp_path / "other.key"
+    other.write_bytes(signing.generate_keypair()[0])
+    wrong = _gc(*args, "--signing-key", str(other))
+    assert wrong.returncode == 1 and "nothing was deleted" in wrong.stderr, wrong.stderr
+    assert run.versions() == list(range(10)) and run.store.list_keys(retention.DIR) == []
+    done = _gc(*args, "--signing-key", str(key))
+    assert done.returncode == 0, done.stderr
+    assert run.versions() == [0, 8, 9]
+    found = records(aurora_store.open_run(uri, verify_key=pub.read_bytes()).reader)
+    assert found.retired.ranges == ((1, 7),) and not found.bad
+    (record_key,) = found.keys
+    doc = json.loads(run.store.get(record_key, max_bytes=1 << 20))
+    assert doc["signature"]["key_id"] == run.reader.identity().signed_by and doc["latest"] == 9
+
+    eu = (tmp_path / "eu" / "s").as_uri()
+    r = _relay_once(uri, eu, pub)
+    assert r.returncode == 0, r.stderr
+    eu_run = aurora_store.open_run(eu, verify_key=pub.read_bytes())
+    assert eu_run.versions() == [0, 8, 9] and eu_run.store.list_keys(retention.DIR) == [record_key]
+    for fresh in (aurora_store.open_run(uri, verify_key=pub.read_bytes()), eu_run):
+        result = audit(fresh)
+        assert result.ok and result.retired == 7, (result.first_error, result.bad_records)
+    assert bits_equal(eu_run.materialize(9), weights[9])
+
+    # a record of format 1 (earlier code) in the same signed run: what it retires below version 8 stands
+    legacy = b'{"created_ms":2,"format":"aurora-retention/1","retired":[[1,7]]}\n'
+    run.store.put_if_absent(f"retention/0000000000002-{hashlib.sha256(legacy).hexdigest()[:32]}.json", legacy)
+    found = records(aurora_store.open_run(uri, verify_key=pub.read_bytes()).reader)
+    assert found.retired.ranges == ((1, 7),) and not found.bad and len(found.keys) == 2
 
 
 DAY = 86400
@@ -519,7 +681,7 @@ def test_gc_while_the_trainer_publishes_and_a_relay_copies(tmp_path: Path, redis
             for v in fresh.versions():
                 assert bits_equal(fresh.materialize(v), weights[v]), f"{uri} version {v}"
         home_run, eu_run = aurora_store.open_run(home), aurora_store.open_run(eu)
-        _, eu_retired, _ = records(eu_run.store)
+        eu_retired = records(eu_run.reader).retired
         assert not [v for v in eu_run.versions() if v in eu_retired], "the relay copied no retired version back"
         assert home_run.versions()[-1] == eu_run.versions()[-1] == latest
         assert np.all(np.diff(eu_run.versions()) > 0)

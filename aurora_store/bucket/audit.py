@@ -89,7 +89,9 @@ class AuditResult:
     retired: int = 0
     """Versions ``aurora gc`` retired (their absence is not a gap)."""
     bad_records: list[str] = dataclasses.field(default_factory=list)
-    """Retention records that could not be read (``key: why``): they excuse no gap, and fail the audit."""
+    """Retention records ignored, in whole or in part (``key: why``: unreadable, not the run's, unsigned
+    or badly signed in a signed run, retiring a version not below the latest): what they do not
+    retire is no excuse for a gap, and any of them fails the audit."""
 
     @property
     def ok(self) -> bool:
@@ -131,7 +133,8 @@ def audit(run: Run, *, on_version: Callable[[VersionAudit, int], None] | None = 
     # A fresh reader: cached manifests must not hide damage done since they were read.
     reader = Reader(run.store, run.config.limits, run.reader.verify_key)
     versions = reader.versions()
-    _keys, retired, bad_records = records(run.store)
+    found = records(reader)
+    retired, bad_records = found.retired, found.bad
     if not versions:
         url = run.store.url("versions/")
         return AuditResult(run.uri, [], AuditError(0, url, f"{url}: no committed versions", MissingError.__name__))

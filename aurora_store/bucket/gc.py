@@ -27,13 +27,14 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.retention import records
 from aurora_store.bucket.run import Run
 from aurora_store.bucket.state import StateName
 from aurora_store.errors import CorruptError, RetentionError, StoreError
-from aurora_store.format import retention
+from aurora_store.format import retention, signing
 from aurora_store.format.keys import (
     MANIFEST,
     RESULTS_DIR,
@@ -46,6 +47,9 @@ from aurora_store.format.keys import (
 )
 from aurora_store.format.manifest import Manifest
 from aurora_store.format.retention import Retired
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 log = logging.getLogger("aurora.gc")
 
@@ -112,7 +116,8 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
     store, reader = run.store, run.reader
     if policy.keep_last < 1 or policy.keep_fulls < 1 or policy.keep_states < 1:
         raise ValueError("keep at least the last version, the last full version and the last trainer state")
-    record_keys, retired, bad = records(store)
+    found = records(reader)
+    record_keys, retired, bad = found.keys, found.retired, found.bad
     committed = reader.versions()
     manifests: dict[int, Manifest] = {}
     unreadable = []
@@ -202,7 +207,9 @@ def apply(run: Run, p: RetentionPlan, *, now_ms: int | None = None) -> dict[str,
     wrote = None
     if p.retire or len(p.records) > 1:
         created = now_ms if now_ms is not None else int(time.time() * 1000)
-        wrote, data = retention.encode(retired, created)
+        latest = p.committed[-1]
+        origin, key = _record_signer(run, latest)
+        wrote, data = retention.encode(retired, created, latest=latest, origin=origin, key=key)
         store.put_if_absent(wrote, data)  # the intent, before the first deletion
     counts = {"versions": 0, "objects": 0, "states": 0, "records": 0, "temporaries": 0}
     for v in p.retire:
@@ -222,6 +229,30 @@ def apply(run: Run, p: RetentionPlan, *, now_ms: int | None = None) -> dict[str,
         counts["records"] = store.delete([k for k in p.records if k != wrote])
     counts["temporaries"] = store.sweep_temporaries()
     return counts
+
+
+def _record_signer(run: Run, latest: int) -> tuple[str, Ed25519PrivateKey | None]:
+    """The run's origin and the key its retention record is signed with: none in an unsigned run,
+    the run's key at ``latest`` in a signed one (RetentionError, before anything is deleted, when
+    this gc was not given that key)."""
+    identity = run.reader.identity()
+    assert identity.origin is not None
+    if identity.signed_by is None:
+        return identity.origin, None
+    url = run.store.url(retention.DIR)
+    era = run.reader.keys_at(latest, url).era(latest)
+    key = run.signing_key
+    if key is None:
+        raise RetentionError(
+            f"{url}: the run is signed by key {era.key_id}, and so is every retention record in it: give gc "
+            "the run's signing key (--signing-key or AURORA_SIGNING_KEY); nothing was deleted"
+        )
+    if signing.key_id(key.public_key()) != era.key_id:
+        raise RetentionError(
+            f"{url}: the signing key given is {signing.key_id(key.public_key())}, the run's key at version "
+            f"{latest} is {era.key_id}; nothing was deleted"
+        )
+    return identity.origin, key
 
 
 @dataclass(slots=True)

@@ -8,9 +8,14 @@ built beside the target and renamed into place, so a reader never sees half of i
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,12 +24,14 @@ from typing import TYPE_CHECKING
 from aurora_store.errors import ConflictError, StoreError
 from aurora_store.format import safetensors_file
 from aurora_store.format.full import plan_shards
+from aurora_store.localfile import open_regular, read_regular
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
-    from aurora_store.format.manifest import Manifest
+    from aurora_store.format.manifest import Manifest, Segment
     from aurora_store.format.weights import WeightState
 
+log = logging.getLogger("aurora.replay")
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 PROVENANCE = "aurora_replay.json"
@@ -65,7 +72,7 @@ def replay(
     if shard_bytes < 1:
         raise StoreError(f"shard_bytes must be >= 1, got {shard_bytes}")
     out = os.path.abspath(os.fspath(out))
-    _check_target(out, force)
+    replaced = _check_target(run, out, force)
     step = progress or (lambda stage, done, total: None)
     step("materialize", 0, 1)
     state = run.materialize_words(version)
@@ -91,14 +98,16 @@ def replay(
         }
         _write(tmp, PROVENANCE, json.dumps(record, indent=2).encode() + b"\n")
         _fsync_dir(tmp)
-        _install(tmp, out, force)
+        _install(tmp, out, replaced)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ReplayResult(out, m.version, m.version_hash, m.weights_digest, shards, total, files, skipped)
 
 
-def _check_target(out: str, force: bool) -> None:
+def _check_target(run: Run, out: str, force: bool) -> list[str]:
+    """Refuse a target replay may not write; with ``force``, the files of an earlier replay it may
+    replace (those :func:`_ours` proves replay wrote)."""
     if os.path.lexists(out):
         if not os.path.isdir(out) or os.path.islink(out):
             raise ConflictError(f"{out} exists and is not a directory; replay writes a directory")
@@ -106,27 +115,88 @@ def _check_target(out: str, force: bool) -> None:
         if present and not force:
             raise ConflictError(f"{out} is not empty; choose another --out or pass --force to replace it")
         if present:
-            _check_replayed(out, present)
+            return _ours(run, out, present)
     elif not os.path.isdir(os.path.dirname(out)):
         raise StoreError(f"{os.path.dirname(out)} does not exist; create the parent of --out first")
+    return []
 
 
-def _check_replayed(out: str, present: list[str]) -> None:
-    """``--force`` replaces only a directory an earlier replay wrote: its provenance record names
-    every file in it. Anything else (a user's file, another tool's output) is never deleted."""
+_SHARD = re.compile(r"model(-[0-9]{5}-of-[0-9]{5})?\.safetensors")
+"""What replay names its shards (:func:`_write_shards`)."""
+
+
+def _ours(run: Run, out: str, present: list[str]) -> list[str]:
+    """``present`` (the entries of ``out``), once each is shown to be replay's to replace: a regular
+    file (never a link or a directory) under one of replay's own names (its provenance record, index
+    or shards), or an attachment whose bytes are the ones ``run`` vouches for under that name at the
+    version the provenance record names. The record itself is unsigned, so it proves nothing alone: a
+    file it lists is deleted only when the run says the same. Anything else is never deleted."""
     try:
-        with open(os.path.join(out, PROVENANCE), "rb") as f:
-            record = json.loads(f.read(1 << 20))
-        ours = {PROVENANCE, INDEX, *record["shards"], *record["files"]}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        record = json.loads(read_regular(os.path.join(out, PROVENANCE), 1 << 20))
+        if not isinstance(record, dict):
+            raise TypeError
+    except (OSError, ValueError, TypeError, RecursionError):
         raise ConflictError(
             f"{out} is not a directory replay wrote (no readable {PROVENANCE}); --force replaces only those: "
             "choose another --out"
         ) from None
-    foreign = sorted(set(present) - {str(n) for n in ours})
+    vouched: dict[str, Segment] | None = None
+    foreign = []
+    for name in sorted(present):
+        path = os.path.join(out, name)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            foreign.append(f"{name} (not a regular file)")
+        elif name in (PROVENANCE, INDEX) or _SHARD.fullmatch(name):
+            continue
+        else:
+            if vouched is None:
+                vouched = _attachments(run, record)
+            f = vouched.get(name)
+            if f is None or not _same_bytes(path, f):
+                foreign.append(name)
     if foreign:
         shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-        raise ConflictError(f"{out} holds files replay did not write ({shown}); --force never deletes those")
+        raise ConflictError(
+            f"{out} holds files replay cannot show it wrote ({shown}); --force never deletes those: "
+            "move them away or choose another --out"
+        )
+    return present
+
+
+def _attachments(run: Run, record: dict[str, object]) -> dict[str, Segment]:
+    """The attachments ``run`` vouches for at the version ``record`` names, by file name (none when
+    that version is not in ``run``, or not with the record's hash)."""
+    version, version_hash = record.get("version"), record.get("version_hash")
+    if not isinstance(version, int) or isinstance(version, bool) or not isinstance(version_hash, str):
+        return {}
+    try:
+        m = run.manifest(version)
+    except StoreError:
+        return {}
+    if m.version_hash != version_hash:
+        return {}
+    return {f.key.split("/", 1)[1]: f for f in m.files}
+
+
+def _same_bytes(path: str, f: Segment) -> bool:
+    """Whether the regular file at ``path`` holds exactly the bytes ``f`` names (size, then SHA-256)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size != f.size:
+            return False
+        h, at = hashlib.sha256(), 0
+        while at < f.size:
+            chunk = os.pread(fd, min(f.size - at, 16 << 20), at)
+            if not chunk:
+                return False
+            h.update(chunk)
+            at += len(chunk)
+        return h.hexdigest() == f.sha256
+    finally:
+        os.close(fd)
 
 
 def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress) -> tuple[list[str], int]:
@@ -190,16 +260,24 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _install(tmp: str, out: str, force: bool) -> None:
-    """Rename the finished directory into place; with ``force``, the old one goes only after."""
+def _install(tmp: str, out: str, replaced: list[str]) -> None:
+    """Rename the finished directory into place; an earlier replay's directory goes only after, and
+    of it only the files ``replaced`` (what :func:`_ours` proved replay's): anything that appeared in
+    it since is left there, in the renamed old directory, and said so."""
     if not os.path.lexists(out):
         os.rename(tmp, out)
     elif not os.listdir(out):
         os.replace(tmp, out)  # POSIX rename replaces an empty directory atomically
     else:
-        assert force
+        assert replaced
         old = f"{tmp}.old"
         os.rename(out, old)
         os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        for name in replaced:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(old, name))
+        try:
+            os.rmdir(old)
+        except OSError:
+            log.warning("%s: files replay did not write appeared while it ran; they are kept in %s", out, old)
     _fsync_dir(os.path.dirname(out))

@@ -23,6 +23,7 @@ from aurora_store.config.schema import (
     table_values,
 )
 from aurora_store.errors import ConfigError
+from aurora_store.localfile import read_regular
 from aurora_store.redact import is_secret, redact
 
 
@@ -30,8 +31,7 @@ def load(path: str) -> RunFile:
     """Read and check ``path``: the common part and every declared role's tables. Raises one
     :class:`ConfigError` that lists every problem found."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+        raw = read_regular(path, MAX_FILE_BYTES + 1)  # a FIFO planted here is refused, never waited on
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
     if len(raw) > MAX_FILE_BYTES:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from aurora_store.errors import StoreError, UnauthenticatedError, UnsupportedError
 from aurora_store.format.manifest import Manifest, Rotation, Signature, raw_key_id
+from aurora_store.localfile import read_regular
 
 _DOMAIN = b"aurora-manifest/1\0"
 _ROTATION_DOMAIN = b"aurora-rotation/1\0"
@@ -63,8 +64,7 @@ def _read(material: bytes | str | os.PathLike[str]) -> bytes:
     if isinstance(material, str) and material.lstrip().startswith("-----BEGIN"):
         return material.encode()
     try:
-        with open(material, "rb") as f:
-            return f.read(1 << 16)
+        return read_regular(material, 1 << 16)  # a FIFO is refused, never waited on
     except OSError as exc:
         raise StoreError(f"cannot read key file {os.fspath(material)!r}: {exc.strerror or exc}") from None
 

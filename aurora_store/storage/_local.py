@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from aurora_store.errors import StoreError
 from aurora_store.format.keys import TMP_PREFIX
+from aurora_store.localfile import open_regular, pread_bounded
 from aurora_store.storage.base import Backend, Capabilities, translated
 
 if TYPE_CHECKING:
@@ -57,10 +58,21 @@ class LocalBackend(Backend):
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(self.path(key)))
 
+    def read_range(self, key: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of a regular file (a FIFO or device planted under the run is
+        refused before a byte is read: :func:`~aurora_store.localfile.open_regular`)."""
+        fd = open_regular(self.path(key))
+        try:
+            data = pread_bounded(fd, start, stop)
+        finally:
+            os.close(fd)
+        self.meter("download", len(data))
+        return data
+
     def read_into(self, key: str, view: memoryview, part_bytes: int, pool: ThreadPoolExecutor) -> int:
         """Parallel ``preadv`` calls straight into ``view``; the file's size (nothing is read when it
-        is not ``len(view)``)."""
-        fd = os.open(self.path(key), os.O_RDONLY)
+        is not ``len(view)``, nor when it is not a regular file)."""
+        fd = open_regular(self.path(key))
         try:
             n = os.fstat(fd).st_size
             if n != len(view):

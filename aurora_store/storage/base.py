@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from aurora_store.errors import ConflictError, MissingError, StoreError, UnsupportedError
+from aurora_store.errors import ConflictError, CorruptError, MissingError, StoreError, UnsupportedError
+from aurora_store.localfile import NotRegularFile
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -194,6 +195,8 @@ def translated(url: str) -> Iterator[None]:
     except StoreError:
         raise
     except Exception as exc:
+        if isinstance(exc, NotRegularFile):
+            raise CorruptError(f"{url}: {exc.strerror}; an object is a regular file", url=url) from exc
         if isinstance(exc, FileExistsError):
             raise ConflictError(f"{url} already exists", url=url) from exc
         if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
