@@ -329,18 +329,33 @@ class Faults:
         return {"seconds": round(seconds, 1), "per_s": 16}
 
     def inflated_registration(self) -> dict[str, Any]:
-        """A registration in an actor's form that claims 10^12 tokens/s and never takes a job, alive for
-        some seconds (issue 25, bug 3: the trainer gave it every prompt and waited out every lease)."""
+        """A registration in an actor's form that claims 10^12 tokens/s and never takes a job, kept
+        eligible for some seconds (it beats and says it holds home's latest version, as an attacker's
+        script would) (issue 25, bug 3: the trainer gave it every prompt and waited out every lease)."""
         from aurora_store.coord.coordinator import Coordinator
 
         region = self.rng.choice(list(self.buckets))
         stay = self.rng.uniform(15, 30)
-        coord = Coordinator(f"redis://127.0.0.1:{self.redis.port}/0", self.run_id)
-        try:
-            wid = coord.workers.register("actor", region, ttl_s=stay, worker_id=f"actor-{region}-inflated")
-            coord.call(coord.r.hset, coord.key("tau"), wid, repr(1e12))
-        finally:
-            coord.close()
+        wid = f"actor-{region}-inflated"
+
+        def pose() -> None:
+            coord = Coordinator(f"redis://127.0.0.1:{self.redis.port}/0", self.run_id)
+            end = time.monotonic() + stay
+            try:
+                coord.workers.register("actor", region, ttl_s=2.0, worker_id=wid)
+                while time.monotonic() < end:
+                    with contextlib.suppress(Exception):  # Redis may be restarting: try again next beat
+                        versions = self.buckets["home"].versions()
+                        if versions:
+                            m = json.loads(self.buckets["home"].get(manifest_key(versions[-1])))
+                            coord.workers.update(wid, version=versions[-1], version_hash=m["version_hash"])
+                        coord.call(coord.r.hset, coord.key("tau"), wid, repr(1e12))
+                        coord.workers.heartbeat(wid, ttl_s=2.0)
+                    time.sleep(0.3)
+            finally:
+                coord.close()
+
+        threading.Thread(target=pose, name="inflated registration", daemon=True).start()
         return {"target": wid, "stays_s": round(stay, 1), "claims_tokens_per_s": 1e12}
 
     def forged_retention(self) -> dict[str, Any]:
