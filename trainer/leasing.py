@@ -205,6 +205,7 @@ class Leases:
             jobs = list(self.step_jobs.pop(s))
             for job in jobs:
                 self.holder.pop(job, None)
+                self.tokens.pop(job, None)
             self.closed.discard(s)
             dropped += jobs
         self.closed.add(step)
