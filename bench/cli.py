@@ -28,6 +28,7 @@ BENCHMARKS = {
     "recipe": "whether aurora demo's recipe learns: reward rise, verified versions, delta sizes; see --help",
     "catchup": "a lagging actor's path to the latest version: delta chain vs latest full plus chain; see --help",
     "coord": "one Redis and one trainer against 8..1024 actors: round trips, Redis CPU, bytes, memory; see --help",
+    "dispatch": "the trainer's dispatch against Redis writers: fake and hung actors, forged results; see --help",
 }
 
 

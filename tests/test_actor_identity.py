@@ -264,6 +264,34 @@ def test_a_forged_reference_is_refused_before_any_fetch(world: World) -> None:
     assert world.d.payloads.fetched_bytes - fetched == len(data), "only the signed result's payload was fetched"
 
 
+def test_a_certified_insider_who_reads_the_holders_token_gets_nothing_admitted_nor_fetched(world: World) -> None:
+    """Issue 25, weak spot: fencing tokens are readable in Redis. On a run whose actors are signed, a
+    certified actor (a compromised host, with its own key and certificate) that copies the holder's
+    token still gets nothing admitted: under its own name it is not the holder, under the holder's it
+    cannot sign. Its reference is never fetched, and the lease stays with the holder, whose result is
+    admitted."""
+    holder = world.actor("a-1")
+    world.post(1)
+    (lease,) = world.take("a-1")
+    insider = world.actor("a-2")
+    token = int(str(world.coord.r.hget(world.coord.key("job", lease.job), "token")))  # anyone can read it
+    stolen = Lease(lease.job, token, lease.step, lease.version, lease.deadline_ms, {})
+    forged = payload(reward=0.0)
+    insider.submit(stolen, 0, VHASH, forged)  # signed by the insider, in its own name: inline
+    insider.inline_bytes = 16
+    insider.submit(stolen, 0, VHASH, payload(reward=0.5))  # and by reference
+    key = world.keys["a-2"]
+    world.forge(lease, "a-1", forged, cert=insider.identity.cert, sig=world.sign(key, lease, "a-1", forged))  # type: ignore[union-attr]
+    fetched = world.d.payloads.fetched_bytes
+    world.drain()
+    assert world.admitted() == {} and world.d.leases.holder == {lease.job: "a-1"}, "the lease stays with its holder"
+    assert dict(world.d.dropped) == {"wrong_actor": 2, "wrong_cert_actor": 1}
+    assert world.d.payloads.fetched_bytes == fetched, "the insider's reference is never fetched"
+    holder.submit(lease, 0, VHASH, payload())
+    world.drain()
+    assert world.admitted() == {lease.job: "a-1"}
+
+
 def test_a_malformed_entry_does_not_take_the_lease_when_identities_are_on(world: World) -> None:
     world.actor("a-1")
     world.post(1)

@@ -10,7 +10,9 @@ reward whose process crashed is no reward, so a result with more than
 :data:`MAX_CRASHED_FRACTION` of its completions' rewards ``crashed`` is dropped
 (``rewards_crashed``) and its prompt leased again (docs/RL.md, "Reward"). A payload that fails is a
 drop reason, never an exception. With an identity gate (:mod:`trainer.identity`), a result not
-signed by a certified actor is refused before its payload is fetched.
+signed by a certified actor is refused before its payload is fetched; so is any result the caller
+already refused (the dispatcher checks job, lease and token first), and a referenced payload larger
+than a job can return (:attr:`Payloads.max_bytes`) is never read.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class Payloads:
         """Version -> the weights digest published with it (None if unknown)."""
         self.gate = gate
         """Why a result is not from a certified actor, or None (``ResultGate.check``); None: no gate."""
+        self.max_bytes = min(
+            payloads.MAX_PAYLOAD_BYTES, payloads.payload_size(sampling.group, sampling.group * sampling.max_new_tokens)
+        )
+        """The largest payload one job can return (``group`` completions of ``max_new_tokens``): a
+        reference to a larger object is refused unread (``payload_too_large``)."""
         self._pool = ThreadPoolExecutor(max_workers=fetchers, thread_name_prefix="aurora-payload")
         self._lock = threading.Lock()
         self.cpu_s = 0.0
@@ -66,14 +73,18 @@ class Payloads:
         """Completion tokens decoded and checked."""
         self.fetched_bytes = 0
 
-    def decode_all(self, results: Sequence[Result]) -> list[Decoded]:
-        """Each result's rollouts or drop reason, in order; referenced payloads fetched in parallel."""
+    def decode_all(self, results: Sequence[Result], refused: Sequence[str | None] | None = None) -> list[Decoded]:
+        """Each result's rollouts or drop reason, in order; referenced payloads fetched in parallel.
+        ``refused``: the caller's drop reason for each result (None: go on), given before any fetch."""
         blobs: list[bytes | str | None] = [r.inline for r in results]
-        if self.gate is not None:  # before any fetch: a forged reference costs no GET
-            for i, r in enumerate(results):
-                why = self.gate(r) if r.malformed is None else None
-                if why is not None:
-                    blobs[i] = why
+        for i, r in enumerate(results):  # before any fetch: a forged reference costs no GET
+            why = refused[i] if refused is not None else None
+            if why is None and r.malformed is None and r.ref is not None and r.ref.size > self.max_bytes:
+                why = "payload_too_large"
+            if why is None and self.gate is not None and r.malformed is None:
+                why = self.gate(r)
+            if why is not None:
+                blobs[i] = why
         wanted = [i for i, r in enumerate(results) if r.malformed is None and r.ref is not None and blobs[i] is None]
         for i, got in zip(wanted, self._pool.map(lambda i: self._fetch(results[i]), wanted), strict=True):
             blobs[i] = got
@@ -103,7 +114,7 @@ class Payloads:
         if store is None:
             return "unknown_region"
         try:
-            data = get_payload(store, ref.key, ref.sha256, ref.size)
+            data = get_payload(store, ref.key, ref.sha256, ref.size, max_bytes=self.max_bytes)
         except StoreError:
             return "payload_unavailable"
         with self._lock:

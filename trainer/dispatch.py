@@ -8,10 +8,14 @@ live actors come from :class:`~aurora_store.coord.roster.Roster` (what changed s
 sweep), expired leases from the deadline index, and the holder of every lease is known here
 (this trainer made them). A result is admitted only after its payload passes every check
 (:mod:`trainer.admission`: it is hostile input), and every prompt of a step is admitted exactly
-once. With a fleet key (:mod:`trainer.identity`), only results signed by a certified actor are
-considered at all; a forged one is dropped and its lease stays with its holder. Every result read
-is removed from the stream once admitted or dropped; a drop is counted by reason, logged once a
-minute per reason, and told to the actor that submitted it.
+once. Before any payload is fetched, the result must name one of this trainer's open jobs, its
+current holder and lease token, and the published version hash (all known here, no round trip),
+and a step's fetches stay within ``fetch_per_job`` times its jobs' largest payloads: a Redis writer
+cannot make the trainer read what no lease asked for (issue 25, bug 5). With a fleet key
+(:mod:`trainer.identity`), only results signed by a certified actor are considered at all; a
+forged one is dropped and its lease stays with its holder. Every result read is removed from the
+stream once admitted or dropped; a drop is counted by reason, logged once a minute per reason, and
+told to the actor that submitted it.
 
 With :meth:`Dispatcher.start`, sweeping, reading, fetching and decoding run on a thread of their
 own, so the training thread only waits for a step's last admission; without it :meth:`collect`
@@ -59,6 +63,7 @@ RELEASE = (
     "wrong_version_hash",
     "wrong_digest",
     "payload_unavailable",
+    "payload_too_large",
     "rewards_crashed",
 )
 """Drops after which the prompt is leased again at once (its holder produced something unusable)."""
@@ -143,6 +148,8 @@ class Dispatcher:
         """Reward calls that failed on the actors (scored 0), by kind, over the admitted results."""
         self.leases = Leases(board, Roster(coord), schedule=schedule, tag=tag, dropped=self.dropped)
         """This trainer's jobs, who holds them, and the sweep."""
+        self.fetch_reserved: Counter[int] = Counter()
+        """Step -> bytes of referenced payloads let through to a fetch (what its budget counts)."""
         self._after = "0-0"
         self._last_sweep = 0.0
         self._down_since: float | None = None
@@ -267,6 +274,8 @@ class Dispatcher:
                 else:
                     self.retrying(self._collect_once)
             old = self.leases.close(step)  # long trained: late results are unknown jobs
+            for s in [s for s in self.fetch_reserved if s not in self.leases.step_jobs]:
+                del self.fetch_reserved[s]
             if old:
                 with contextlib.suppress(CoordinationError):  # the records expire by themselves anyway
                     self.board.drop_jobs(old)
@@ -283,13 +292,56 @@ class Dispatcher:
         results = self.board.results.read(after, block_ms=int(self.schedule.sweep_s * 1000))
         if not results:
             return
-        decoded = self.payloads.decode_all(results)
+        with self._lock:
+            early = self._before_fetch(results)
+        decoded = self.payloads.decode_all(results, early)
         with self._lock:
             if self._after == after:  # not rewound by a rebuild meanwhile
                 self._after = results[-1].id
             self._consider_all(results, decoded)
             self._progress.notify_all()
         self.board.results.discard([r.id for r in results])
+
+    def _before_fetch(self, results: list[Result]) -> list[str | None]:
+        """Why each result is dropped before its payload is fetched or decoded, or None: it names none of
+        this trainer's open jobs, or a job already admitted, or not the published version hash, or not
+        the lease's holder and token (what the admission script would refuse after the fetch); or it
+        references a payload over its step's fetch budget, or a second payload for the same job."""
+        out: list[str | None] = []
+        referenced: set[str] = set()
+        for res in results:
+            if res.malformed is not None:
+                out.append(None)  # its own reason, as it always was
+                continue
+            step = self.leases.step_of(res.job)
+            if step is None:
+                why: str | None = "unknown_job"
+            elif step in self.leases.closed or res.job in self.admitted.get(step, {}):
+                why = "duplicate"
+            elif self.published.get(res.version) != res.version_hash:
+                why = "wrong_version_hash"
+            elif not self.leases.holds(res.job, res.actor, res.token):
+                why = "wrong_actor" if self.leases.tokens.get(res.job) == res.token else "stale_lease"
+            else:
+                why = None
+            if why is None and step is not None and res.ref is not None:
+                why = self._reserve_fetch(step, res, referenced)
+            out.append(why)
+        return out
+
+    def _reserve_fetch(self, step: int, res: Result, referenced: set[str]) -> str | None:
+        """Count ``res``'s referenced payload against its step's budget; why not, if it does not fit."""
+        assert res.ref is not None
+        if res.job in referenced:
+            return "duplicate"  # one fetch per job per read: the holder sends one result per lease
+        if res.ref.size > self.payloads.max_bytes:
+            return "payload_too_large"
+        budget = self.schedule.fetch_per_job * len(self.leases.step_jobs[step]) * self.payloads.max_bytes
+        if self.fetch_reserved[step] + res.ref.size > budget:
+            return "fetch_budget"
+        self.fetch_reserved[step] += res.ref.size
+        referenced.add(res.job)
+        return None
 
     def _consider_all(self, results: list[Result], decoded: list[tuple[Rollouts | None, str | None]]) -> None:
         checked: list[tuple[Result, int, Rollouts]] = []
@@ -313,7 +365,7 @@ class Dispatcher:
                 self._drop(res, "duplicate")
                 continue
             self.admitted[step][res.job] = Admitted(res, rollouts)
-            self.leases.admitted(res.job)
+            self.leases.admitted(res.job, res.actor, rollouts.n_tokens)
             self.admitted_total += 1
             self.reward_failures.update(rollouts.failures)
             self._record(step, res, rollouts, deadline, at)

@@ -3,7 +3,10 @@ of each step and who holds them, who is eligible, the throughput-proportional sp
 takes back expired and orphaned leases, and idle actors taking over unstarted work.
 
 Eligible actors are alive, speak this coordination protocol, and hold the latest version or the
-one before; the roster's view says which (no round trip). A sweep refreshes the roster (what
+one before; the roster's view says which (no round trip). How much each gets is
+:class:`~trainer.pacing.Pacing`'s: throughput measured from admitted work (a self-report is only a
+first estimate), no more than ``max_share`` of the jobs placed at once while others are eligible,
+and none for a while after its lease expired without a result. A sweep refreshes the roster (what
 changed), reads the expired leases from the deadline index, and takes back the leases of actors
 that are gone: a few round trips whatever the fleet. This trainer made every lease, so it knows
 every holder without asking Redis.
@@ -12,6 +15,7 @@ every holder without asking Redis.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Container, Mapping
@@ -19,10 +23,11 @@ from collections.abc import Container, Mapping
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import now_ms
 from aurora_store.coord.roster import Roster
-from aurora_store.coord.schedule import effective, split
+from aurora_store.coord.schedule import capped_split, effective
 from aurora_store.coord.workers import PROTOCOL
 from aurora_store.rl.tasks import Prompt
 from trainer.config import ScheduleConfig
+from trainer.pacing import Pacing
 
 log = logging.getLogger("aurora.trainer")
 
@@ -53,6 +58,8 @@ class Leases:
         """Leased, unadmitted job -> its lease's fencing token: only a result carrying it speaks for the lease."""
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
+        self.pacing = Pacing(backoff_s=schedule.backoff_s, sweep_s=schedule.sweep_s)
+        """Each actor's throughput as measured from its admitted results, and its backoff."""
         self.stolen = 0
         self.sweeps = 0
         self._taus: tuple[dict[str, float], set[str]] | None = None
@@ -71,7 +78,8 @@ class Leases:
 
     def eligible(self) -> dict[str, float]:
         """Actors that may get work now, with their split weights (no round trip: the roster's view
-        and the throughputs read at the last post)."""
+        and the throughputs read at the last post, as :class:`Pacing` trusts them). An actor backed off
+        gets nothing while any other is eligible."""
         latest = self._version()
         if self._taus is None:
             self._taus = self.board.throughputs.read()
@@ -92,7 +100,8 @@ class Leases:
                     )
                 continue
             ok[wid] = taus.get(wid)
-        return effective(ok, probation, self.schedule.alpha)
+        ready = {a: tau for a, tau in self.pacing.taus(ok).items() if not self.pacing.backed_off(a)}
+        return effective(ready or self.pacing.taus(ok), probation, self.schedule.alpha)
 
     def add(self, step: int, prompts: list[Prompt]) -> None:
         """Make ``step``'s prompts this trainer's jobs, waiting for a lease."""
@@ -122,7 +131,13 @@ class Leases:
                 )
             return
         version = self._version()
-        shares = split(len(self.pending), weights, turn=turn)
+        n = len(self.pending)
+        probes = {a for a in weights if self.pacing.struck(a)}
+        caps = {a: 1 for a in probes}  # one job at a time until it delivers again
+        if len(weights) > 1 and self.schedule.max_share < 1:
+            share = math.ceil(self.schedule.max_share * n)
+            caps.update({a: min(caps.get(a, share), share) for a in weights})
+        shares = capped_split(n, weights, caps=caps, hard=probes, turn=turn)
         it = iter(list(self.pending.items()))
         items = []
         for actor, n in shares.items():
@@ -140,13 +155,17 @@ class Leases:
         prompts; let idle actors take over half (rounded down) of the not-yet-started jobs of the actor
         with the most of them. A few round trips, whatever the number of actors and jobs."""
         self.sweeps += 1
+        self.pacing.observe(self.holder.values())
         self._refresh_roster()
         foreign = []
-        for job in self.board.expired(now_ms()):
+        for job, deadline in self.board.expired_leases(now_ms()):
             step = step_of(job, self.tag)
             if step is None or job not in self.step_jobs.get(step, ()) or step in self.closed:
                 foreign.append(job)
             elif job not in self.pending:
+                holder = self.holder.get(job)
+                if holder is not None and deadline > 0:  # expired, not given back (deadline 0)
+                    self.pacing.strike(holder)
                 self._lost_lease(job, step)
         self.board.settle(foreign)
         alive = self.roster.docs
@@ -159,10 +178,12 @@ class Leases:
         if self.schedule.steal:
             self._rebalance()
 
-    def admitted(self, job: str) -> None:
-        """``job``'s result was admitted: its lease is done."""
+    def admitted(self, job: str, actor: str, tokens: int) -> None:
+        """``job``'s result, ``tokens`` completion tokens by ``actor``, was admitted: its lease is done,
+        and ``actor`` measured."""
         self.holder.pop(job, None)
         self.tokens.pop(job, None)
+        self.pacing.credit(actor, tokens)
 
     def holds(self, job: str, actor: str, token: int) -> bool:
         """Whether ``actor`` holds ``job``'s current lease under ``token``: what a result must carry to give
@@ -184,6 +205,7 @@ class Leases:
             jobs = list(self.step_jobs.pop(s))
             for job in jobs:
                 self.holder.pop(job, None)
+                self.tokens.pop(job, None)
             self.closed.discard(s)
             dropped += jobs
         self.closed.add(step)
@@ -210,6 +232,7 @@ class Leases:
         changes = self.roster.refresh()
         if changes.pruned:
             self.board.forget_actors(changes.pruned)
+            self.pacing.forget(changes.pruned)
         if changes.reloaded:
             self._taus = None
 
@@ -229,13 +252,15 @@ class Leases:
         # One round trip, only when an actor is idle. Only a busy holder's jobs move: one that has
         # started a job of its own and has others waiting. A job leased moments ago is on its way to
         # its holder, and one whose holder has started nothing is about to be taken: moving either
-        # would race the holder (under load, again and again).
+        # would race the holder (under load, again and again). Unless the holder has not proven it
+        # works (no result admitted yet, or a lease lost since): then all its unstarted jobs may move,
+        # so a registration that never takes its jobs holds them for steal_after_s, not for a lease.
         waiting = self.board.untaken()
         started = {a for j, a in self.holder.items() if j not in waiting}
         settled = now_ms() - self.schedule.steal_after_s * 1000
         for job, leased in sorted(waiting.items()):
             actor = self.holder.get(job)
-            if actor in started and leased <= settled:
+            if actor is not None and leased <= settled and (actor in started or not self.pacing.proven(actor)):
                 untaken[actor].append(job)
         moves: list[tuple[str, str]] = []
         for thief in idle:
@@ -243,6 +268,8 @@ class Leases:
                 break
             donor = max(sorted(untaken), key=lambda a: len(untaken[a]))
             n = len(untaken[donor]) // 2  # a lone unstarted job stays: its holder starts it next
+            if donor not in started:  # nor started, nor proven: it may never start them
+                n = len(untaken[donor])
             if n == 0:
                 break
             moved, untaken[donor] = untaken[donor][-n:], untaken[donor][:-n]

@@ -28,6 +28,7 @@ board holds those three objects; each owns its keys and they share the coordinat
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -196,8 +197,12 @@ class JobBoard:
     def expired(self, now: int, *, limit: int = 1000) -> list[str]:
         """Jobs whose lease deadline (ms, the trainer's clock) is at or before ``now``, oldest first;
         released leases (deadline 0) included. One round trip, whatever the number of open jobs."""
-        raw = self._call(self.r.zrangebyscore, self._k("deadlines"), "-inf", now, start=0, num=limit)
-        return [j for j in raw if is_name(j)]
+        return [job for job, _ in self.expired_leases(now, limit=limit)]
+
+    def expired_leases(self, now: int, *, limit: int = 1000) -> list[tuple[str, int]]:
+        """:meth:`expired`, each with its deadline: 0 for a lease its holder gave back (:meth:`release`)."""
+        raw = self._call(self.r.zrangebyscore, self._k("deadlines"), "-inf", now, start=0, num=limit, withscores=True)
+        return [(j, int(d) if math.isfinite(d) else 0) for j, d in raw if is_name(j)]  # -inf: anyone's write
 
     def untaken(self) -> dict[str, float]:
         """Jobs leased and not yet taken by their holder, with when they were leased (ms, the trainer's

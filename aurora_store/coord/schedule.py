@@ -76,3 +76,37 @@ def split(batch: int, weights: Mapping[str, float], *, turn: int = 0) -> dict[st
     for a in sorted(live, key=lambda a: (-(exact[a] - shares[a]), order[a]))[:left]:
         shares[a] += 1
     return {a: shares.get(a, 0) for a in weights}
+
+
+def capped_split(
+    batch: int,
+    weights: Mapping[str, float],
+    *,
+    caps: Mapping[str, int],
+    hard: frozenset[str] | set[str] = frozenset(),
+    turn: int = 0,
+) -> dict[str, int]:
+    """:func:`split`, with no actor given more than ``caps[actor]`` items (actors not in ``caps`` have no
+    cap): what a capped actor would have had is split over the others by their weights, again and
+    again until it fits. Every item is still assigned: when every actor is at its cap, the rest goes
+    over the caps of actors not in ``hard`` (a share cap is fairness; a hard one is a limit), and
+    only when all are hard-capped over the hard caps too."""
+    shares = {a: 0 for a in weights}
+    left = batch
+    for limits in (dict(caps), {a: c for a, c in caps.items() if a in hard}, {}):
+        live = {a: w for a, w in weights.items() if w > 0 and shares[a] < limits.get(a, batch + shares[a] + 1)}
+        while left and live:
+            got = split(left, live, turn=turn)
+            over = [a for a in live if a in limits and shares[a] + got[a] > limits[a]]
+            if not over:
+                for a, n in got.items():
+                    shares[a] += n
+                left = 0
+                break
+            for a in over:
+                left -= limits[a] - shares[a]
+                shares[a] = limits[a]
+                del live[a]
+    if left:
+        raise ValueError("no actor with a positive throughput to split the batch over")
+    return shares
