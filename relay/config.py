@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
-from aurora_store.options import option
+from aurora_store.options import PORT, SECONDS, Range, option
 
 
 @dataclass(kw_only=True, slots=True)
@@ -38,11 +38,11 @@ class RelayConfig:
         default_factory=dict, metadata=option(metavar="JSON", env="AURORA_DEST_OPTIONS")
     )
     """fsspec storage options of the destination bucket, as a JSON object."""
-    concurrency: int = 8
-    """Parallel object copies."""
-    rescan_s: float = 30.0
+    concurrency: Annotated[int, Range(ge=1, le=256)] = 8
+    """Parallel object copies (1 to 256)."""
+    rescan_s: Annotated[float, SECONDS] = 30.0
     """Also scan the buckets this often, in seconds (announcements are hints; the buckets are the truth)."""
-    metrics_port: int | None = None
+    metrics_port: Annotated[int | None, PORT] = None
     """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
     $AURORA_METRICS_ADDR."""
 

@@ -249,6 +249,45 @@ def test_secrets_in_the_file_are_warned_of_and_never_printed(
     assert "hunter2" not in capsys.readouterr().out
 
 
+DEEP = "[regions.eu.storage_options." + ".".join(["a"] * 3000) + "]\nx = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("[schedule]\nlease_s = " + "9" * 400 + "\n", "schedule.lease_s: expected a number of at most 300 digits"),
+        ("[sampling]\ngroup = " + "9" * 5000 + "\n", "not valid TOML: an integer too long to read"),
+        (DEEP, "regions.eu.storage_options.a.a.a"),
+    ],
+    ids=["400-digit float", "5000-digit integer", "tables 3000 deep"],
+)
+def test_huge_numbers_and_deep_nesting_are_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, says: str
+) -> None:
+    """Issue 25, bug 9: these were OverflowError, ValueError and RecursionError tracebacks."""
+    path = _file(tmp_path, GOOD + extra)
+    assert main(["config", "check", path]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err) < 1000, err
+    assert main(["train", "--config", path, "--redis", "redis://127.0.0.1:1/0"]) == 1, "a role refuses it too"
+    assert says in capsys.readouterr().err
+
+
+def test_json_options_nested_deep_are_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25, bug 9: storage options 3000 deep (a flag, or the environment) were a RecursionError."""
+    deep = '{"a": ' * 3000 + "1" + "}" * 3000
+    base = ["train", "--store", "memory://x/r", "--redis", "redis://x", "--run-id", "r"]
+    for argv, env in ((["--storage-options", deep], None), ([], deep)):
+        if env is not None:
+            monkeypatch.setenv("AURORA_STORAGE_OPTIONS", env)
+        with pytest.raises(SystemExit) as usage:
+            _args([*base, *argv])
+        assert usage.value.code == 2
+        assert "--storage-options: nested deeper than 32" in capsys.readouterr().err
+
+
 TOML_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),

@@ -7,18 +7,21 @@ The trainer takes these as flags and records them in the run (``aurora_run.json`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from aurora_store.options import COUNT, Range
 
 
 @dataclass(kw_only=True, slots=True)
 class SamplingConfig:
     """How completions are sampled: the trainer admits and trains on exactly what actors sample."""
 
-    group: int = 8
+    group: Annotated[int, COUNT] = 8
     """Completions sampled per prompt (the GRPO group)."""
-    max_new_tokens: int = 1024
+    max_new_tokens: Annotated[int, COUNT] = 1024
     """Longest completion, in tokens."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature; the trainer takes log-probabilities at the same one."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p (1: all).
     The trainer's importance ratios use the temperature-scaled, untruncated distribution."""
