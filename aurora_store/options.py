@@ -22,6 +22,7 @@ import inspect
 import json
 import math
 import os
+import sys
 import textwrap
 import types
 import typing
@@ -297,7 +298,9 @@ def add_options(
             kw["type"] = meta.get("parse") or typing.get_args(base)[0]
         else:
             kw["type"] = meta.get("parse") or (json_object if typing.get_origin(base) is dict else base)
-        if kw.get("action") is None and "choices" not in kw:
+            if base is str:
+                kw["action"], kw["env"] = _TextOption, env
+        if kw.get("action") in (None, _TextOption) and "choices" not in kw:
             kw["metavar"] = meta.get("metavar") or f.name.upper()
         if default is dataclasses.MISSING or (default is None and env and not optional):
             kw["required"] = True
@@ -308,6 +311,38 @@ def add_options(
                 kw["help"] += f" (default: {redact_value(default)})".replace("%", "%%")
         target.add_argument(flag, *meta.get("aliases", ()), **kw)
     parser.set_defaults(**{_FROM_ENV: from_env_dests})
+
+
+PRIVATE_KEY = "PRIVATE KEY-----"
+"""What every PEM private key's text holds (``-----BEGIN PRIVATE KEY-----``, ``... RSA PRIVATE KEY-----``)."""
+
+
+def holds_private_key(text: str) -> bool:
+    """Whether ``text`` is (or holds) a PEM private key's text, not a path to one."""
+    return "-----BEGIN" in text and PRIVATE_KEY in text
+
+
+class _TextOption(argparse.Action):
+    """A string option as typed on the command line (argparse calls it for flags only, never for a
+    default from the environment): a private key's text there is readable by every local user in the
+    process list, so it is taken with a warning that says how to pass it instead."""
+
+    def __init__(self, *args: Any, env: str | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.env = env
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, flag: str | None = None
+    ) -> None:
+        if isinstance(values, str) and holds_private_key(values):
+            instead = "a path to the key's file (mode 0600)" + (f", or its text in ${self.env}" if self.env else "")
+            print(
+                f"{parser.prog}: warning: {flag or self.dest} was given a private key's text on the command line, "
+                f"where every local user can read it in the process list (ps, /proc/PID/cmdline); give it "
+                f"{instead} instead",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
 
 
 def build(cls: type, args: argparse.Namespace | Mapping[str, Any], **given: Any) -> Any:

@@ -237,3 +237,39 @@ def test_out_of_range_values_from_the_environment_name_the_variable(monkeypatch:
     ):
         build(Opts, parser.parse_args([]))
     assert build(Opts, parser.parse_args(["--every", "3"])).every == 3
+
+
+# ------------------------------------------------------------ a private key on the command line (issue 25)
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "env"),
+    [("train", "--signing-key", "AURORA_SIGNING_KEY"), ("actor", "--identity-key", "AURORA_IDENTITY_KEY")],
+)
+def test_a_private_key_typed_on_the_command_line_is_warned_of(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    flag: str,
+    env: str,
+) -> None:
+    from aurora_store.cli import build_parser
+    from aurora_store.format import signing
+
+    private, _ = signing.generate_keypair()
+    pem = private.decode()
+    base = ["--store", "memory://x/r", "--redis", "redis://x", "--run-id", "r"]
+    if command == "actor":
+        base += ["--region", "eu", "--worker-id", "w", "--identity-cert", "c.json"]
+    args = build_parser().parse_args([command, *base, flag, pem])
+    err = capsys.readouterr().err
+    assert f"warning: {flag} was given a private key's text on the command line" in err, err
+    assert "process list" in err and f"${env}" in err and "path" in err and "PRIVATE KEY" not in err
+    assert getattr(args, "publish.signing_key" if command == "train" else "identity_key") == pem, "taken all the same"
+    key = tmp_path / "k.pem"
+    key.write_bytes(private)
+    build_parser().parse_args([command, *base, flag, str(key)])
+    monkeypatch.setenv(env, pem)
+    build_parser().parse_args([command, *base])
+    assert capsys.readouterr().err == "", "a path, or the text in the environment, is what is asked for"

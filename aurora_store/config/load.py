@@ -23,7 +23,7 @@ from aurora_store.config.schema import (
     table_values,
 )
 from aurora_store.errors import ConfigError
-from aurora_store.options import MAX_DEPTH
+from aurora_store.options import MAX_DEPTH, holds_private_key
 from aurora_store.redact import is_secret, redact
 
 
@@ -59,9 +59,16 @@ def from_doc(doc: dict[str, Any], path: str = "aurora.toml") -> RunFile:
     """:func:`parse` for a document already parsed (as :mod:`tomllib` gives it)."""
     errors: list[str] = []
     warnings: list[str] = []
-    for where, _, depth in _nodes(doc):
+    for where, value, depth in _nodes(doc):
         if depth > MAX_DEPTH:
             raise ConfigError(f"{path}: {where[:200]}: nested deeper than {MAX_DEPTH} tables or arrays")
+        if isinstance(value, str) and holds_private_key(value) and where != "keys.signing":
+            verify = where == "keys.verify"
+            what = " where the run's public key belongs (aurora keygen writes it as NAME.pub)" if verify else ""
+            errors.append(
+                f"{where}: holds a private key's text{what}; a config file must never carry one: keep the key in "
+                "a file of its own (mode 0600) and give its path, or its text in the environment"
+            )
     f = _common(doc, path, errors, warnings)
     tables = {k: v for k, v in doc.items() if k not in COMMON}
     known = {t.name: t for s in ROLES.values() for t in s.tables}

@@ -46,11 +46,22 @@ _BY_FILESYSTEM: dict[type, type[Backend]] = {LocalFileSystem: LocalBackend, Memo
 what ``exists`` or ``pipe_file`` mean, so it is an fsspec backend like any other."""
 
 
+NO_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "file", "local", "memory"})
+"""Protocols whose URIs never carry credentials: their backends read ``user:password@`` as part of
+the bucket's name or path, and echo it in their errors."""
+
+
 def open_backend(uri: str, storage_options: dict[str, Any] | None = None, *, meter: Meter | None = None) -> Backend:
     """The backend for ``uri`` (a non-empty fsspec URI), opened with ``storage_options``; an
-    :class:`~aurora_store.errors.UnsupportedError` for a URI fsspec cannot open or a protocol
-    that cannot create objects atomically."""
+    :class:`~aurora_store.errors.UnsupportedError` for a URI fsspec cannot open, one with
+    credentials its protocol does not read, or a protocol that cannot create objects atomically."""
     shown = redact(uri.rstrip("/"))
+    protocol, sep, _ = uri.partition("://")
+    if sep and protocol.lower() in NO_CREDENTIALS and shown != uri.rstrip("/"):
+        raise UnsupportedError(
+            f"cannot open store {shown!r}: a {protocol}:// URI takes no credentials (they would be read as part "
+            "of the bucket's name); give them in the storage options' credential keys or the environment"
+        )
     try:
         fs, root = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
     except (ValueError, ImportError, TypeError) as exc:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aurora_store.errors import ConflictError, MissingError, StoreError, UnsupportedError
+from aurora_store.redact import redact
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -198,4 +199,6 @@ def translated(url: str) -> Iterator[None]:
             raise ConflictError(f"{url} already exists", url=url) from exc
         if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
             raise MissingError(f"{url} does not exist", url=url) from exc
-        raise StoreError(f"{url}: storage backend error: {type(exc).__name__}: {exc}"[:500], url=url) from exc
+        raise StoreError(
+            f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500], url=url
+        ) from exc
