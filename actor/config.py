@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.errors import ConfigError
+from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
 from aurora_store.options import COUNT, PORT, SECONDS, Range, option
 
 
@@ -105,8 +106,10 @@ class WorkerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     metrics_port: Annotated[int | None, PORT] = None
-    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
-    $AURORA_METRICS_ADDR."""
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off), on --metrics-addr."""
+    metrics_addr: str = field(default=LOOPBACK, metadata=option(metavar="ADDR", env=ADDR_ENV))
+    """The address --metrics-port binds: this host only by default; 0.0.0.0 (or one interface's address)
+    for a Prometheus on another host, behind a firewall that lets only it in."""
     identity_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_IDENTITY_KEY"))
     """This actor's Ed25519 private key (a PEM file, or PEM text in the environment): it signs every result.
     A trainer with a fleet key admits only signed results (``aurora actor-cert issue`` makes the key)."""

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.errors import ConfigError
+from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
 from aurora_store.options import COUNT, NONNEGATIVE, PORT, SECONDS, Range, option
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -214,8 +215,11 @@ class TrainerConfig:
     publish: PublishConfig = field(default_factory=PublishConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     metrics_port: Annotated[int | None, PORT] = None
-    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
-    $AURORA_METRICS_ADDR; under torchrun each rank serves on this port plus its local rank."""
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off), on --metrics-addr;
+    under torchrun each rank serves on this port plus its local rank."""
+    metrics_addr: str = field(default=LOOPBACK, metadata=option(metavar="ADDR", env=ADDR_ENV))
+    """The address --metrics-port binds: this host only by default; 0.0.0.0 (or one interface's address)
+    for a Prometheus on another host, behind a firewall that lets only it in."""
 
 
 @dataclass(kw_only=True, slots=True)
