@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.errors import ConfigError
-from aurora_store.options import option
+from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
+from aurora_store.options import COUNT, PORT, SECONDS, Range, option
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,8 +35,8 @@ class SyncConfig:
     verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
     """The run's Ed25519 public key (a PEM file, or PEM text in the environment): refuse versions it
     did not sign. A signed run cannot be followed without it."""
-    connections: int = 8
-    """Parallel ranged GETs."""
+    connections: Annotated[int, Range(ge=1, le=256)] = 8
+    """Parallel ranged GETs (1 to 256)."""
     verify_live: bool = False
     """After the bootstrap and every apply, read the engine's weights back and check their digest against
     the version's manifest (O(model) per version: for audits and tests). A mismatch stops the actor."""
@@ -49,22 +50,22 @@ class SyncConfig:
 class RolloutConfig:
     """How the actor takes and serves jobs."""
 
-    batch: int = 8
+    batch: Annotated[int, COUNT] = 8
     """Prompts per generate() call."""
-    beta: float = 0.5
-    """Throughput EMA smoothing."""
-    heartbeat_s: float = 10.0
+    beta: Annotated[float, Range(ge=0, lt=1)] = 0.5
+    """Throughput EMA smoothing: the weight of the past, in [0, 1)."""
+    heartbeat_s: Annotated[float, SECONDS] = 10.0
     """Heartbeat lifetime in seconds (it beats three times in one): an actor silent this long counts
     as gone, and its jobs are leased to others. Each beat is one round trip: at 10 s, an idle actor
     costs Redis about half a command a second in all."""
-    check_s: float = 15.0
+    check_s: Annotated[float, SECONDS] = 15.0
     """How often an idle actor looks at Redis for jobs and versions without being woken (the safety net
     under push: jobs and commits wake it at once); each look is one round trip."""
-    inline_bytes: int = 64 << 10
+    inline_bytes: Annotated[int, Range(ge=0, le=64 << 10)] = 64 << 10
     """Result payloads up to this many bytes go through Redis; larger ones are put in this region's
     bucket (``results/``) and only their reference goes through Redis. At most 65536."""
-    slowdown: float = 1.0
-    """Emulate hardware this many times slower (for demos and tests)."""
+    slowdown: Annotated[float, Range(ge=1, le=1000)] = 1.0
+    """Emulate hardware this many times slower (for demos and tests; 1 to 1000)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,9 +76,9 @@ class EngineConfig:
     """Rollout engine: torch (transformers, any device) or vllm (a GPU, or vLLM's CPU build: `make vllm-env`)."""
     device: str = "cpu"
     """Torch engine device (cpu, cuda, cuda:1, ...)."""
-    threads: int = 1
+    threads: Annotated[int, COUNT] = 1
     """Torch intra-op threads."""
-    tensor_parallel: int = 1
+    tensor_parallel: Annotated[int, COUNT] = 1
     """vLLM tensor-parallel size."""
     vllm_weight_transfer: Literal["auto", "native", "extension", "patches"] = "auto"
     """How versions reach vLLM's workers: native (vLLM's weight-transfer API, backend aurora, written in
@@ -87,7 +88,7 @@ class EngineConfig:
     vllm_prefix_caching: bool = True
     """vLLM's prefix cache: a group's samples and prompts sharing a system prompt are prefilled once. It is
     reset after every applied version (no KV block of older weights is served)."""
-    vllm_max_model_len: int | None = None
+    vllm_max_model_len: Annotated[int | None, COUNT] = None
     """vLLM's context length (default: the model's); a shorter one needs a smaller KV cache."""
 
     def __post_init__(self) -> None:
@@ -104,9 +105,11 @@ class WorkerConfig:
     sync: SyncConfig
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    metrics_port: int | None = None
-    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
-    $AURORA_METRICS_ADDR."""
+    metrics_port: Annotated[int | None, PORT] = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off), on --metrics-addr."""
+    metrics_addr: str = field(default=LOOPBACK, metadata=option(metavar="ADDR", env=ADDR_ENV))
+    """The address --metrics-port binds: this host only by default; 0.0.0.0 (or one interface's address)
+    for a Prometheus on another host, behind a firewall that lets only it in."""
     identity_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_IDENTITY_KEY"))
     """This actor's Ed25519 private key (a PEM file, or PEM text in the environment): it signs every result.
     A trainer with a fleet key admits only signed results (``aurora actor-cert issue`` makes the key)."""

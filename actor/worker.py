@@ -452,7 +452,7 @@ def run(cfg: WorkerConfig) -> int:
     setup_logging()
     torch.set_num_threads(cfg.engine.threads)
     w = Worker(cfg)
-    w.metrics.m.serve(cfg.metrics_port)
+    w.metrics.m.serve(cfg.metrics_port, cfg.metrics_addr)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.halt())
     try:

@@ -28,6 +28,7 @@ def register(sub: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from aurora_store import config as configfile
+    from aurora_store.redact import redact
 
     f, roles = configfile.check(args.file)
     if args.json:
@@ -36,7 +37,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             "file": f.path,
             "run_id": f.run_id,
             "home": f.home,
-            "regions": {r.name: {"uri": r.uri, "source": r.source} for r in f.regions.values()},
+            "regions": {r.name: {"uri": redact(r.uri), "source": r.source} for r in f.regions.values()},
             "roles": [
                 {"command": r.command, "region": r.region, "options": r.options, "from_env": r.from_env} for r in roles
             ],
@@ -49,7 +50,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for r in f.regions.values():
         here = [f"aurora {c.command}" for c in roles if c.region == r.name]
         via = "" if r.source is None else f" (relayed from {r.source})"
-        print(f"  {r.name:<{width}}  {r.uri}{via}: {', '.join(here)}")
+        print(f"  {r.name:<{width}}  {redact(r.uri)}{via}: {', '.join(here)}")
     needs: dict[str, set[str]] = {}
     for c in roles:
         for dest, env in c.from_env.items():

@@ -7,8 +7,10 @@ process never collide. Counts a role keeps anyway (Redis entries skipped, result
 read when Prometheus scrapes (:meth:`Metrics.pull`), so the hot paths pay nothing for them; the
 rest are counters, gauges and histograms touched once per object, version, batch or result.
 
-``--metrics-port PORT`` serves ``/metrics`` on ``0.0.0.0:PORT`` (``$AURORA_METRICS_ADDR`` binds
-another address, e.g. ``127.0.0.1`` behind a sidecar); a port in use is a clear error at start.
+``--metrics-port PORT`` serves ``/metrics`` on ``127.0.0.1:PORT``: only this host can scrape it
+until ``--metrics-addr`` (or ``$AURORA_METRICS_ADDR``) binds another address (``0.0.0.0`` for a
+Prometheus on another host). One thread serves every connection, a bounded number of them, each
+timed out (:mod:`aurora_store.metrics_http`); a port in use is a clear error at start.
 A metrics failure never stops a role: a reader that raises at scrape time drops its family from
 that scrape and is logged, nothing else.
 """
@@ -16,12 +18,11 @@ that scrape and is logged, nothing else.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from aurora_store.errors import (
@@ -34,17 +35,13 @@ from aurora_store.errors import (
     MissingError,
     UnauthenticatedError,
 )
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+from aurora_store.metrics_http import LOOPBACK, MetricsServer
 
 log = logging.getLogger("aurora.metrics")
 
 Kind = Literal["counter", "gauge", "histogram"]
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Histogram buckets for durations, from a local apply (milliseconds) to a full checkpoint over a WAN."""
-ADDR_ENV = "AURORA_METRICS_ADDR"
-"""The address ``--metrics-port`` binds (default ``0.0.0.0``: Prometheus scrapes from another host)."""
 
 
 class MetricsError(AuroraError):
@@ -153,7 +150,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.specs = {s.name: s for s in (*COMMON, *specs)}
         self._made: dict[str, Any] = {}
-        self.server: WSGIServer | None = None
+        self.server: MetricsServer | None = None
         self.gauge(ROLE_INFO).labels(role, region).set(1)
         self._rejected = self.counter(ARTIFACTS_REJECTED)
 
@@ -205,21 +202,18 @@ class Metrics:
 
     # ------------------------------------------------------------ serving
 
-    def serve(self, port: int | None) -> None:
-        """Serve ``/metrics`` on ``port`` (None or 0: not at all), from a daemon thread."""
+    def serve(self, port: int | None, addr: str = LOOPBACK) -> None:
+        """Serve ``/metrics`` on ``addr:port`` (port None or 0: not at all), from a daemon thread."""
         if not port:
             return
-        addr = os.environ.get(ADDR_ENV) or "0.0.0.0"
         try:
-            self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise MetricsError(
-                f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
-            ) from None
+            self.server = MetricsServer(self.registry, addr, port)
+        except (OSError, OverflowError, ValueError) as exc:  # taken, not this host's, not an address
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise MetricsError(f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {why}") from None
         log.info("%s: metrics on http://%s:%d/metrics", self.role, addr, port)
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None

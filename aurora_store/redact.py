@@ -10,7 +10,13 @@ from __future__ import annotations
 import logging
 import re
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(:(?P<pw>[^/\s]*))?@")
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)"
+    # a password as people write it: '/', '@', spaces and all (not percent-encoded), up to the '@'
+    # that a host follows; it never runs into another URL or over a line
+    r"(:(?P<pw>(?:(?!://)[^\r\n]){0,512}?))?"
+    r"@(?=[A-Za-z0-9.\-_~%\[\]]*(?:[:/?#\s\"'<>,;)]|$))"
+)
 _QUERY = re.compile(
     r"(?P<key>[?&;](password|passwd|pwd|secret|token|access_token|sig|signature|key|auth|credential)[A-Za-z_\-]*=)[^&#\s'\"]*",
     re.IGNORECASE,
@@ -30,8 +36,11 @@ def redact(text: str) -> str:
     return _QUERY.sub(lambda m: m.group("key") + "***", _USERINFO.sub(userinfo, text))
 
 
-SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key$|_key$)", re.IGNORECASE)
-"""Names of options (fsspec storage options, config keys) whose values are credentials."""
+SECRET_KEYS = re.compile(
+    r"(secret|password|passwd|token|credential|private|connection_?string|conn_?str|^key$|_key$)", re.IGNORECASE
+)
+"""Names of options (fsspec storage options, config keys) whose values are credentials (an Azure
+``connection_string`` holds the account key)."""
 
 GCSFS_TOKEN_METHODS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
 """Values of gcsfs's ``token`` option that name where to find credentials (the environment's, the VM's

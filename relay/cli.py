@@ -40,7 +40,7 @@ def main(ns: argparse.Namespace) -> int:
     relay = Relay(
         source, dest, coord, source_region=args.source_region, dest_region=args.dest_region, verify_key=args.verify_key
     )
-    relay.metrics.m.serve(args.metrics_port)
+    relay.metrics.m.serve(args.metrics_port, args.metrics_addr)
     if args.once:
         if not relay.src.versions():
             source.require_run()  # not an empty run: a missing bucket or prefix, an endpoint that does not answer

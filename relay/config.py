@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
-from aurora_store.options import option
+from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
+from aurora_store.options import PORT, SECONDS, Range, option
 
 
 @dataclass(kw_only=True, slots=True)
@@ -38,13 +39,15 @@ class RelayConfig:
         default_factory=dict, metadata=option(metavar="JSON", env="AURORA_DEST_OPTIONS")
     )
     """fsspec storage options of the destination bucket, as a JSON object."""
-    concurrency: int = 8
-    """Parallel object copies."""
-    rescan_s: float = 30.0
+    concurrency: Annotated[int, Range(ge=1, le=256)] = 8
+    """Parallel object copies (1 to 256)."""
+    rescan_s: Annotated[float, SECONDS] = 30.0
     """Also scan the buckets this often, in seconds (announcements are hints; the buckets are the truth)."""
-    metrics_port: int | None = None
-    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
-    $AURORA_METRICS_ADDR."""
+    metrics_port: Annotated[int | None, PORT] = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off), on --metrics-addr."""
+    metrics_addr: str = field(default=LOOPBACK, metadata=option(metavar="ADDR", env=ADDR_ENV))
+    """The address --metrics-port binds: this host only by default; 0.0.0.0 (or one interface's address)
+    for a Prometheus on another host, behind a firewall that lets only it in."""
 
 
 def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from aurora_store.metrics import ADDR_ENV
+from aurora_store.metrics_http import ADDR_ENV
 from aurora_store.testing.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]

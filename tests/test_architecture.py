@@ -24,6 +24,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.redact": 0,
     "aurora_store.localfile": 0,
     "aurora_store.metrics": 0.5,
+    "aurora_store.metrics_http": 0.4,  # the server under metrics
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
     "aurora_store.storage": 2.8,  # backends under bucket's ObjectStore
@@ -44,6 +45,7 @@ THIRD_PARTY = {
     "aurora_store.format": {"numpy", "zstandard", "cryptography", "numba"},  # numba: the digest's compiled mixer
     "aurora_store.coord": {"redis", "fakeredis"},
     "aurora_store.metrics": {"prometheus_client"},
+    "aurora_store.metrics_http": {"prometheus_client"},
 }
 """Third-party imports these layers may make at all (a format layer with no fsspec, redis or torch)."""
 

@@ -249,6 +249,80 @@ def test_secrets_in_the_file_are_warned_of_and_never_printed(
     assert "hunter2" not in capsys.readouterr().out
 
 
+DEEP = "[regions.eu.storage_options." + ".".join(["a"] * 3000) + "]\nx = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("[schedule]\nlease_s = " + "9" * 400 + "\n", "schedule.lease_s: expected a number of at most 300 digits"),
+        ("[sampling]\ngroup = " + "9" * 5000 + "\n", "not valid TOML: an integer too long to read"),
+        (DEEP, "regions.eu.storage_options.a.a.a"),
+    ],
+    ids=["400-digit float", "5000-digit integer", "tables 3000 deep"],
+)
+def test_huge_numbers_and_deep_nesting_are_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, says: str
+) -> None:
+    """Issue 25, bug 9: these were OverflowError, ValueError and RecursionError tracebacks."""
+    path = _file(tmp_path, GOOD + extra)
+    assert main(["config", "check", path]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err) < 1000, err
+    assert main(["train", "--config", path, "--redis", "redis://127.0.0.1:1/0"]) == 1, "a role refuses it too"
+    assert says in capsys.readouterr().err
+
+
+def test_json_options_nested_deep_are_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25, bug 9: storage options 3000 deep (a flag, or the environment) were a RecursionError."""
+    deep = '{"a": ' * 3000 + "1" + "}" * 3000
+    base = ["train", "--store", "memory://x/r", "--redis", "redis://x", "--run-id", "r"]
+    for argv, env in ((["--storage-options", deep], None), ([], deep)):
+        if env is not None:
+            monkeypatch.setenv("AURORA_STORAGE_OPTIONS", env)
+        with pytest.raises(SystemExit) as usage:
+            _args([*base, *argv])
+        assert usage.value.code == 2
+        assert "--storage-options: nested deeper than 32" in capsys.readouterr().err
+
+
+def test_a_private_keys_text_is_refused_anywhere_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25: only keys.signing was checked for a private key's text."""
+    from aurora_store.format import signing
+
+    pem = signing.generate_keypair()[0].decode().strip()
+    eu = 'uri = "file:///buckets/eu/exp1"'
+    for where, text in (
+        ("keys.verify", GOOD.replace('verify = "keys/run.pub"', f"verify = '''{pem}'''")),
+        ("data.system_prompt", GOOD + f"[data]\nsystem_prompt = '''{pem}'''\n"),
+        ("regions.eu.storage_options.cert", GOOD.replace(eu, f"{eu}\nstorage_options = {{ cert = '''{pem}''' }}")),
+    ):
+        path = _file(tmp_path, text)
+        assert main(["config", "check", path]) == 1, where
+        err = capsys.readouterr().err
+        assert f"{where}: holds a private key's text" in err and "PRIVATE KEY" not in err, err
+
+
+def test_an_azure_connection_string_is_a_credential(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25: an Azure connection_string was neither flagged nor hidden from --help --config."""
+    secret = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=hunter4secret==;EndpointSuffix=x.net"
+    eu = 'uri = "file:///buckets/eu/exp1"'
+    path = _file(tmp_path, GOOD.replace(eu, f'{eu}\nstorage_options = {{ connection_string = "{secret}" }}'))
+    assert main(["config", "check", path, "--json"]) == 0
+    out = capsys.readouterr()
+    assert "hunter4secret" not in out.out + out.err
+    assert any("regions.eu.storage_options.connection_string" in w for w in json.loads(out.out)["warnings"])
+    for argv in (["actor", "--region", "eu"], ["relay", "--region", "eu"], ["train"]):
+        with pytest.raises(SystemExit):
+            _args([argv[0], "--config", path, *argv[1:], "--help"])
+        helped = capsys.readouterr().out
+        assert "hunter4secret" not in helped and "connection_string" in helped, argv
+
+
 TOML_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),

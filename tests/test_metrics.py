@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from actor.metrics import SPECS as ACTOR
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.errors import CorruptError, LimitError, MissingError, UnauthenticatedError
 from aurora_store.metrics import BUCKET_BYTES, COMMON, Metrics, MetricsError, Spec, reason_of
+from aurora_store.metrics_http import LOOPBACK, MAX_CONNECTIONS, MetricsServer
 from aurora_store.testing.processes import free_port, wait_for
 from relay.metrics import SPECS as RELAY
 from tests.monitoring import REPO, Samples, World, dashboard, panel_queries, parse, present, scrape, value
@@ -54,6 +59,48 @@ def test_registries_are_per_process_object_and_served() -> None:
     assert a.server is None
     with pytest.raises(ValueError, match="not a gauge"):
         a.gauge(extra)
+
+
+def test_idle_connections_hold_no_thread_and_metrics_still_answer() -> None:
+    """Issue 25: every role's /metrics bound 0.0.0.0 with a thread per connection and no idle timeout
+    (1,500 idle connections gave a relay 1,508 threads). Now it binds loopback, one thread serves every
+    connection, at most MAX_CONNECTIONS are open (a new one closes the oldest idle one), and an idle one
+    is closed after its timeout."""
+    m = Metrics("relay", "eu")
+    port = free_port()
+    before = threading.active_count()
+    m.serve(port)
+    idle: list[socket.socket] = []
+    try:
+        assert m.server is not None and m.server.address == LOOPBACK, "loopback unless --metrics-addr says otherwise"
+        for _ in range(400):  # connections that never send a request
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        assert value(scrape(port), "aurora_role_info", role="relay", region="eu") == 1, "a scrape still gets in"
+        assert threading.active_count() <= before + 1, f"{threading.active_count() - before} threads for /metrics"
+        assert m.server.connections <= MAX_CONNECTIONS
+        for sock in idle[:300]:  # the oldest were closed to make room for the newest
+            sock.settimeout(5)
+            assert sock.recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+        m.close()
+    assert threading.active_count() <= before, "close() ends the server's thread"
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0, timeout_s=0.5)
+    try:
+        quiet = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # half a request, never finished
+        t0 = time.monotonic()
+        assert quiet.recv(1) == b"" and slow.recv(1) == b"", "idle connections are closed"
+        assert time.monotonic() - t0 < 5
+        quiet.close()
+        slow.close()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as bad:
+            bad.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert bad.recv(64).startswith(b"HTTP/1.1 405")
+    finally:
+        server.close()
 
 
 def test_rejection_reasons_name_the_refusal() -> None:

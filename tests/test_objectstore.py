@@ -117,3 +117,16 @@ def test_the_uri_picks_the_backend(tmp_path: Path, s3_server: S3Server) -> None:
     assert type(s3.backend) is storage.FsspecBackend and "If-None-Match" in str(s3.backend.why_atomic)
     assert file.capabilities.staged_write and not memory.capabilities.staged_write
     assert not s3.capabilities.staged_write and not s3.capabilities.positional_read
+
+
+def test_file_uris_are_decoded_and_name_this_host_only(tmp_path: Path) -> None:
+    """Issue 25: a percent-encoded file:// URI (as ``Path.as_uri()`` makes) named another directory
+    than the raw spelling, and ``file://host/path`` was silently a relative path."""
+    run = tmp_path / "my runs 100%" / "run"
+    ObjectStore(run.as_uri(), {"auto_mkdir": True}).put_if_absent("versions/x", b"one")
+    assert (run / "versions" / "x").read_bytes() == b"one", "the encoded URI names the directory itself"
+    for spelling in (f"file://{run}", run.as_uri().replace("file://", "file://localhost", 1)):
+        assert ObjectStore(spelling).get("versions/x", max_bytes=8) == b"one", spelling
+    for uri in ("file://otherhost/data/run", "file://relative/run"):
+        with pytest.raises(UnsupportedError, match="names a host"):
+            ObjectStore(uri)

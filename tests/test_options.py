@@ -10,12 +10,12 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
 from actor.config import SyncConfig, WorkerConfig
-from aurora_store.options import add_options, build, field_docs, option
+from aurora_store.options import COUNT, add_options, base_type, build, field_docs, leaves, option, ranges
 from relay.config import RelayConfig
 from trainer.config import DEMO_GIVES, DemoConfig, TrainerConfig
 
@@ -146,3 +146,130 @@ def test_help_answers_without_torch(command: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+# ------------------------------------------------------------ ranges (issue 25, bug 8)
+
+ROLE_CONFIGS = [TrainerConfig, WorkerConfig, RelayConfig]
+
+
+@pytest.mark.parametrize("cls", ROLE_CONFIGS, ids=lambda c: c.__name__)
+def test_every_numeric_option_of_every_role_has_a_range(cls: type) -> None:
+    numeric = [dest for _, dest, _, tp, _ in leaves(cls) if base_type(tp)[0] in (int, float)]
+    assert numeric and set(numeric) == set(ranges(cls)), set(numeric) - set(ranges(cls))
+
+
+@pytest.mark.parametrize(
+    ("flag", "bad"),
+    [
+        ("--prompts", "0"),
+        ("--state-every", "0"),
+        ("--lease-s", "-1"),
+        ("--lease-s", "nan"),
+        ("--sweep-s", "inf"),
+        ("--lr", "0"),
+        ("--top-p", "1.5"),
+        ("--seed", str(2**64)),
+        ("--metrics-port", "70000"),
+    ],
+)
+def test_out_of_range_flags_stop_the_trainer_before_it_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, bad: str
+) -> None:
+    from aurora_store.cli import build_parser, main
+    from aurora_store.errors import ConfigError
+
+    run = tmp_path / "run"
+    argv = ["train", "--store", run.as_uri(), "--redis", "redis://127.0.0.1:1/0", "--run-id", "x", flag, bad]
+    with pytest.raises(ConfigError, match=f"^{flag}: expected "):
+        build(TrainerConfig, build_parser().parse_args(argv))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"aurora: error: {flag}: expected" in err and "Traceback" not in err, err
+    assert not run.exists(), "nothing is written"
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "bad"),
+    [
+        ("rollout", "prompts", "0"),
+        ("publish", "state_every", "0"),
+        ("schedule", "lease_s", "-1"),
+        ("schedule", "lease_s", "nan"),
+        ("schedule", "lease_s", "inf"),
+        ("optim", "micro_batch_tokens", "-5"),
+        ("sampling", "temperature", "0"),
+        ("actor", "heartbeat_s", "0.0"),
+        ("actor", "beta", "1.0"),
+        ("actor", "connections", "0"),
+        ("relay", "concurrency", "0"),
+        ("relay", "rescan_s", "-inf"),
+    ],
+)
+def test_out_of_range_values_in_a_config_file_are_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, key: str, bad: str
+) -> None:
+    from aurora_store.cli import main
+
+    path = tmp_path / "aurora.toml"
+    path.write_text(
+        f'run_id = "r"\nhome = "us"\n[regions.us]\nuri = "file:///b/us/r"\n[regions.eu]\nuri = "file:///b/eu/r"\n'
+        f"[{table}]\n{key} = {bad}\n"
+    )
+    assert main(["config", "check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: {table}.{key}: expected " in err and "Traceback" not in err, err
+
+
+def test_out_of_range_values_from_the_environment_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aurora_store.errors import ConfigError
+
+    @dataclass(kw_only=True, slots=True)
+    class Opts:
+        every: Annotated[int, COUNT] = field(default=1, metadata=option(env="AURORA_TEST_EVERY"))
+        """How often."""
+
+    monkeypatch.setenv("AURORA_TEST_EVERY", "0")
+    parser = argparse.ArgumentParser()
+    add_options(parser, Opts)
+    with pytest.raises(
+        ConfigError, match=r"--every \(or \$AURORA_TEST_EVERY, which is set\): expected an integer >= 1"
+    ):
+        build(Opts, parser.parse_args([]))
+    assert build(Opts, parser.parse_args(["--every", "3"])).every == 3
+
+
+# ------------------------------------------------------------ a private key on the command line (issue 25)
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "env"),
+    [("train", "--signing-key", "AURORA_SIGNING_KEY"), ("actor", "--identity-key", "AURORA_IDENTITY_KEY")],
+)
+def test_a_private_key_typed_on_the_command_line_is_warned_of(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    flag: str,
+    env: str,
+) -> None:
+    from aurora_store.cli import build_parser
+    from aurora_store.format import signing
+
+    private, _ = signing.generate_keypair()
+    pem = private.decode()
+    base = ["--store", "memory://x/r", "--redis", "redis://x", "--run-id", "r"]
+    if command == "actor":
+        base += ["--region", "eu", "--worker-id", "w", "--identity-cert", "c.json"]
+    args = build_parser().parse_args([command, *base, flag, pem])
+    err = capsys.readouterr().err
+    assert f"warning: {flag} was given a private key's text on the command line" in err, err
+    assert "process list" in err and f"${env}" in err and "path" in err and "PRIVATE KEY" not in err
+    assert getattr(args, "publish.signing_key" if command == "train" else "identity_key") == pem, "taken all the same"
+    key = tmp_path / "k.pem"
+    key.write_bytes(private)
+    build_parser().parse_args([command, *base, flag, str(key)])
+    monkeypatch.setenv(env, pem)
+    build_parser().parse_args([command, *base])
+    assert capsys.readouterr().err == "", "a path, or the text in the environment, is what is asked for"

@@ -83,3 +83,27 @@ def test_secrets_come_from_the_environment_and_never_show_in_help(tmp_path: Path
     assert fallback is not None and fallback.reader.verify_key is not None, "the fallback is verified too"
     assert signing.key_id(fallback.reader.verify_key) == signing.key_id(signing.load_verify_key(pub))
     assert fallback.store.fs.auto_mkdir is True, "and opened with the region's storage options by default"
+
+
+def test_config_check_ls_and_redact_never_print_a_uris_password(tmp_path: Path) -> None:
+    """Issue 25, bug 10: ``config check`` printed every region's URI with its password (text and
+    --json), ``aurora ls s3://KEY:SECRET@bucket/...`` echoed the secret through botocore's message,
+    and redact() missed passwords holding '/' or a space."""
+    from aurora_store.redact import redact
+
+    assert redact("s3://KEY:hunter/5@bucket/run") == "s3://KEY:***@bucket/run"
+    assert redact("s3://AKIA:hunter 5@bucket/run, then") == "s3://AKIA:***@bucket/run, then"
+    assert redact("'https://u:a/b c@d@host:1/x'") == "'https://u:***@host:1/x'"
+    config = tmp_path / "aurora.toml"
+    config.write_text(
+        'run_id = "r"\nhome = "us"\n[regions.us]\nuri = "file:///b/us/r"\n'
+        '[regions.eu]\nuri = "s3://AKIA:hunter/5 x@bucket/r"\n[regions.ap]\nuri = "https://u:hunter6@host/r"\n'
+    )
+    for argv in (["config", "check", str(config)], ["config", "check", str(config), "--json"]):
+        shown = aurora(*argv)
+        assert shown.returncode == 0, shown.stderr
+        said = shown.stdout + shown.stderr
+        assert "hunter" not in said and "s3://AKIA:***@bucket/r" in said and "https://u:***@host/r" in said, said
+    for uri in ("s3://KEY:hunter7@bucket/run", "s3://KEY:hun/ter7@bucket/run", "gs://KEY:hunter7@bucket/run"):
+        ls = aurora("ls", uri)
+        assert ls.returncode == 1 and "ter7" not in ls.stderr and "takes no credentials" in ls.stderr, ls.stderr

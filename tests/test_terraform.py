@@ -412,7 +412,7 @@ def test_pool_commands_are_the_roles_commands() -> None:
         scope = Scope({"region_name": "eu-west-1", "metrics_port": 9400}, locals_of(directory))
         commands = locals_of(directory)["exec_start"]
         for role in ("relay", "actor"):
-            config = "--config /etc/aurora/aurora.toml --region eu-west-1 --metrics-port 9400"
+            config = "--config /etc/aurora/aurora.toml --region eu-west-1 --metrics-port 9400 --metrics-addr 0.0.0.0"
             assert scope.evaluate(commands[role]) == f"/opt/aurora/venv/bin/aurora {role} {config}"
         trainer = commands["trainer"]
         for piece in (
@@ -421,7 +421,8 @@ def test_pool_commands_are_the_roles_commands() -> None:
             "--rdzv-backend=c10d",
             "--rdzv-endpoint=$${AURORA_RDZV_HOST}:${var.rendezvous_port}",
             "--rdzv-id=${var.run_id}",
-            "-m aurora_store.cli train --config ${local.config_path} --metrics-port ${var.metrics_port}",
+            "-m aurora_store.cli train --config ${local.config_path} --metrics-port ${var.metrics_port}"
+            " --metrics-addr 0.0.0.0",
         ):
             assert piece in trainer, piece
 

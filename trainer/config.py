@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aurora_store.config import Region, RoleSchema, RunFile, Table
 from aurora_store.errors import ConfigError
-from aurora_store.options import option
+from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
+from aurora_store.options import COUNT, NONNEGATIVE, PORT, SECONDS, Range, option
 from aurora_store.rl.sampling import SamplingConfig
 
 
@@ -23,9 +24,9 @@ class ModelConfig:
     """A HF causal LM and its tokenizer: a local directory (read offline), a hub id (downloaded and
     cached by transformers), or a .gguf file (or a directory holding one), dequantized once to a BF16 HF
     directory by transformers' own GGUF loader. Default: the built-in tiny Qwen3 with a character tokenizer."""
-    hidden: int = 64
-    """Hidden size of the built-in model."""
-    layers: int = 2
+    hidden: Annotated[int, Range(ge=4)] = 64
+    """Hidden size of the built-in model (at least 4: one per attention head)."""
+    layers: Annotated[int, COUNT] = 2
     """Decoder layers of the built-in model."""
     device: str = "auto"
     """Where the trainer computes: cpu, cuda, or auto (cuda when present; each torchrun rank takes its own GPU)."""
@@ -48,7 +49,7 @@ class DataConfig:
     """The gold-answer column (overrides the preset's)."""
     task: str = "arith"
     """Built-in task (arith, reverse) or package.module:factory, when no --data is given."""
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: Annotated[int, COUNT] = 1024
     """Prompts longer than this (chat template included) are skipped and counted, once, at load."""
     chat_template: bool = True
     """Apply the tokenizer's chat template to prompts, when it has one."""
@@ -63,7 +64,7 @@ class RewardConfig:
     reward: str | None = None
     """math (math-verify on the final answer), exact, regex:PATTERN, task:NAME or package.module:function.
     Default: the built-in task's own, or math with a --data-format."""
-    reward_timeout_s: float = 10.0
+    reward_timeout_s: Annotated[float, SECONDS] = 10.0
     """Longest one reward call may take on an actor; a call that raises or hangs scores 0 and is counted."""
 
 
@@ -71,7 +72,7 @@ class RewardConfig:
 class StepConfig:
     """What each step asks of the actors."""
 
-    prompts: int = 32
+    prompts: Annotated[int, COUNT] = 32
     """Prompts per step."""
 
 
@@ -79,18 +80,18 @@ class StepConfig:
 class OptimizerConfig:
     """The GRPO loss, AdamW, and the supervised warm start before version 0 (built-in tasks only)."""
 
-    lr: float = 1e-6
+    lr: Annotated[float, Range(gt=0)] = 1e-6
     """AdamW learning rate of the RL steps, after the warm-up (1e-6 changes ~1% of an LLM's BF16 weights a step)."""
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, NONNEGATIVE] = 0
     """Steps over which the learning rate rises linearly to --lr, then stays there."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, NONNEGATIVE] = 1.0
     """Clip the gradient's global norm to this (0: no clipping)."""
-    clip: float = 0.2
+    clip: Annotated[float, Range(gt=0, le=1)] = 0.2
     """Importance ratios outside [1 - clip, 1 + clip] stop contributing gradient in the improving direction."""
     loss_norm: Literal["token", "sequence"] = "token"
     """token: every completion token weighs the same (DAPO, Dr. GRPO); sequence: each completion's mean over
     its tokens, then the mean over completions (GRPO)."""
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, NONNEGATIVE] = 0.0
     """Weight of the KL penalty to version 0 as published; 0 turns it off. On, it holds a second copy of the
     model (FP32 on CPU, the compute dtype on GPU) and a second forward pass per micro-batch."""
     rollout_correction: Literal["none", "tis", "mask"] = "none"
@@ -98,15 +99,15 @@ class OptimizerConfig:
     the truncated importance weight π_old/π_rollout (π_old: the trainer's own log-probability at the
     rollout's version), mask drops tokens whose weight is outside [1/cap, cap]; either measures the gap
     (mismatch metrics). Costs a frozen copy of the model and a forward pass per micro-batch. See docs/RL.md."""
-    rollout_correction_cap: float = 2.0
+    rollout_correction_cap: Annotated[float, Range(gt=1)] = 2.0
     """The rollout correction's cap on importance weights (> 1)."""
-    micro_batch_tokens: int = 16384
+    micro_batch_tokens: Annotated[int, COUNT] = 16384
     """Token budget of one forward/backward micro-batch (padded rows x width); gradients accumulate over them."""
-    sft_steps: int = 60
+    sft_steps: Annotated[int, NONNEGATIVE] = 60
     """Supervised warm-start steps before version 0 (built-in tasks, which have demonstrations)."""
-    sft_lr: float = 3e-3
+    sft_lr: Annotated[float, Range(gt=0)] = 3e-3
     """Learning rate of the warm start."""
-    sft_batch: int = 64
+    sft_batch: Annotated[int, COUNT] = 64
     """Demonstrations per warm-start step."""
 
 
@@ -114,7 +115,7 @@ class OptimizerConfig:
 class PublishConfig:
     """How versions and resumable state go to the home bucket."""
 
-    full_every: int = 10
+    full_every: Annotated[int, COUNT] = 10
     """A full checkpoint every this many versions (or sooner, when a delta chain outgrows one)."""
     codec: Literal["classed", "sparse"] = "classed"
     """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 28%
@@ -124,7 +125,7 @@ class PublishConfig:
     """The dtype float tensors are published in, recorded in the run (aurora_run.json) for actors to
     build their engines in. Only bfloat16 is implemented; trainer/publication.py is the seam where FP8
     weights or LoRA adapters would be added."""
-    state_every: int = 1
+    state_every: Annotated[int, COUNT] = 1
     """Save the resumable trainer state every this many versions (off the training thread, after each
     version's commit). With 1, a restart continues from exactly the latest version; with K > 1 it
     continues from the last saved state and the next version records the versions it abandons."""
@@ -153,16 +154,16 @@ class PublishConfig:
 class ScheduleConfig:
     """Leases and the throughput-proportional split of each step's prompts."""
 
-    lease_s: float = 30.0
+    lease_s: Annotated[float, SECONDS] = 30.0
     """Job lease length in seconds; an expired lease is given to another actor."""
-    alpha: float = 0.5
-    """Share multiplier for an actor that rejoined, until it finishes a batch."""
-    sweep_s: float = 0.25
+    alpha: Annotated[float, Range(gt=0, le=1)] = 0.5
+    """Share multiplier for an actor that rejoined, until it finishes a batch (in (0, 1])."""
+    sweep_s: Annotated[float, SECONDS] = 0.25
     """How often expired leases are re-leased and idle actors rebalanced, in seconds."""
     steal: bool = True
     """Idle eligible actors take over half of the not-yet-started jobs of the most loaded busy actor (one
     that has started a job and has others waiting)."""
-    steal_after_s: float = 2.0
+    steal_after_s: Annotated[float, Range(ge=0, le=SECONDS.le)] = 2.0
     """Only jobs leased at least this long ago and not started are taken over (a job leased moments ago
     is on its way to its holder: moving it would race the holder and, under load, move it again)."""
     max_share: float = 0.5
@@ -207,7 +208,7 @@ class TrainerConfig:
         default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
     )
     """fsspec storage options of the home bucket, as a JSON object (credentials belong in the environment)."""
-    steps: int = 40
+    steps: Annotated[int, NONNEGATIVE] = 40
     """The last version to publish (version t is the policy after step t)."""
     admissions_log: str | None = field(default=None, metadata=option(metavar="PATH"))
     """Append one JSON line per admitted result to this file (trainer id, step, job, prompt id, actor, lease token
@@ -226,7 +227,7 @@ class TrainerConfig:
     revoked_actors: str | None = field(default=None, metadata=option(metavar="PATH"))
     """A revocation list (one ``serial:N`` or ``key:KEY_ID`` a line): results under these actor
     certificates are dropped. Read again within 5 s of a change, without a restart (needs --fleet-key)."""
-    seed: int = 0
+    seed: Annotated[int, NONNEGATIVE] = 0
     """Seeds the model, the order of the data, the prompts of built-in tasks and the warm start."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -237,9 +238,12 @@ class TrainerConfig:
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    metrics_port: int | None = None
-    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off). Binds 0.0.0.0, or
-    $AURORA_METRICS_ADDR; under torchrun each rank serves on this port plus its local rank."""
+    metrics_port: Annotated[int | None, PORT] = None
+    """Serve Prometheus metrics over HTTP on this port (/metrics; 0 or unset: off), on --metrics-addr;
+    under torchrun each rank serves on this port plus its local rank."""
+    metrics_addr: str = field(default=LOOPBACK, metadata=option(metavar="ADDR", env=ADDR_ENV))
+    """The address --metrics-port binds: this host only by default; 0.0.0.0 (or one interface's address)
+    for a Prometheus on another host, behind a firewall that lets only it in."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -406,7 +406,7 @@ class Trainer:
         """Run to ``cfg.steps``; returns the last published version. Collective under torchrun."""
         main = self.dist.main
         if self.cfg.metrics_port:  # every rank its own port: --metrics-port plus its local rank
-            self.metrics.m.serve(self.cfg.metrics_port + policies.local_rank())
+            self.metrics.m.serve(self.cfg.metrics_port + policies.local_rank(), self.cfg.metrics_addr)
         at = self.start()
         if main:
             self.dispatch.start()  # sweeps, reads and admits on a thread of its own from now on

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aurora_store.config.schema import (
@@ -24,6 +24,7 @@ from aurora_store.config.schema import (
 )
 from aurora_store.errors import ConfigError
 from aurora_store.localfile import read_regular
+from aurora_store.options import MAX_DEPTH, holds_private_key
 from aurora_store.redact import is_secret, redact
 
 
@@ -47,6 +48,8 @@ def parse(raw: bytes, path: str = "aurora.toml") -> RunFile:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError:  # Python's own cap on reading an integer's digits (4300)
+        raise ConfigError(f"{path}: not valid TOML: an integer too long to read") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     return from_doc(doc, path)
@@ -56,6 +59,16 @@ def from_doc(doc: dict[str, Any], path: str = "aurora.toml") -> RunFile:
     """:func:`parse` for a document already parsed (as :mod:`tomllib` gives it)."""
     errors: list[str] = []
     warnings: list[str] = []
+    for where, value, depth in _nodes(doc):
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{path}: {where[:200]}: nested deeper than {MAX_DEPTH} tables or arrays")
+        if isinstance(value, str) and holds_private_key(value) and where != "keys.signing":
+            verify = where == "keys.verify"
+            what = " where the run's public key belongs (aurora keygen writes it as NAME.pub)" if verify else ""
+            errors.append(
+                f"{where}: holds a private key's text{what}; a config file must never carry one: keep the key in "
+                "a file of its own (mode 0600) and give its path, or its text in the environment"
+            )
     f = _common(doc, path, errors, warnings)
     tables = {k: v for k, v in doc.items() if k not in COMMON}
     known = {t.name: t for s in ROLES.values() for t in s.tables}
@@ -226,11 +239,22 @@ def _table(doc: Mapping[str, Any], key: str, errors: list[str], *, where: str = 
     return value
 
 
-def _secret_paths(options: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for k, v in options.items():
-        if isinstance(v, dict):
-            out += _secret_paths(v, f"{prefix}{k}.")
-        elif is_secret(k, v):
-            out.append(f"{prefix}{k}")
-    return out
+def _nodes(doc: Mapping[str, Any]) -> Iterator[tuple[str, Any, int]]:
+    """(dotted path, value, depth) of every value in ``doc``, tables and arrays walked without recursion."""
+    todo: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in doc.items()]
+    while todo:
+        where, value, depth = todo.pop()
+        yield where, value, depth
+        if depth > MAX_DEPTH:
+            return
+        if isinstance(value, dict):
+            todo += [(f"{where}.{k}", v, depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value)]
+
+
+def _secret_paths(options: Mapping[str, Any]) -> list[str]:
+    """The dotted paths in ``options`` whose keys name credentials (options are at most MAX_DEPTH deep)."""
+    return [
+        where for where, v, _ in _nodes(options) if not isinstance(v, dict) and is_secret(where.rsplit(".", 1)[-1], v)
+    ]

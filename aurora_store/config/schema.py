@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aurora_store.errors import ConfigError
-from aurora_store.options import base_type, leaves
+from aurora_store.options import base_type, leaves, out_of_range, shown
 from aurora_store.redact import redact
 
 MAX_FILE_BYTES = 1 << 20
@@ -25,6 +25,9 @@ COMMON = ("run_id", "home", "redis", "keys", "regions")
 
 REGION_KEYS = ("uri", "storage_options", "source")
 """What a ``[regions.NAME]`` table holds, besides per-region role tables (``[regions.NAME.actor]``)."""
+
+FLOAT_INT_MAX = 1 << 1000
+"""An integer written for a float option must be below this (a double's range ends near 2**1024)."""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
 
@@ -150,6 +153,8 @@ def table_values(
             continue
         dest, f, tp, doc = by_key[key]
         problem, converted = typed(value, tp)
+        if problem is None:
+            problem = out_of_range(schema.cls, dest, converted)
         if problem:
             errors.append(f"{where}.{key}: expected {problem}, got {kind_of(value)} ({doc.split('.')[0][:80]})")
         else:
@@ -167,6 +172,8 @@ def typed(value: Any, tp: Any) -> tuple[str | None, Any]:
         return (None, value) if isinstance(value, int) and not isinstance(value, bool) else ("an integer", None)
     if base is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(value, int) and ok and abs(value) > FLOAT_INT_MAX:
+            return ("a number of at most 300 digits", None)  # float() would overflow
         return (None, float(value)) if ok else ("a number", None)
     if base is str:
         return (None, value) if isinstance(value, str) else ("a string", None)
@@ -189,7 +196,7 @@ def kind_of(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return f"a number ({value})"
+        return f"a number ({shown(value)})"
     if isinstance(value, str):
         return f"a string ({redact(value)!r:.60})"
     if isinstance(value, dict):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora_store.format import hostile_json
+from aurora_store.rl import sampling as sampling_bounds
 from aurora_store.rl.errors import RLError
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tokenizers import CHAR_KIND, HF_KIND
@@ -115,11 +116,19 @@ class RunSpec:
         s = doc["sampling"]
         if not isinstance(s, dict) or set(s) != {"group", "max_new_tokens", "temperature", "top_p"}:
             raise RunSpecError(f"{what}: sampling must hold group, max_new_tokens, temperature and top_p")
-        sampling = SamplingConfig(
-            group=_int(s["group"], "sampling.group", what, hi=4096),
-            max_new_tokens=_int(s["max_new_tokens"], "sampling.max_new_tokens", what, hi=1 << 20),
-            temperature=_float(s["temperature"], "sampling.temperature", what, lo=1e-6, hi=100.0),
-            top_p=_float(s["top_p"], "sampling.top_p", what, lo=1e-6, hi=1.0),
+        sampling = SamplingConfig(  # the bounds the trainer's flags have: every spec it writes is read back
+            group=_int(s["group"], "sampling.group", what, hi=sampling_bounds.MAX_GROUP),
+            max_new_tokens=_int(
+                s["max_new_tokens"], "sampling.max_new_tokens", what, hi=sampling_bounds.MAX_NEW_TOKENS
+            ),
+            temperature=_float(
+                s["temperature"],
+                "sampling.temperature",
+                what,
+                lo=sampling_bounds.MIN_TEMPERATURE,
+                hi=sampling_bounds.MAX_TEMPERATURE,
+            ),
+            top_p=_float(s["top_p"], "sampling.top_p", what, lo=sampling_bounds.MIN_TOP_P, hi=1.0),
         )
         if doc["tokenizer"] not in (CHAR_KIND, HF_KIND):
             raise RunSpecError(f"{what}: tokenizer {doc['tokenizer']!r}, expected {CHAR_KIND!r} or {HF_KIND!r}")

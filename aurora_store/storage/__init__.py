@@ -1,7 +1,8 @@
 """Storage backends: one abstract :class:`Backend` with declared :class:`Capabilities`, one module
 per kind of storage, and :func:`open_backend`, the one place a URI picks its backend.
 
-- ``file://`` -> :mod:`~aurora_store.storage._local` (``link(2)`` create-only, staged writes, ``preadv``)
+- ``file://`` -> :mod:`~aurora_store.storage._local` (``link(2)`` create-only, staged writes, ``preadv``;
+  the path percent-decoded, this host only: :func:`local_uri`)
 - ``memory://`` -> :mod:`~aurora_store.storage._memory` (check-and-set under a process-wide lock)
 - gcsfs (``gs://``, ``gcs://``) -> :mod:`~aurora_store.storage._gcs` (the fsspec backend on the upload
   paths where GCS's ``ifGenerationMatch=0`` holds)
@@ -12,6 +13,7 @@ per kind of storage, and :func:`open_backend`, the one place a URI picks its bac
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -46,14 +48,40 @@ _BY_FILESYSTEM: dict[type, type[Backend]] = {LocalFileSystem: LocalBackend, Memo
 what ``exists`` or ``pipe_file`` mean, so it is an fsspec backend like any other."""
 
 
+NO_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "file", "local", "memory"})
+"""Protocols whose URIs never carry credentials: their backends read ``user:password@`` as part of
+the bucket's name or path, and echo it in their errors."""
+
+
 def open_backend(uri: str, storage_options: dict[str, Any] | None = None, *, meter: Meter | None = None) -> Backend:
     """The backend for ``uri`` (a non-empty fsspec URI), opened with ``storage_options``; an
-    :class:`~aurora_store.errors.UnsupportedError` for a URI fsspec cannot open or a protocol
-    that cannot create objects atomically."""
+    :class:`~aurora_store.errors.UnsupportedError` for a URI fsspec cannot open, one with
+    credentials its protocol does not read, or a protocol that cannot create objects atomically."""
     shown = redact(uri.rstrip("/"))
+    protocol, sep, rest = uri.partition("://")
+    if sep and protocol.lower() in NO_CREDENTIALS and shown != uri.rstrip("/"):
+        raise UnsupportedError(
+            f"cannot open store {shown!r}: a {protocol}:// URI takes no credentials (they would be read as part "
+            "of the bucket's name); give them in the storage options' credential keys or the environment"
+        )
+    if sep and protocol.lower() == "file":
+        uri = local_uri(rest, shown)
     try:
         fs, root = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
     except (ValueError, ImportError, TypeError) as exc:
         raise UnsupportedError(f"cannot open store {shown!r}: {redact(str(exc))}") from None
     backend = _BY_FILESYSTEM.get(type(fs)) or (GcsBackend if is_gcsfs(fs) else FsspecBackend)
     return backend(fs, root, shown, meter if meter is not None else Meter())
+
+
+def local_uri(rest: str, shown: str) -> str:
+    """A ``file://`` URI (``rest``: what follows ``file://``) as fsspec's local filesystem takes it:
+    its path percent-decoded (as RFC 8089 and ``Path.as_uri()`` write it, so both spellings name one
+    directory), on this host only (an empty host or ``localhost``)."""
+    host, slash, path = rest.partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise UnsupportedError(
+            f"cannot open store {shown!r}: file://{host}/ names a host, and a file:// URI reads this machine's "
+            f"files only: write file:///absolute/path (three slashes)"
+        )
+    return "file://" + slash + unquote(path)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aurora_store.errors import ConflictError, CorruptError, MissingError, StoreError, UnsupportedError
 from aurora_store.localfile import NotRegularFile
+from aurora_store.redact import redact
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -201,4 +202,6 @@ def translated(url: str) -> Iterator[None]:
             raise ConflictError(f"{url} already exists", url=url) from exc
         if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
             raise MissingError(f"{url} does not exist", url=url) from exc
-        raise StoreError(f"{url}: storage backend error: {type(exc).__name__}: {exc}"[:500], url=url) from exc
+        raise StoreError(
+            f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500], url=url
+        ) from exc

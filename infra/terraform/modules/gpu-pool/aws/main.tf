@@ -21,6 +21,8 @@ locals {
 
   # The role's command line. $${AURORA_RDZV_HOST} reaches the unit as ${AURORA_RDZV_HOST}, which
   # systemd fills in from /run/aurora/env (aurora-bootstrap wrote the lowest node's IP there).
+  # Metrics bind every address (a role binds loopback by default): Prometheus scrapes from
+  # monitoring_cidrs, which the security group below alone lets in.
   exec_start = {
     trainer = join(" ", [
       "${local.venv}/bin/torchrun",
@@ -29,10 +31,10 @@ locals {
       "--rdzv-backend=c10d",
       "--rdzv-endpoint=$${AURORA_RDZV_HOST}:${var.rendezvous_port}",
       "--rdzv-id=${var.run_id}",
-      "-m aurora_store.cli train --config ${local.config_path} --metrics-port ${var.metrics_port}",
+      "-m aurora_store.cli train --config ${local.config_path} --metrics-port ${var.metrics_port} --metrics-addr 0.0.0.0",
     ])
-    relay = "${local.venv}/bin/aurora relay --config ${local.config_path} --region ${var.region_name} --metrics-port ${var.metrics_port}"
-    actor = "${local.venv}/bin/aurora actor --config ${local.config_path} --region ${var.region_name} --metrics-port ${var.metrics_port}"
+    relay = "${local.venv}/bin/aurora relay --config ${local.config_path} --region ${var.region_name} --metrics-port ${var.metrics_port} --metrics-addr 0.0.0.0"
+    actor = "${local.venv}/bin/aurora actor --config ${local.config_path} --region ${var.region_name} --metrics-port ${var.metrics_port} --metrics-addr 0.0.0.0"
   }
 
   # Names of secrets and how to find the rendezvous peers: nothing secret.
