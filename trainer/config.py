@@ -166,30 +166,17 @@ class ScheduleConfig:
     steal_after_s: Annotated[float, Range(ge=0, le=SECONDS.le)] = 2.0
     """Only jobs leased at least this long ago and not started are taken over (a job leased moments ago
     is on its way to its holder: moving it would race the holder and, under load, move it again)."""
-    max_share: float = 0.5
+    max_share: Annotated[float, Range(gt=0, le=1)] = 0.5
     """The largest fraction of the jobs placed at once that one actor gets while other actors are eligible
     (rounded up; what it would have had goes to the others by their throughput). In (0, 1]; 1: no cap."""
-    backoff_s: float = 5.0
+    backoff_s: Annotated[float, Range(ge=0, le=3600)] = 5.0
     """An actor whose lease expires without a result gets no new lease for this long, doubling with each
     further expiry (up to 10 min) until a result of its is admitted; until then it holds one job at a
     time. In [0, 3600]; 0: no backoff."""
-    fetch_per_job: float = 4.0
+    fetch_per_job: Annotated[float, Range(ge=1, le=1000)] = 4.0
     """Bytes of offloaded result payloads fetched per step: at most this many times the step's jobs times
     the largest payload one job can return (group x max new tokens); referenced payloads past it are
     dropped (``fetch_budget``) without a read. In [1, 1000]."""
-
-    def __post_init__(self) -> None:
-        for name, low, high, open_low in (
-            ("max_share", 0.0, 1.0, True),
-            ("backoff_s", 0.0, 3600.0, False),
-            ("fetch_per_job", 1.0, 1000.0, False),
-        ):
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
-            if not ok or (open_low and value == low):
-                flag = "--" + name.replace("_", "-")
-                span = f"({low:g}, {high:g}]" if open_low else f"[{low:g}, {high:g}]"
-                raise ConfigError(f"{flag} must be a number in {span}; got {value!r}")
 
 
 @dataclass(kw_only=True, slots=True)
