@@ -340,12 +340,13 @@ PACE_BOUND = 2.0
 
 def pace(admissions: list[dict[str, Any]], calm_steps: int, injected: set[str]) -> dict[str, Any]:
     """Each step's admission time (from the last admission of the step before to its own last, one
-    trainer incarnation) against the fault-free baseline: the slowest of steps 2..``calm_steps``,
-    admitted before the first fault (a step of a small run takes a fraction of a second and varies
-    threefold between fault-free steps; what the writer faults cost when they cost anything is a
-    lease, or every step). ``held`` is whether every later step kept within
-    :data:`PACE_BOUND` times it; None where that is not asked (no calm steps, or a fault outside the
-    writer family: kills and partitions are allowed to cost time)."""
+    trainer incarnation; 0 when it came first) against the fault-free baseline: the slowest of steps
+    3..``calm_steps`` (step 2 waits for actors still calibrating), all admitted before the first fault.
+    The slowest, not the median: a step of a small run takes a fraction of a second and varies
+    threefold between fault-free steps, where a writer fault that costs anything costs a lease (8 s)
+    or every step. ``held``: every later step kept within :data:`PACE_BOUND` times it; None where
+    that is not asked (no calm steps, or a fault outside the writer family: kills and partitions
+    are allowed to cost time)."""
     last: dict[tuple[Any, int], int] = {}
     for r in admissions:
         step, at = r.get("step"), r.get("admitted_ms")
@@ -356,8 +357,8 @@ def pace(admissions: list[dict[str, Any]], calm_steps: int, injected: set[str]) 
     for (tag, step), at in sorted(last.items(), key=lambda kv: kv[0][1]):
         before = last.get((tag, step - 1))
         if before is not None:
-            per_step[step] = (at - before) / 1000
-    calm = sorted(t for s, t in per_step.items() if s <= calm_steps)
+            per_step[step] = max(0, at - before) / 1000
+    calm = sorted(t for s, t in per_step.items() if 3 <= s <= calm_steps)
     baseline = calm[-1] if calm else None
     after = {s: t for s, t in per_step.items() if s > calm_steps}
     asked = baseline is not None and baseline > 0 and bool(injected) and injected <= set(WRITERS)

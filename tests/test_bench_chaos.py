@@ -24,7 +24,7 @@ from bench.chaos_bucket import Bucket
 from bench.chaos_check import INVARIANTS
 from bench.chaos_faults import Faults
 from bench.chaos_gates import Gates
-from bench.chaos_schedule import KINDS, schedule
+from bench.chaos_schedule import KINDS, WRITERS, kinds_of, schedule
 from bench.chaos_supervisor import Proc, Supervisor
 
 if TYPE_CHECKING:
@@ -168,3 +168,35 @@ def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert result["lost"] == 0 and not failing, (failing, result["processes"]["crashes"], tmp_path)
     assert out.returncode == 0
     assert result["orphans"] == 0, result["notes"]
+
+
+def test_the_schedule_draws_only_the_kinds_asked_for() -> None:
+    writers = schedule(random.Random(3), 20, kinds_of(("writers",)))
+    assert set(writers) == set(WRITERS) and len(writers) == 20
+    assert set(schedule(random.Random(3), 5, ("forged_flood",))) == {"forged_flood"}
+    with pytest.raises(ValueError, match="unknown fault kinds"):
+        schedule(random.Random(3), 5, ("nap",))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_redis_and_bucket_writers_cost_no_step_twice_its_fault_free_time(tmp_path: Path) -> None:
+    """Issue 25's writer faults alone (result floods under real holders' names and tokens, an inflated
+    registration, a hung actor whose heartbeat goes on, a forged retention record, malformed entries):
+    nothing lost, and every step admitted within 2x the slowest of the fault-free steps before them
+    (on the code before the fixes, the inflated registration alone made one step take 30 s of a 2 s pace)."""
+    argv = ["bench", "chaos", "--json", "--seed", "1", "--kinds", "writers", "--faults", "8", "--calm-steps", "6"]
+    argv += ["--steps", "45", "--settle-s", "120", "--workdir", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
+    assert out.stdout.strip(), out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result["faults_injected"]) <= set(WRITERS) and len(result["faults_injected"]) >= 5
+    assert {"forged_flood", "inflated_registration", "slow_actor", "forged_retention"} <= set(
+        result["faults_injected"]
+    ), result["faults_injected"]
+    failing = {k: result["problems"].get(k) for k, ok in result["invariants"].items() if not ok}
+    assert result["lost"] == 0 and not failing, (failing, result["pace"], tmp_path)
+    assert result["invariants"]["steps_at_pace"] is True and result["pace"]["max_ratio"] <= 2.0
+    assert out.returncode == 0

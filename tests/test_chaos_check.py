@@ -19,7 +19,7 @@ from aurora_store.bucket.run import open_run
 from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from bench.chaos_bucket import RegionState, region_state
-from bench.chaos_check import INVARIANTS, Verdict, check, read_admissions, scan_logs
+from bench.chaos_check import INVARIANTS, Verdict, check, pace, read_admissions, scan_logs
 from bench.chaos_descent import Start, descent, read_starts
 from tests.helpers import state_dict, step
 
@@ -381,3 +381,39 @@ def test_a_resume_from_an_older_state_on_disk_fails_descent(world: dict[str, Any
     assert {p.split(":")[0] for p in v.problems["descent"]} == {"home", "eu", "ap"}
     log.write_text(log.read_text().replace(B, C))  # B's start line is gone: its version 3 is of unknown origin
     assert "unknown origin" in _check_files(world).problems["descent"][0]
+
+
+def _admitted(times_s: dict[int, float], tag: str = "t1") -> list[dict[str, Any]]:
+    """An admissions log whose step ``s`` ends (its last admission) at ``times_s[s]`` seconds."""
+    out = []
+    for s, t in times_s.items():
+        out += [
+            {"trainer": tag, "step": s, "admitted_ms": int(t * 1000) - 50},
+            {"trainer": tag, "step": s, "admitted_ms": int(t * 1000)},
+        ]
+    return out
+
+
+def test_pace_holds_steps_to_twice_the_slowest_fault_free_one() -> None:
+    ends = {1: 1.0, 2: 5.0, 3: 6.0, 4: 6.5, 5: 7.5, 6: 8.0, 7: 9.9, 8: 10.5}  # step 2: the start, not counted
+    paced = pace(_admitted(ends), 5, {"forged_flood"})
+    assert paced["baseline_s"] == 1.0 and paced["per_step_s"][2] == 4.0
+    assert paced["held"] is True and paced["max_ratio"] == pytest.approx(1.9)
+    slow = pace(_admitted({**ends, 9: 12.6}), 5, {"forged_flood", "slow_actor"})
+    assert slow["held"] is False and slow["max_ratio"] == pytest.approx(2.1)
+
+
+def test_pace_is_not_asked_of_kills_nor_without_calm_steps() -> None:
+    ends = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 30.0}
+    assert pace(_admitted(ends), 4, {"kill_trainer", "forged_flood"})["held"] is None
+    assert pace(_admitted(ends), 0, {"forged_flood"})["held"] is None
+    assert pace(_admitted(ends), 4, set())["held"] is None
+    assert pace(_admitted(ends), 4, {"forged_flood"})["held"] is False
+
+
+def test_pace_counts_steps_of_one_trainer_incarnation_and_never_negative() -> None:
+    log = _admitted({1: 1.0, 2: 2.0, 3: 3.0}, "t1") + _admitted({4: 50.0, 5: 51.0}, "t2")
+    log.append({"trainer": "t2", "step": 6, "admitted_ms": 50_500})  # admitted before step 5's last
+    log += [{"trainer": "t2", "step": "x", "admitted_ms": 1}, {"step": 7}]  # torn or foreign: ignored
+    per = pace(log, 3, {"forged_flood"})["per_step_s"]
+    assert 4 not in per and per[5] == 1.0 and per[6] == 0.0 and set(per) == {2, 3, 5, 6}

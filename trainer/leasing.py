@@ -254,13 +254,18 @@ class Leases:
         # its holder, and one whose holder has started nothing is about to be taken: moving either
         # would race the holder (under load, again and again). Unless the holder has not proven it
         # works (no result admitted yet, or a lease lost since): then all its unstarted jobs may move,
-        # so a registration that never takes its jobs holds them for steal_after_s, not for a lease.
+        # so a registration that never takes its jobs holds them for UNPROVEN_STEAL_S, not for a lease.
         waiting = self.board.untaken()
         started = {a for j, a in self.holder.items() if j not in waiting}
-        settled = now_ms() - self.schedule.steal_after_s * 1000
+        now = now_ms()
+        settled = now - self.schedule.steal_after_s * 1000
+        unproven_settled = now - min(self.schedule.steal_after_s, UNPROVEN_STEAL_S) * 1000
         for job, leased in sorted(waiting.items()):
             actor = self.holder.get(job)
-            if actor is not None and leased <= settled and (actor in started or not self.pacing.proven(actor)):
+            if actor is None:
+                continue
+            proven = self.pacing.proven(actor)
+            if (proven and actor in started and leased <= settled) or (not proven and leased <= unproven_settled):
                 untaken[actor].append(job)
         moves: list[tuple[str, str]] = []
         for thief in idle:
@@ -286,6 +291,13 @@ class Leases:
                 self.holder[job] = thief
                 self.tokens[job] = token
                 self.stolen += 1
+
+
+UNPROVEN_STEAL_S = 0.5
+"""How long an unstarted job of an unproven holder (no result admitted yet, or a lease lost since) waits
+before an idle actor may take it over: an actor waiting for work starts a pushed job within
+milliseconds, and one that has not in half a second while it has proven nothing (a registration that
+never takes its jobs) must not cost every step ``steal_after_s``."""
 
 
 def step_of(job: str, tag: str) -> int | None:
