@@ -230,6 +230,11 @@ def bootstrap(phase: Phase) -> tuple[list[Actor], dict[str, float]]:
         for _ in pool.map(lambda a: a.updater.bootstrap(0), actors):
             pass
     boot["actors_s"] = time.perf_counter() - t1
+    for a in actors:  # the steady state: what a load starts in the background (rank indexes) is done
+        warmed = getattr(a.updater.live, "warmed", None)
+        if warmed is not None and not warmed(120):
+            raise BenchError(f"actor {a.name}: its rank indexes were not built in 120 s")
+    boot["actors_warm_s"] = time.perf_counter() - t1
     if direct:  # from here on a direct actor reads home through its link, in parts of part_bytes as relays do
         for a, r in zip(actors, [r for r in world.regions for _ in range(cfg.actors)], strict=True):
             a.updater.run = phase.run(*phase.home_via(r), cfg.connections, cfg.part_bytes)
@@ -246,9 +251,12 @@ def bind_follow(a: Actor, stop: threading.Event, tracker: Tracker, reload: bool)
 
 
 def await_relays(coord: Coordinator, count: int, tracker: Tracker, timeout_s: float = 60.0) -> None:
-    """Until every relay has registered (it then reads the event stream from that point on)."""
+    """Until every relay has caught up with its startup backfill and serves events (its registration
+    says ``serving``): a version published earlier would be timed through that backfill's listings."""
     deadline = time.monotonic() + timeout_s
-    while sum(w["role"] == "relay" for w in coord.workers.registrations().values()) < count:
+    while sum(w["role"] == "relay" and w.get("serving") is True for w in coord.workers.registrations().values()) < (
+        count
+    ):
         tracker.check()
         if time.monotonic() > deadline:
             raise BenchError(f"relays did not start within {timeout_s:.0f} s")

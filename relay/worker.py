@@ -18,6 +18,7 @@ objects is a no-op), plus the run's attachments.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -136,8 +137,8 @@ class Relay:
                 self.stats.skipped += 1
             return
         data = self.src.fetch(entry)  # verified at the source before it crosses the WAN
-        self.dest.put_if_absent(entry.key, data)  # False: a concurrent relay won; verified below either way
-        self._verify_dest(entry)
+        if not self.dest.put_if_absent(entry.key, data):  # a concurrent writer won: its bytes are checked
+            self._verify_dest(entry)  # (what this relay created is the bytes it verified: no read back)
         with self._lock:
             self._remember(ident)
             self.stats.copied += 1
@@ -298,6 +299,8 @@ class Relay:
             self.close()
             return
         self._backfill_safely()
+        with contextlib.suppress(CoordinationError):  # caught up: from now on each version is cut-through
+            coord.workers.update(wid, serving=True)
         last_scan, need_scan = time.monotonic(), False
         while not stop.is_set():
             try:
@@ -314,7 +317,7 @@ class Relay:
                         "relay",
                         self.dest_region,
                         worker_id=wid,
-                        info={"source": self.source.uri, "dest": self.dest.uri},
+                        info={"source": self.source.uri, "dest": self.dest.uri, "serving": True},
                     )
                     last_scan, need_scan = time.monotonic(), False
                 coord.workers.heartbeat(wid)

@@ -422,3 +422,27 @@ def test_relay_survives_hostile_events_and_a_flushall(
     assert relay.proc.poll() is None, relay.stop()
     err = relay.stop()
     assert "Traceback" not in err and "skipped" in err and "lost its state" in err, err[-2000:]
+
+
+def test_a_relay_says_it_serves_only_once_its_startup_backfill_is_done(
+    tmp_path: Path, redis_server: RedisServer, relays: Callable[..., RelayProcess]
+) -> None:
+    """Its registration appears at once (an operator sees it alive while it catches up) and says
+    ``serving`` only when every version the source held at its start is committed at the destination:
+    what a deployment (or a benchmark timing cut-through copies) waits for."""
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    home, eu = f"file://{tmp_path}/home/{run_id}", f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    publish(home, 6, coord=coord)
+    seen: list[tuple[bool, list[int]]] = []
+
+    def relay_says() -> bool:
+        regs = [w for w in coord.workers.registrations().values() if w["role"] == "relay"]
+        if regs:
+            seen.append((regs[0].get("serving") is True, aurora_store.open_run(eu).versions()))
+        return bool(regs) and regs[0].get("serving") is True
+
+    relays("--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu")
+    wait_for(relay_says, "the relay serving")
+    assert all(versions == list(range(6)) for serving, versions in seen if serving)
+    assert seen[-1] == (True, list(range(6)))
