@@ -9,6 +9,7 @@ engine serves its fused, possibly tensor-parallel parameters through the same pr
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Protocol
@@ -17,11 +18,14 @@ import numpy as np
 import torch
 
 from aurora_store.codec import ranks
-from aurora_store.codec.base import Lookup, Overlay, Words
+from aurora_store.codec.base import Exponent, Lookup, Overlay, Words
 from aurora_store.device import TensorWords
 from aurora_store.errors import LayoutError
+from aurora_store.format import dtypes
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.tensors import from_words, to_words, torch_dtype, word_tensor
+
+log = logging.getLogger("aurora.actor")
 
 
 class LiveWeights(Words, Protocol):
@@ -47,14 +51,14 @@ class LiveWeights(Words, Protocol):
 class TensorWeights(TensorWords):
     """Live weights held as a mapping of HF names to torch tensors, on any device.
 
-    With ``rank_index`` (opt-in: :func:`~aurora_store.codec.ranks.enabled` says why), classed lookups
-    against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex`
-    per tensor (2.1 bytes of host memory an element, built at a tensor's first lookup), which each
-    commit moves forward with the weights (at the next lookup, not at the safe point): a delta's
-    lookup then costs O(changed), not a walk over
-    every element. An index is trusted only while its tensor's in-place version counter is the one
-    it was built or moved at (anything else that writes the tensor makes it rebuild); ``rank_index``
-    False keeps the walk (None, the default: ``AURORA_RANK_INDEX=1`` turns it on)."""
+    With ``rank_index`` (:func:`~aurora_store.codec.ranks.enabled` says when), classed lookups
+    against host tensors go through a :class:`~aurora_store.codec.ranks.RankIndex` per tensor (2.1
+    bytes of host memory an element, built in the background after each load, or at a tensor's
+    first lookup), which each commit moves forward with the weights (at the next lookup, not at the
+    safe point): a delta's lookup then costs O(changed), not a walk over every element. An index
+    is trusted only while its tensor's in-place version counter is the one it was built or moved at
+    (anything else that writes the tensor makes it rebuild); ``rank_index`` False keeps the walk
+    (None, the default: on unless ``AURORA_RANK_INDEX=0``)."""
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class TensorWeights(TensorWords):
         """name -> (index, the tensor's ``_version`` it holds the classes of)."""
         self._ranks_lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
+        self._warming: threading.Thread | None = None
         self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
         """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
         and the commit's positions, old and new words: made at the next lookup."""
@@ -81,6 +86,7 @@ class TensorWeights(TensorWords):
             self._moves.clear()
         if not self.tensors:  # no engine tensors given: own them
             self.tensors = {s.name: from_words(s, words[s.name]).to(self.device) for s in specs}
+            self._warm(specs)
             return
         have = {n: (tuple(t.shape), t.dtype) for n, t in self.tensors.items()}
         want = {s.name: (s.shape, torch_dtype(s)) for s in specs}
@@ -90,24 +96,55 @@ class TensorWeights(TensorWords):
             raise LayoutError(f"the engine's tensors do not match the version's: missing {missing}, extra {extra}")
         with torch.no_grad():
             for s in specs:
-                self.tensors[s.name].copy_(from_words(s, words[s.name]))
+                with self._build_lock(s.name):  # never under an index being built from these words
+                    self.tensors[s.name].copy_(from_words(s, words[s.name]))
+        self._warm(specs)
 
     def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
-        index = self._index(name, lookup) if over is None or over[0].size == 0 else None
+        index = self._index(name, lookup.exponent) if over is None or over[0].size == 0 else None
         if index is None:
             return super().locate(name, lo, hi, lookup, over)
         return index.locate(lo, hi, lookup)
 
-    def _index(self, name: str, lookup: Lookup) -> ranks.RankIndex | None:
+    def _build_lock(self, name: str) -> threading.Lock:
+        """The lock under which tensor ``name``'s index is built and its words written."""
+        with self._ranks_lock:
+            return self._building.setdefault(name, threading.Lock())
+
+    def _warm(self, specs: tuple[TensorSpec, ...]) -> None:
+        """Build the rank index of every tensor in the background after a load, so the first delta after
+        it looks up at O(changed) as later ones do: built at that delta's first lookup instead, 12
+        actors' indexes cost the four-regions world a 2.9 s stall at its first timed step. A lookup or
+        a write of a tensor whose index is being built waits for it (its build lock)."""
+        todo = [(s.name, dtypes.dtype(s.dtype).exponent) for s in specs if dtypes.dtype(s.dtype).exponent.bits]
+        if not todo or not self.rank_index or not ranks.available(np.empty(0, np.uint16)):
+            return
+
+        def build() -> None:
+            for name, exponent in todo:
+                try:
+                    self._index(name, exponent)
+                except (KeyError, ValueError, RuntimeError) as exc:  # the tensors changed under it: built on use
+                    log.debug("rank index of %s not built ahead: %s", name, exc)
+
+        self._warming = threading.Thread(target=build, name="aurora-rank-index", daemon=True)
+        self._warming.start()
+
+    def warmed(self, timeout: float | None = None) -> bool:
+        """Wait until the indexes a load started building are built (at most ``timeout`` seconds);
+        whether none is still being built."""
+        if self._warming is not None:
+            self._warming.join(timeout)
+        return self._warming is None or not self._warming.is_alive()
+
+    def _index(self, name: str, exponent: Exponent) -> ranks.RankIndex | None:
         """The tensor's current rank index (built now if it has none or a stale one), or None where
         the lookup does not take the host pass or no index can be built."""
         flat = self.flat(name)
         on_device = flat.device.type != "cpu" if self.lookup_on_device is None else self.lookup_on_device
         if not self.rank_index or on_device or flat.device.type != "cpu":
             return None
-        with self._ranks_lock:
-            building = self._building.setdefault(name, threading.Lock())
-        with building:  # blocks of one tensor decode in parallel: one builds, the others wait for it
+        with self._build_lock(name):  # blocks of one tensor decode in parallel: one builds, the others wait for it
             with self._ranks_lock:
                 held = self._ranks.get(name)
                 moves = self._moves.pop(name, None)
@@ -118,14 +155,14 @@ class TensorWeights(TensorWords):
                     held = (index, version)
                 except ValueError:  # not the words it held after all: rebuilt below
                     held = None
-            if held is not None and held[1] == flat._version and held[0].exponent == lookup.exponent:
+            if held is not None and held[1] == flat._version and held[0].exponent == exponent:
                 with self._ranks_lock:
                     self._ranks[name] = held
                 return held[0]
             words = flat.numpy().view(f"<u{flat.element_size()}")
             if not ranks.available(words):
                 return None
-            index = ranks.RankIndex(words, lookup.exponent)
+            index = ranks.RankIndex(words, exponent)
             with self._ranks_lock:
                 self._ranks[name] = (index, flat._version)
             return index
@@ -146,12 +183,13 @@ class TensorWeights(TensorWords):
         assert isinstance(prepared, list)
         with torch.no_grad():
             for name, flat, idx_t, val_t, was in prepared:
-                before = flat._version
-                flat[idx_t] = val_t
-                with self._ranks_lock:
-                    held = self._ranks.pop(name, None)
-                    if held is not None and was is not None and held[1] == before:
-                        self._moves[name] = (held[0], flat._version, idx_t.numpy(), was, val_t.numpy())
+                with self._build_lock(name):  # an index being built (after a load) is finished first
+                    before = flat._version
+                    flat[idx_t] = val_t
+                    with self._ranks_lock:
+                        held = self._ranks.pop(name, None)
+                        if held is not None and was is not None and held[1] == before:
+                            self._moves[name] = (held[0], flat._version, idx_t.numpy(), was, val_t.numpy())
 
     def discard(self, prepared: object) -> None:
         """Nothing to free: prepared tensors are ordinary objects."""

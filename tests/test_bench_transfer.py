@@ -47,6 +47,7 @@ def test_json_shape(result: dict[str, Any]) -> None:
     for key in ("delta_bytes", "full_bytes", "cross_region_bytes_per_version_per_region", "per_region", "publish"):
         assert key in out
     assert set(out["time_to_apply_s"]) == set(MODES)
+    assert out["full_vs_delta_time_after_first"] is None  # one timed version: no second one to time
     assert set(out["fetch_link_fraction"]) >= {"1", "N", "connections"}
     assert out["fetch_link_fraction"]["connections"] == TINY.connections
     assert set(out["publish"]) >= {"extract_s", "upload_s", "publish_s", "vs_max", "vs_sum"}

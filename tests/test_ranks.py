@@ -5,6 +5,8 @@ and rebuild it after any other write."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from aurora_store.codec import classed, classes, ranks
 from aurora_store.codec.base import Exponent, Lookup, Span
 from aurora_store.errors import CorruptError
 from aurora_store.format import dtypes
+from aurora_store.format.manifest import TensorSpec
 
 pytestmark = pytest.mark.skipif(not classes.compiled(), reason="the rank index needs the codec's kernels")
 
@@ -168,10 +171,39 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
         live.tensors["w"].mul_(-3)
     check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))
     assert live._ranks["w"][0] is not index
-    monkeypatch.delenv("AURORA_RANK_INDEX", raising=False)
-    off = TensorWeights({"w": live.tensors["w"].clone()})  # the default: off (ranks.enabled says why)
+    monkeypatch.setenv("AURORA_RANK_INDEX", "0")
+    off = TensorWeights({"w": live.tensors["w"].clone()})  # turned off: every lookup walks
     look = lookup_of(off.flat("w").numpy().view("<u2"), words[: 3 * ranks.CHUNK], exponent)
     off.locate("w", 0, 3 * ranks.CHUNK, look)
     assert not off._ranks
-    monkeypatch.setenv("AURORA_RANK_INDEX", "1")
+    monkeypatch.delenv("AURORA_RANK_INDEX", raising=False)  # the default: on (ranks.enabled says why)
     assert TensorWeights().rank_index and not TensorWeights(rank_index=False).rank_index
+
+
+def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_build() -> None:
+    """After a load each host tensor's index is built without a lookup asking for it (the first delta
+    after a load then looks up at O(changed)); a commit racing the build finishes after it, and the
+    index then either moves with the commit or is rebuilt: lookups stay the walk's."""
+    rng = np.random.default_rng(5)
+    exponent = dtypes.dtype("BF16").exponent
+    specs = tuple(TensorSpec(n, "BF16", (64, ranks.CHUNK)) for n in ("a", "b", "c"))
+    words = {s.name: random_words(rng, s.numel, np.dtype("<u2"), exponent, 20) for s in specs}
+    live = TensorWeights(rank_index=True)
+    live.load(specs, words)
+    at = np.sort(rng.choice(specs[0].numel, 500, replace=False))
+    new = words["a"].copy()
+    new[at] ^= np.uint16(1 << 7)  # every change moves its element to another exponent class
+    live.commit(live.prepare({"a": (at, new[at])}))  # races the background build of "a"
+    assert live.warmed(60) and {"b", "c"} <= set(live._ranks)  # built ahead, no lookup asked
+    for s in specs:
+        now = live.flat(s.name).numpy().view("<u2")
+        target = change(rng, now.copy(), 0.02, exponent)
+        look = lookup_of(now, target, exponent)
+        want = classes.locate(now.copy(), look)
+        got = live.locate(s.name, 0, now.size, look)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), s.name
+    assert np.array_equal(live.flat("a").numpy().view("<u2"), new)
+    off = TensorWeights(rank_index=False)
+    off.load(specs, words)
+    time.sleep(0.2)
+    assert not off._ranks  # turned off: nothing built
