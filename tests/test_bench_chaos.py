@@ -148,16 +148,21 @@ def test_redis_server_restarts_empty_on_its_port() -> None:
     assert server.process is None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
-    argv = ["bench", "chaos", "--json", "--seed", "5", "--faults", "12", "--steps", "6", "--interval-s", "0.5"]
-    argv += ["--actors", "1", "--settle-s", "120", "--workdir", str(tmp_path)]
+def _chaos(workdir: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``aurora bench chaos --json`` as a process (its logs in ``workdir``): the process and its JSON."""
+    argv = ["bench", "chaos", "--json", *flags, "--settle-s", "120", "--workdir", str(workdir)]
     out = subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=400
     )
     assert out.stdout.strip(), out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return out, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+    flags = ("--seed", "5", "--faults", "12", "--steps", "6", "--interval-s", "0.5", "--actors", "1")
+    out, result = _chaos(tmp_path, *flags)
     for key in ("seed", "faults_requested", "faults_injected", "recoveries", "lost", "invariants", "steps"):
         assert key in result
     assert result["seed"] == 5 and result["steps"] == 6 and result["workdir"] == str(tmp_path)
@@ -185,13 +190,8 @@ def test_redis_and_bucket_writers_cost_no_step_twice_its_fault_free_time(tmp_pat
     registration, a hung actor whose heartbeat goes on, a forged retention record, malformed entries):
     nothing lost, and every step admitted within 2x the slowest of the fault-free steps before them
     (on the code before the fixes, the inflated registration alone made one step take 30 s of a 2 s pace)."""
-    argv = ["bench", "chaos", "--json", "--seed", "1", "--kinds", "writers", "--faults", "8", "--calm-steps", "6"]
-    argv += ["--steps", "45", "--settle-s", "120", "--workdir", str(tmp_path)]
-    out = subprocess.run(
-        [sys.executable, "-m", "aurora_store.cli", *argv], cwd=REPO, capture_output=True, text=True, timeout=400
-    )
-    assert out.stdout.strip(), out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    flags = ("--seed", "1", "--kinds", "writers", "--faults", "8", "--calm-steps", "6", "--steps", "45")
+    out, result = _chaos(tmp_path, *flags)
     assert set(result["faults_injected"]) <= set(WRITERS) and len(result["faults_injected"]) >= 5
     assert {"forged_flood", "inflated_registration", "slow_actor", "forged_retention"} <= set(
         result["faults_injected"]

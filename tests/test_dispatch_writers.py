@@ -6,6 +6,7 @@ files (bytes counted by the store's own meter), the real dispatcher; the figures
 from __future__ import annotations
 
 import secrets
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,38 @@ def test_an_actor_whose_leases_expire_under_a_beating_heartbeat_gets_no_new_work
         d.board.results.submit(lease, actor="hung", version=0, version_hash=VHASH, payload=_group())
     wait_for(lambda: beat_and_collect() and len(d.admitted[2]) == 8, "step 2 admitted")
     assert d.dropped["stale_lease"] + d.dropped["duplicate"] == 4
+
+
+def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_after_its_lease(redis_server: Any) -> None:
+    """A hung engine behind a beating heartbeat that joined late (nothing of it admitted yet) starts its
+    jobs and never answers: its step used to wait a whole lease (30 s here). Once a job runs OVERDUE
+    times the fleet's usual job (at least steal_after_s), an idle proven actor takes it over, and the
+    hung actor is backed off."""
+    from trainer.leasing import JOB_SAMPLES
+
+    d = _dispatcher(redis_server.url, lease_s=30.0, steal_after_s=0.3, backoff_s=30.0)
+    _actor(d, "a")
+    n = JOB_SAMPLES // 4 + 1  # a's first job is no sample: it was not proven yet
+    d.post(1, _prompts(n))
+    wait_for(lambda: (_serve(d, "a"), d._collect_once(), len(d.admitted[1]))[-1] == n, "step 1")
+    assert d.leases.takeover_s() is not None
+    d.collect(1)
+    _actor(d, "hung")
+    d.post(2, _prompts(8, step=2))
+    assert _held(d, "hung") >= 1
+    hung = d.board.take("hung", max_jobs=64, block_s=0)  # it starts its jobs, then hangs
+    t0 = time.monotonic()
+
+    def collect() -> bool:
+        d.coord.workers.heartbeat("hung", 60)  # its heartbeat thread goes on
+        _serve(d, "a")
+        d._collect_once()
+        return len(d.admitted[2]) == 8
+
+    wait_for(collect, "step 2 admitted, the hung actor's jobs taken over", timeout=20)
+    assert time.monotonic() - t0 < 10, "a takeover, not a lease (30 s)"
+    assert {a.actor for a in d.admitted[2].values()} == {"a"} and d.leases.stolen >= len(hung)
+    assert d.leases.pacing.backed_off("hung") and d.dropped["lease_lost"] == 0
 
 
 # ---------------------------------------------------------------- bug 5: payloads fetched before any check

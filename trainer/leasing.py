@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Container, Mapping
 
 from aurora_store.coord.jobs import JobBoard
@@ -56,6 +57,10 @@ class Leases:
         """Leased, unadmitted job -> the actor it is leased to (this trainer made every lease)."""
         self.tokens: dict[str, int] = {}
         """Leased, unadmitted job -> its lease's fencing token: only a result carrying it speaks for the lease."""
+        self.leased_at: dict[str, float] = {}
+        """Leased, unadmitted job -> when this trainer leased it (its monotonic clock)."""
+        self.job_s: deque[float] = deque(maxlen=JOB_SAMPLES)
+        """How long the last admitted jobs of proven actors took, from lease to admission."""
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
         self.pacing = Pacing(backoff_s=schedule.backoff_s, sweep_s=schedule.sweep_s)
@@ -147,8 +152,7 @@ class Leases:
         tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
         for (job, actor, _, _), token in zip(items, tokens, strict=True):  # only once leased: a Redis failure
             del self.pending[job]  # leaves them all pending
-            self.holder[job] = actor
-            self.tokens[job] = token
+            self._leased(job, actor, token)
 
     def sweep(self) -> None:
         """Re-lease jobs whose lease expired (or was given back) or whose actor is gone; place pending
@@ -181,8 +185,10 @@ class Leases:
     def admitted(self, job: str, actor: str, tokens: int) -> None:
         """``job``'s result, ``tokens`` completion tokens by ``actor``, was admitted: its lease is done,
         and ``actor`` measured."""
-        self.holder.pop(job, None)
-        self.tokens.pop(job, None)
+        at = self.leased_at.get(job)
+        if at is not None and self.pacing.proven(actor):
+            self.job_s.append(time.monotonic() - at)
+        self._unleased(job)
         self.pacing.credit(actor, tokens)
 
     def holds(self, job: str, actor: str, token: int) -> bool:
@@ -193,8 +199,7 @@ class Leases:
 
     def again(self, job: str, step: int) -> None:
         """Lease ``job`` again at the next sweep (its holder produced something unusable)."""
-        self.holder.pop(job, None)
-        self.tokens.pop(job, None)
+        self._unleased(job)
         self.pending[job] = (step, self.step_jobs[step][job])
 
     def close(self, step: int) -> list[str]:
@@ -204,8 +209,7 @@ class Leases:
         for s in [s for s in self.step_jobs if s < step - 2]:
             jobs = list(self.step_jobs.pop(s))
             for job in jobs:
-                self.holder.pop(job, None)
-                self.tokens.pop(job, None)
+                self._unleased(job)
             self.closed.discard(s)
             dropped += jobs
         self.closed.add(step)
@@ -224,6 +228,7 @@ class Leases:
                     n += 1
         self.holder.clear()
         self.tokens.clear()
+        self.leased_at.clear()
         self.roster.reset()
         self._taus = None
         return n
@@ -236,9 +241,26 @@ class Leases:
         if changes.reloaded:
             self._taus = None
 
-    def _lost_lease(self, job: str, step: int) -> None:
+    def _leased(self, job: str, actor: str, token: int) -> None:
+        self.holder[job] = actor
+        self.tokens[job] = token
+        self.leased_at[job] = time.monotonic()
+
+    def _unleased(self, job: str) -> None:
         self.holder.pop(job, None)
         self.tokens.pop(job, None)
+        self.leased_at.pop(job, None)
+
+    def takeover_s(self) -> float | None:
+        """How long a started job of an unproven holder runs before an idle actor takes it over:
+        :data:`OVERDUE` times the median of the last admitted jobs of proven actors, at least
+        ``steal_after_s``; None until :data:`JOB_SAMPLES` // 4 such jobs were admitted."""
+        if len(self.job_s) < JOB_SAMPLES // 4:
+            return None
+        return max(self.schedule.steal_after_s, OVERDUE * statistics.median(self.job_s))
+
+    def _lost_lease(self, job: str, step: int) -> None:
+        self._unleased(job)
         self.pending[job] = (step, self.step_jobs[step][job])
         self.dropped["lease_lost"] += 1
 
@@ -267,7 +289,23 @@ class Leases:
             proven = self.pacing.proven(actor)
             if (proven and actor in started and leased <= settled) or (not proven and leased <= unproven_settled):
                 untaken[actor].append(job)
+        # A started job of an unproven holder (a hung engine behind a beating heartbeat, a new actor
+        # far slower than the fleet) is taken over once it runs OVERDUE times the fleet's usual job,
+        # and its holder struck: otherwise its step waits a whole lease for it.
+        overdue: list[str] = []
+        limit = self.takeover_s()
+        if limit is not None:
+            late = time.monotonic() - limit
+            for job, actor in sorted(self.holder.items()):
+                at = self.leased_at.get(job)
+                if job not in waiting and at is not None and at <= late and not self.pacing.proven(actor):
+                    overdue.append(job)
         moves: list[tuple[str, str]] = []
+        proven_first = sorted(idle, key=lambda a: not self.pacing.proven(a))
+        for job, thief in zip(overdue, proven_first, strict=False):  # one each: the thieves are idle
+            self.pacing.strike(self.holder[job])
+            moves.append((job, thief))
+        idle = [a for a in idle if a not in {t for _, t in moves}]
         for thief in idle:
             if not untaken:
                 break
@@ -288,11 +326,14 @@ class Leases:
         tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
         for (job, thief), token in zip(moves, tokens, strict=True):
             if token:
-                self.holder[job] = thief
-                self.tokens[job] = token
+                self._leased(job, thief, token)
                 self.stolen += 1
 
 
+OVERDUE = 3.0
+"""A started job of an unproven holder is taken over after this many times the fleet's median job."""
+JOB_SAMPLES = 64
+"""Admitted jobs of proven actors whose durations make that median."""
 UNPROVEN_STEAL_S = 0.5
 """How long an unstarted job of an unproven holder (no result admitted yet, or a lease lost since) waits
 before an idle actor may take it over: an actor waiting for work starts a pushed job within
