@@ -1,6 +1,7 @@
 """Leasing a trainer's jobs (:class:`Leases`, held by :class:`~trainer.dispatch.Dispatcher`): the jobs
 of each step and who holds them, who is eligible, the throughput-proportional split, the sweep that
-takes back expired and orphaned leases, and idle actors taking over unstarted work.
+takes back expired and orphaned leases, and idle actors taking over unstarted work (and the overdue
+work of actors that have delivered nothing yet).
 
 Eligible actors are alive, speak this coordination protocol, and hold the latest version or the
 one before; the roster's view says which (no round trip). How much each gets is
