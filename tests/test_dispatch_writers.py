@@ -176,7 +176,7 @@ def test_an_actor_whose_leases_expire_under_a_beating_heartbeat_gets_no_new_work
 def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_after_its_lease(redis_server: Any) -> None:
     """A hung engine behind a beating heartbeat that joined late (nothing of it admitted yet) starts its
     jobs and never answers: its step used to wait a whole lease (30 s here). Once a job runs OVERDUE
-    times the fleet's usual job (at least steal_after_s), an idle proven actor takes it over, and the
+    times the fleet's usual job (at least half a second), an idle proven actor takes it over, and the
     hung actor is backed off."""
     from trainer.leasing import JOB_SAMPLES
 

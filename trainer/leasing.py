@@ -255,10 +255,12 @@ class Leases:
     def takeover_s(self) -> float | None:
         """How long a started job of an unproven holder runs before an idle actor takes it over:
         :data:`OVERDUE` times the median of the last admitted jobs of proven actors, at least
-        ``steal_after_s``; None until :data:`JOB_SAMPLES` // 4 such jobs were admitted."""
+        :data:`UNPROVEN_STEAL_S`; None until :data:`JOB_SAMPLES` // 4 such jobs were admitted. An
+        honest newcomer three times slower than the fleet loses its probe jobs to it and adds
+        nothing; a hung one costs its step that much, not a lease."""
         if len(self.job_s) < JOB_SAMPLES // 4:
             return None
-        return max(self.schedule.steal_after_s, OVERDUE * statistics.median(self.job_s))
+        return max(UNPROVEN_STEAL_S, OVERDUE * statistics.median(self.job_s))
 
     def _lost_lease(self, job: str, step: int) -> None:
         self._unleased(job)
