@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,3 +91,15 @@ def decoded_change(old: Any, got: Any, count: int) -> Any:
     sparse.apply(new, 0, got.positions, got.delta)
     assert np.array_equal(got.positions, np.flatnonzero(old != new))
     return new
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def aurora(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aurora_store.cli ARGS`` as a separate process (``env``: added to the environment)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", *args], capture_output=True, text=True, cwd=REPO, env=env,
+        timeout=timeout,
+    )  # fmt: skip

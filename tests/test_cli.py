@@ -23,24 +23,12 @@ from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.testing.damage import delete, overwrite
+from tests.helpers import aurora
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_EVERY = 3
 VERSIONS = 6
 """Versions 0 and 3 are full, 1, 2, 4 and 5 deltas."""
-
-
-def aurora(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aurora_store.cli ARGS`` as a separate process (``env``: added to the environment)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "aurora_store.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=120,
-    )
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

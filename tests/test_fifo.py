@@ -8,6 +8,7 @@ the code before the fix each of them waited forever for a writer.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -18,25 +19,14 @@ import pytest
 
 from aurora_store import open_run
 from aurora_store.format.keys import manifest_key
+from tests import helpers
 from tests.helpers import state_dict, step
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT_S = 60
 """Far above what any of these commands takes; a hang (the bug) runs into it."""
+aurora = functools.partial(helpers.aurora, timeout=PROMPT_S)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
-
-
-def aurora(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "aurora_store.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=PROMPT_S,
-    )
 
 
 def fifo_in_place_of(path: str) -> None:
@@ -135,7 +125,7 @@ def test_a_fifo_under_results_is_a_dropped_payload_not_a_stuck_admission(tmp_pat
         p.close()
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(helpers.REPO)}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=PROMPT_S)
     assert r.returncode == 0, r.stderr
     assert "[(None, 'payload_unavailable')]" in r.stdout

@@ -25,15 +25,9 @@ from aurora_store.testing.damage import overwrite
 from aurora_store.testing.processes import wait_for
 from aurora_store.testing.redis_server import RedisServer
 from relay.worker import Relay
-from tests.helpers import bits_equal, state_dict, step
+from tests.helpers import aurora, bits_equal, state_dict, step
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def aurora(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aurora_store.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def publish(uri: str, n: int, *, coord: Coordinator | None = None, start: int = 0, **kw: Any) -> list[dict[str, Any]]:
