@@ -55,8 +55,8 @@ class _Setup:
 def _setup(phase: Phase, work: Workload, full: bool) -> _Setup:
     """Version 0 everywhere (untimed, around the links), then relays following home through the links."""
     world, cfg = phase.world, phase.cfg
-    coord = phase.coordinator()
-    trainer = phase.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+    coord = phase.opener.coordinator()
+    trainer = phase.opener.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
     # a relay copies announced objects one at a time: full versions go after their commit, with all its connections
     trainer.announcer = CommitOnly(coord, "home") if full else RegionAnnouncer(coord, "home")
     versions = phase.stack.enter_context(contextlib.closing(work.versions()))

@@ -21,13 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aurora_store.bucket.limits import Limits
-from aurora_store.bucket.objectstore import ObjectStore
-from aurora_store.bucket.run import Run, open_run
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from bench import links
 from bench.churn import Event
 from bench.e2e_loop import Churn, Instant, Synced, Timing, VersionBox, Weights, run_steps
-from bench.phase import CommitOnly, Tracker, await_relays, final_check, relay_loop, start_thread
+from bench.phase import CommitOnly, Opener, Tracker, await_relays, final_check, relay_loop, start_thread
 from bench.regions import Regions
 from bench.workload import Workload
 from bench.world import BLOCK_MS, INTRA_CONCURRENCY, INTRA_PART_BYTES, RELAY_OBJECTS
@@ -78,34 +76,17 @@ class _Mode:
     """actor -> (region, updater, follower)."""
     commits: dict[str, dict[int, float]] = field(default_factory=dict)
     """region -> version -> when the region committed it (its relay's Redis commit)."""
+    opener: Opener = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.sizes
+        self.opener = Opener(self.stack, self.world.redis.url, f"e2e4-{self.name}", s.segment_bytes, s.shard_bytes)
 
     def close(self) -> None:
         self.stop.set()
         for t in self.threads:
             t.join(30)
         self.stack.close()
-
-    def coordinator(self) -> Coordinator:
-        c = Coordinator(self.world.redis.url, f"e2e4-{self.name}")
-        self.stack.callback(c.close)
-        return c
-
-    def run(self, uri: str, options: dict[str, Any], concurrency: int, part_bytes: int) -> Run:
-        r = open_run(
-            uri,
-            storage_options=options,
-            concurrency=concurrency,
-            segment_bytes=self.sizes.segment_bytes,
-            shard_bytes=self.sizes.shard_bytes,
-            limits=Limits(part_bytes=part_bytes),
-        )
-        self.stack.callback(r.close)
-        return r
-
-    def store(self, uri: str, options: dict[str, Any], concurrency: int) -> ObjectStore:
-        s = ObjectStore(uri, options, concurrency=concurrency)
-        self.stack.callback(s.close)
-        return s
 
     def local(self, site: str) -> tuple[str, dict[str, Any]]:
         b = self.world.sites[site]
@@ -116,12 +97,12 @@ class _Mode:
 
         if via_link:
             hop = links.hop(source, dest)
-            src = self.store(*self.world.via(hop, self.name, self.sizes.connections), self.sizes.connections)
+            src = self.opener.store(*self.world.via(hop, self.name, self.sizes.connections), self.sizes.connections)
         else:
-            src = self.store(*self.local(source), INTRA_CONCURRENCY)
-        dst = self.store(*self.local(dest), RELAY_OBJECTS)
+            src = self.opener.store(*self.local(source), INTRA_CONCURRENCY)
+        dst = self.opener.store(*self.local(dest), RELAY_OBJECTS)
         limits = Limits(part_bytes=part_bytes)
-        return Relay(src, dst, self.coordinator(), source_region=source, dest_region=dest, limits=limits)
+        return Relay(src, dst, self.opener.coordinator(), source_region=source, dest_region=dest, limits=limits)
 
     def updater(self, name: str, region: str, direct: bool, home_local: bool = False) -> tuple[Updater, Coordinator]:
         """An actor of ``region`` reading its region's bucket, or (``direct``) home through the region's link
@@ -129,22 +110,22 @@ class _Mode:
         from actor.updater import Updater
 
         if home_local:
-            run = self.run(*self.local(links.HOME), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+            run = self.opener.run(*self.local(links.HOME), INTRA_CONCURRENCY, INTRA_PART_BYTES)
         elif direct:
-            run = self.run(
+            run = self.opener.run(
                 *self.world.via(links.hop(links.HOME, region), self.name, self.sizes.connections),
                 self.sizes.connections,
                 self.sizes.part_bytes,
             )
         else:
-            run = self.run(*self.local(region), INTRA_CONCURRENCY, INTRA_PART_BYTES)
-        coord = self.coordinator()
+            run = self.opener.run(*self.local(region), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+        coord = self.opener.coordinator()
         follows = links.HOME if direct else region
         return Updater(run, region=follows, coord=coord, worker_id=name), coord
 
     def watch_commits(self, region: str) -> None:
         """Record when ``region`` commits each version (a thread until the mode stops)."""
-        coord = self.coordinator()
+        coord = self.opener.coordinator()
         seen = self.commits.setdefault(region, {})
         after = coord.regions.last_event_id(region)
 
@@ -188,8 +169,8 @@ def synced(
     world.reset()
     m = _Mode(mode, world, sizes)
     try:
-        coord = m.coordinator()
-        trainer = m.run(*m.local(links.HOME), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+        coord = m.opener.coordinator()
+        trainer = m.opener.run(*m.local(links.HOME), INTRA_CONCURRENCY, INTRA_PART_BYTES)
         trainer.announcer = CommitOnly(coord, links.HOME) if full else RegionAnnouncer(coord, links.HOME)
         versions = m.stack.enter_context(contextlib.closing(work.versions()))
         _, words = next(versions)
@@ -208,9 +189,9 @@ def synced(
             for actor, (_, up, _) in list(m.actors.items()):
                 region = actor.split("/", 1)[0]
                 hop = links.hop(links.HOME, region)
-                up.run = m.run(*world.via(hop, mode, sizes.connections), sizes.connections, sizes.part_bytes)
+                up.run = m.opener.run(*world.via(hop, mode, sizes.connections), sizes.connections, sizes.part_bytes)
                 up.run.versions()  # makes its client now, not while the first version is timed
-                m.actors[actor] = (region, up, Synced(up, up.coord or m.coordinator(), links.HOME))
+                m.actors[actor] = (region, up, Synced(up, up.coord or m.opener.coordinator(), links.HOME))
         if topo is not None:
             for name in links.depth_order(topo):
                 src = links.source_of(name, topo)

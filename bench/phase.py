@@ -128,6 +128,40 @@ class CommitOnly:
         self._announcer.commit(manifest)
 
 
+@dataclass(slots=True)
+class Opener:
+    """The clients one mode of a bench world opens, each closed by ``stack``: coordinators of one Redis
+    run id, runs with the mode's segment and shard sizes, object stores."""
+
+    stack: contextlib.ExitStack
+    redis_url: str
+    run_id: str
+    segment_bytes: int
+    shard_bytes: int
+
+    def coordinator(self) -> Coordinator:
+        c = Coordinator(self.redis_url, self.run_id)
+        self.stack.callback(c.close)
+        return c
+
+    def run(self, uri: str, options: dict[str, Any], concurrency: int, part_bytes: int) -> Run:
+        r = open_run(
+            uri,
+            storage_options=options,
+            concurrency=concurrency,
+            segment_bytes=self.segment_bytes,
+            shard_bytes=self.shard_bytes,
+            limits=Limits(part_bytes=part_bytes),
+        )
+        self.stack.callback(r.close)
+        return r
+
+    def store(self, uri: str, options: dict[str, Any], concurrency: int) -> ObjectStore:
+        s = ObjectStore(uri, options, concurrency=concurrency)
+        self.stack.callback(s.close)
+        return s
+
+
 class Phase:
     """Everything one mode opens (clients, coordinators, threads), closed in the right order by ``close``."""
 
@@ -137,6 +171,7 @@ class Phase:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.tracker = Tracker()
+        self.opener = Opener(self.stack, world.redis.url, f"transfer-{mode}", cfg.segment_bytes, cfg.shard_bytes)
 
     def close(self) -> None:
         """Stop and join the threads first, then close what they were using."""
@@ -147,28 +182,6 @@ class Phase:
 
     def start(self, name: str, fn: Callable[[], None]) -> None:
         self.threads.append(start_thread(name, fn, self.tracker))
-
-    def coordinator(self) -> Coordinator:
-        c = Coordinator(self.world.redis.url, f"transfer-{self.mode}")
-        self.stack.callback(c.close)
-        return c
-
-    def run(self, uri: str, options: dict[str, Any], concurrency: int, part_bytes: int) -> Run:
-        r = open_run(
-            uri,
-            storage_options=options,
-            concurrency=concurrency,
-            segment_bytes=self.cfg.segment_bytes,
-            shard_bytes=self.cfg.shard_bytes,
-            limits=Limits(part_bytes=part_bytes),
-        )
-        self.stack.callback(r.close)
-        return r
-
-    def store(self, uri: str, options: dict[str, Any], concurrency: int) -> ObjectStore:
-        s = ObjectStore(uri, options, concurrency=concurrency)
-        self.stack.callback(s.close)
-        return s
 
     def home_via(self, r: Region) -> tuple[str, dict[str, Any]]:
         """Home's run, as seen from region ``r``: through its link."""
@@ -181,12 +194,12 @@ class Phase:
 
     def relay(self, r: Region, part_bytes: int, *, via_link: bool = True) -> Relay:
         if via_link:
-            src = self.store(*self.home_via(r), self.cfg.connections)
+            src = self.opener.store(*self.home_via(r), self.cfg.connections)
         else:
-            src = self.store(*self.home_direct(), INTRA_CONCURRENCY)
-        dst = self.store(self.world.region_uri(r, self.mode), s3_options(r.server, 64), RELAY_OBJECTS)
+            src = self.opener.store(*self.home_direct(), INTRA_CONCURRENCY)
+        dst = self.opener.store(self.world.region_uri(r, self.mode), s3_options(r.server, 64), RELAY_OBJECTS)
         limits = Limits(part_bytes=part_bytes)
-        return Relay(src, dst, self.coordinator(), source_region="home", dest_region=r.name, limits=limits)
+        return Relay(src, dst, self.opener.coordinator(), source_region="home", dest_region=r.name, limits=limits)
 
 
 @dataclass(slots=True)
@@ -217,11 +230,11 @@ def bootstrap(phase: Phase) -> tuple[list[Actor], dict[str, float]]:
     for r in world.regions:
         for j in range(cfg.actors):
             if direct:
-                run = phase.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+                run = phase.opener.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
             else:
                 region = world.region_uri(r, mode), s3_options(r.server, 64)
-                run = phase.run(*region, INTRA_CONCURRENCY, INTRA_PART_BYTES)
-            coord = phase.coordinator()
+                run = phase.opener.run(*region, INTRA_CONCURRENCY, INTRA_PART_BYTES)
+            coord = phase.opener.coordinator()
             follows = "home" if direct else r.name
             name = f"{r.name}/a{j}"
             actors.append(Actor(name, follows, Updater(run, region=follows, coord=coord, worker_id=name), coord))
@@ -237,7 +250,7 @@ def bootstrap(phase: Phase) -> tuple[list[Actor], dict[str, float]]:
     boot["actors_warm_s"] = time.perf_counter() - t1
     if direct:  # from here on a direct actor reads home through its link, in parts of part_bytes as relays do
         for a, r in zip(actors, [r for r in world.regions for _ in range(cfg.actors)], strict=True):
-            a.updater.run = phase.run(*phase.home_via(r), cfg.connections, cfg.part_bytes)
+            a.updater.run = phase.opener.run(*phase.home_via(r), cfg.connections, cfg.part_bytes)
             a.updater.run.versions()  # makes its client now, not while the first version is timed
     return actors, boot
 

@@ -33,8 +33,8 @@ def run_mode(mode: str, world: World, work: Workload, cfg: Config, tick: Callabl
     full = mode == "full_relay"
     phase = Phase(mode, world, cfg)
     try:
-        coord = phase.coordinator()
-        trainer = phase.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
+        coord = phase.opener.coordinator()
+        trainer = phase.opener.run(*phase.home_direct(), INTRA_CONCURRENCY, INTRA_PART_BYTES)
         trainer.announcer = CommitOnly(coord, "home") if full else RegionAnnouncer(coord, "home")
         versions = phase.stack.enter_context(contextlib.closing(work.versions()))
         _, words = next(versions)
