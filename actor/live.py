@@ -116,7 +116,7 @@ class TensorWeights(TensorWords):
         it looks up at O(changed) as later ones do: built at that delta's first lookup instead, 12
         actors' indexes cost the four-regions world a 2.9 s stall at its first timed step. A lookup or
         a write of a tensor whose index is being built waits for it (its build lock)."""
-        todo = [(s.name, dtypes.dtype(s.dtype).exponent) for s in specs if dtypes.dtype(s.dtype).exponent.bits]
+        todo = [(s.name, e) for s in specs if (e := dtypes.dtype(s.dtype).exponent).bits]
         if not todo or not self.rank_index or not ranks.available(np.empty(0, np.uint16)):
             return
 

@@ -339,7 +339,7 @@ class Faults:
         wid = f"actor-{region}-inflated"
 
         def pose() -> None:
-            coord = Coordinator(f"redis://127.0.0.1:{self.redis.port}/0", self.run_id)
+            coord = Coordinator(self.redis.url, self.run_id)
             end = time.monotonic() + stay
             try:
                 coord.workers.register("actor", region, ttl_s=2.0, worker_id=wid)

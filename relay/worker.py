@@ -317,7 +317,7 @@ class Relay:
                         "relay",
                         self.dest_region,
                         worker_id=wid,
-                        info={"source": self.source.uri, "dest": self.dest.uri, "serving": True},
+                        info={**info, "serving": True},
                     )
                     last_scan, need_scan = time.monotonic(), False
                 coord.workers.heartbeat(wid)

@@ -308,7 +308,8 @@ class Leases:
         for job, thief in zip(overdue, proven_first, strict=False):  # one each: the thieves are idle
             self.pacing.strike(self.holder[job])
             moves.append((job, thief))
-        idle = [a for a in idle if a not in {t for _, t in moves}]
+        thieves = {t for _, t in moves}
+        idle = [a for a in idle if a not in thieves]
         for thief in idle:
             if not untaken:
                 break
