@@ -30,7 +30,7 @@ def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
 
 @pytest.mark.slow
 def test_results_above_the_inline_cap_go_by_reference_from_actors_in_other_processes() -> None:
-    out = coord.measure(coord.Config(rows="2x4x8192", steps=2, idle_s=1.0, procs=2))
+    out = coord.measure(coord.Config(rows="2x4x8192", steps=2, idle_s=3.0, procs=2))
     (row,) = out["rows"]
     assert row["processes"] == 2 and all(s["admitted"] == 4 for s in row["steps"])
     assert row["admission"]["by_reference"] == row["admission"]["results"]
