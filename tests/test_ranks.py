@@ -5,6 +5,8 @@ and rebuild it after any other write."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -204,3 +206,33 @@ def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_bu
     off = TensorWeights(rank_index=False)
     off.load(specs, words)
     assert off._warming is None and not off._ranks  # turned off: no build started, nothing built
+
+
+def test_actors_loading_together_while_the_kernels_load_each_build_every_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six actors of one process load at once, as the transfer bench's do, while the codec's kernels
+    are not loaded yet: the first to ask loads them and the others wait for it. (The others once got
+    None, took that for "no compiled kernels here", built no index, and the first delta of those actors
+    walked every tensor.)"""
+    from aurora_store.codec import kernels
+
+    rng = np.random.default_rng(6)
+    exponent = dtypes.dtype("BF16").exponent
+    specs = tuple(TensorSpec(n, "BF16", (16, ranks.CHUNK)) for n in ("a", "b"))
+    words = {s.name: random_words(rng, s.numel, np.dtype("<u2"), exponent, 20) for s in specs}
+    monkeypatch.setattr(kernels, "_KERNELS", None)
+    monkeypatch.setattr(kernels, "_READY", False)  # as in a process that has not used them yet
+    lives = [TensorWeights(rank_index=True) for _ in range(6)]
+    start = threading.Barrier(len(lives))
+
+    def load(live: TensorWeights) -> None:
+        start.wait()
+        live.load(specs, words)
+
+    threads = [threading.Thread(target=load, args=(live,)) for live in lives]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert kernels.get() is not None
+    for i, live in enumerate(lives):
+        assert live.warmed(120) and set(live._ranks) == {"a", "b"}, f"actor {i} built {sorted(live._ranks)}"

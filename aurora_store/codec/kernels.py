@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -381,6 +382,10 @@ class Kernels:
 
 _KERNELS: Kernels | None = None
 _READY = False
+_LOADING = threading.Lock()
+"""Held while the kernels compile or load: a caller that arrives meanwhile waits for them. (It once
+saw ``_READY`` set before they were there and took the numpy path: one actor of six bootstrapping in
+parallel threads built no rank index, and its first delta walked every tensor, 0.4 s more.)"""
 
 
 @contextlib.contextmanager
@@ -396,13 +401,19 @@ def disabled() -> Iterator[None]:
 
 
 def get() -> Kernels | None:
-    """The compiled kernels, or None (no numba, ``AURORA_CODEC_NUMPY`` set, or it cannot compile here)."""
+    """The compiled kernels, or None (no numba, ``AURORA_CODEC_NUMPY`` set, or it cannot compile here).
+    Thread-safe: the first caller compiles (or loads them from numba's cache), the others wait."""
     global _KERNELS, _READY
     if _READY:
         return _KERNELS
-    _READY = True
-    if os.environ.get("AURORA_CODEC_NUMPY"):
-        return None
+    with _LOADING:
+        if not _READY:
+            _KERNELS = None if os.environ.get("AURORA_CODEC_NUMPY") else _load()
+            _READY = True
+    return _KERNELS
+
+
+def _load() -> Kernels | None:
     try:
         import numba
 
@@ -440,8 +451,7 @@ def get() -> Kernels | None:
         k.rice_encode(i64(0), i64(), u8(), u8(), u8())
         for running in (False, True):
             k.rice_decode(u8(), u8(), i64(), u8(), LEAD, running, 1, i64(), i64(2))
-        _KERNELS = k
+        return k
     except Exception as exc:  # a numba that cannot compile here: the numpy paths give the same arrays
         log.warning("the codec's kernels did not compile (%s): coding with numpy, several times slower", exc)
-        _KERNELS = None
-    return _KERNELS
+        return None

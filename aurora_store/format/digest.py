@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -71,12 +72,17 @@ def _compile() -> Any:
 
 _KERNEL: Any = None
 _KERNEL_READY = False
+_KERNEL_LOADING = threading.Lock()
 
 
 def _kernel() -> Any:
+    """The compiled lane kernel or None; the first caller compiles (or loads) it, concurrent ones wait."""
     global _KERNEL, _KERNEL_READY
     if not _KERNEL_READY:
-        _KERNEL, _KERNEL_READY = _compile(), True
+        with _KERNEL_LOADING:
+            if not _KERNEL_READY:
+                _KERNEL = _compile()
+                _KERNEL_READY = True
     return _KERNEL
 
 
