@@ -108,6 +108,32 @@ def test_a_registration_claiming_any_throughput_gets_no_more_than_the_fleet_and_
     assert d.dropped["lease_lost"] <= 9
 
 
+def test_a_registration_whose_pushed_jobs_move_before_it_starts_one_is_backed_off(redis_server: Any) -> None:
+    """With stealing on (the default) the fake's unstarted jobs move to an idle actor after
+    ``UNPROVEN_STEAL_S``, long before a lease expires: that move backs it off as an expiry would, so the
+    next steps lease it nothing. (It got its share of every step again, and every step waited the
+    0.5 s: ``aurora bench dispatch``'s fake scenario ran steps of 0.91 s against 0.27 s fault-free.)"""
+    d = _dispatcher(redis_server.url, lease_s=30.0, backoff_s=30.0)
+    _actor(d, "a")
+    _actor(d, "fake", tau=1e12)
+    pacing = d.leases.pacing
+    for step in (1, 2, 3):
+        d.post(step, _prompts(16, step=step))
+        if step > 1:
+            assert _held(d, "fake") == 0, f"step {step}: backed off, it gets no lease"
+
+        def done(step: int = step) -> bool:
+            _serve(d, "a")
+            d._collect_once()
+            return len(d.admitted[step]) == 16
+
+        wait_for(done, f"step {step} admitted", timeout=20)
+        assert {a.actor for a in d.admitted[step].values()} == {"a"}
+        d.collect(step)
+        assert pacing.backed_off("fake") and not pacing.proven("fake")
+    assert d.dropped.get("lease_lost", 0) == 0, "moved before any lease expired"
+
+
 def test_the_share_split_caps_any_actor_and_backoff_doubles_until_a_result() -> None:
     from aurora_store.coord.schedule import capped_split
     from trainer.pacing import Pacing

@@ -317,6 +317,7 @@ class Leases:
             n = len(untaken[donor]) // 2  # a lone unstarted job stays: its holder starts it next
             if donor not in started:  # nor started, nor proven: it may never start them
                 n = len(untaken[donor])
+                self.pacing.strike(donor)  # and it gets no more until its backoff is over, then a probe
             if n == 0:
                 break
             moved, untaken[donor] = untaken[donor][-n:], untaken[donor][:-n]

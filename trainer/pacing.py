@@ -10,11 +10,12 @@ result admitted it counts for at most the mean of the measured actors (when none
 the lower median of the reports).
 
 An actor whose lease expires without a result (a fake that never takes its jobs, a hung engine
-behind a heartbeat that still beats) is backed off: no new lease for ``backoff_s``, doubling with
-every further expiry (up to :data:`BACKOFF_MAX_S`) and reset by its next admitted result. Until that
-result it holds at most one job at a time (a probe), and has no claim to its jobs not yet started.
-Liveness thus follows progress, not the heartbeat thread: a registration that beats and never
-delivers costs a lease's time and then less and less.
+behind a heartbeat that still beats), or that has delivered nothing and loses its jobs to an idle
+actor before it starts one (:class:`~trainer.leasing.Leases`), is backed off: no new lease for
+``backoff_s``, doubling with every further strike (up to :data:`BACKOFF_MAX_S`) and reset by its next
+admitted result. Until that result it holds at most one job at a time (a probe), and has no claim to
+its jobs not yet started. Liveness thus follows progress, not the heartbeat thread: a registration
+that beats and never delivers costs a lease's time and then less and less.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class Pacing:
         rec.until = 0.0
 
     def strike(self, actor: str) -> None:
-        """A lease of ``actor``'s expired without a result: back it off (once for the leases that expire
-        together: an expiry while it is backed off adds nothing)."""
+        """A lease of ``actor``'s expired without a result, or its jobs moved before it proved it works:
+        back it off (once for the leases that expire together: an expiry while it is backed off adds
+        nothing)."""
         if self.backoff_s <= 0 or self.backed_off(actor):
             return
         rec = self._record(actor)
