@@ -204,11 +204,11 @@ def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_afte
     jobs and never answers: its step used to wait a whole lease (30 s here). Once a job runs OVERDUE
     times the fleet's usual job (at least half a second), an idle proven actor takes it over, and the
     hung actor is backed off."""
-    from trainer.leasing import JOB_SAMPLES
+    from trainer.leasing import FIRST_SAMPLES
 
     d = _dispatcher(redis_server.url, lease_s=30.0, steal_after_s=0.3, backoff_s=30.0)
     _actor(d, "a")
-    n = JOB_SAMPLES // 4 + 1  # a's first job is no sample: it was not proven yet
+    n = FIRST_SAMPLES + 1  # a's first job is no sample: it was not proven yet
     d.post(1, _prompts(n))
     wait_for(lambda: (_serve(d, "a"), d._collect_once(), len(d.admitted[1]))[-1] == n, "step 1")
     assert d.leases.takeover_s() is not None
@@ -229,6 +229,33 @@ def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_afte
     assert time.monotonic() - t0 < 10, "a takeover, not a lease (30 s)"
     assert {a.actor for a in d.admitted[2].values()} == {"a"} and d.leases.stolen >= len(hung)
     assert d.leases.pacing.backed_off("hung") and d.dropped["lease_lost"] == 0
+
+
+def test_every_overdue_job_of_a_hung_holder_moves_at_once(redis_server: Any) -> None:
+    """The overdue jobs of a hung holder are dealt over the idle actors in one sweep, not one per idle
+    actor per sweep: the step then waits one takeover and one batch (``aurora bench dispatch``'s hung
+    scenario: its first step from 1.93 to 1.12 s)."""
+    from trainer.leasing import FIRST_SAMPLES
+
+    d = _dispatcher(redis_server.url, lease_s=30.0, backoff_s=30.0)
+    _actor(d, "a")
+    n = FIRST_SAMPLES + 1
+    d.post(1, _prompts(n))
+    wait_for(lambda: (_serve(d, "a"), d._collect_once(), len(d.admitted[1]))[-1] == n, "step 1")
+    d.collect(1)
+    _actor(d, "hung")
+    d.post(2, _prompts(12, step=2))
+    hung = d.board.take("hung", max_jobs=64, block_s=0)  # it starts its jobs, then hangs
+    assert len(hung) >= 3
+
+    def moved() -> bool:
+        _serve(d, "a")
+        d._collect_once()
+        return _held(d, "hung") < len(hung)
+
+    wait_for(moved, "the hung actor's jobs taken over", timeout=20)
+    assert _held(d, "hung") == 0 and d.leases.stolen == len(hung), "all of them in the sweep that took one"
+    wait_for(lambda: moved() or len(d.admitted[2]) == 12, "step 2 admitted")
 
 
 # ---------------------------------------------------------------- bug 5: payloads fetched before any check

@@ -255,10 +255,10 @@ class Leases:
     def takeover_s(self) -> float | None:
         """How long a started job of an unproven holder runs before an idle actor takes it over:
         :data:`OVERDUE` times the median of the last admitted jobs of proven actors, at least
-        :data:`UNPROVEN_STEAL_S`; None until :data:`JOB_SAMPLES` // 4 such jobs were admitted. An
+        :data:`UNPROVEN_STEAL_S`; None until :data:`FIRST_SAMPLES` such jobs were admitted. An
         honest newcomer three times slower than the fleet loses its probe jobs to it and adds
         nothing; a hung one costs its step that much, not a lease."""
-        if len(self.job_s) < JOB_SAMPLES // 4:
+        if len(self.job_s) < FIRST_SAMPLES:
             return None
         return max(UNPROVEN_STEAL_S, OVERDUE * statistics.median(self.job_s))
 
@@ -305,9 +305,9 @@ class Leases:
                     overdue.append(job)
         moves: list[tuple[str, str]] = []
         proven_first = sorted(idle, key=lambda a: not self.pacing.proven(a))
-        for job, thief in zip(overdue, proven_first, strict=False):  # one each: the thieves are idle
+        for i, job in enumerate(overdue):  # all of them at once, dealt over the idle (a thief batches them)
             self.pacing.strike(self.holder[job])
-            moves.append((job, thief))
+            moves.append((job, proven_first[i % len(proven_first)]))
         thieves = {t for _, t in moves}
         idle = [a for a in idle if a not in thieves]
         for thief in idle:
@@ -339,6 +339,10 @@ OVERDUE = 3.0
 """A started job of an unproven holder is taken over after this many times the fleet's median job."""
 JOB_SAMPLES = 64
 """Admitted jobs of proven actors whose durations make that median."""
+FIRST_SAMPLES = 4
+"""Admitted jobs of proven actors before any is taken over: few, so a hung engine in the fleet a run
+starts with costs the first step a few jobs' time too, not a lease (with 16, ``aurora bench dispatch``'s
+hung actor held the first step 2.45 s against 0.27 s: its fleet had not admitted 16 such jobs yet)."""
 UNPROVEN_STEAL_S = 0.5
 """How long an unstarted job of an unproven holder (no result admitted yet, or a lease lost since) waits
 before an idle actor may take it over: an actor waiting for work starts a pushed job within
