@@ -1,14 +1,17 @@
 """Relay worker: one destination region, fed cut-through from a source region.
 
-Segments are copied as soon as they are announced (before their manifest exists), each
-verified at the destination by reading it back; a version's manifest is written last,
-byte for byte the source's, only after every object it names is verified there; then the
-region's version advances in Redis. Crash-safe and idempotent: objects are written with
-put-if-absent and never rewritten, objects already present are verified and skipped, and
-on start the relay backfills every committed version the destination lacks. Announced
-segments are copied on a small pool of their own, so the segments of one version (a full
-checkpoint's shards, a large delta's segments) cross the WAN in parallel; a copy already in
-flight is waited for, never started twice. No torch.
+Segments are copied as soon as they are announced (before their manifest exists), each verified:
+the relay writes the bytes it checked against their hash, and reads back only an object another
+writer placed first. A version's manifest is written last, byte for byte the source's, only
+after every object it names is verified there; then the region's version advances in Redis. A
+commit that follows the relay's own last one costs one read across the link (the manifest, while
+the destination is checked for it) and one write: no listing, and the parent it links to is the
+manifest the relay wrote. Crash-safe and idempotent: objects are written with put-if-absent and
+never rewritten, objects already present are verified and skipped, and on start the relay
+backfills every committed version the destination lacks. Announced segments are copied on a
+small pool of their own, so the segments of one version (a full checkpoint's shards, a large
+delta's segments) cross the WAN in parallel; a copy already in flight is waited for, never
+started twice. No torch.
 
 What the relay remembers is bounded by the versions it may still need: objects it verified are
 kept by version only until that version is committed at the destination (versions commit in
