@@ -40,7 +40,7 @@ def render(result: dict[str, Any]) -> str:
         )
     churn = ", ".join(f"step {e['step']}: {e['kind']} {e['actor']}" for e in result["churn"]["events"]) or "none"
     targets = "".join(
-        f"<li>{'met' if t.get('met') else 'missed'}: {esc(t['definition'])} (value {t.get('value')})</li>"
+        f"<li>{'met' if t.get('met') else 'missed'}: {esc(t['definition'])} (value {_value(t.get('value'))})</li>"
         for t in result["targets"].values()
     )
     body = (
@@ -61,3 +61,8 @@ def write(result: dict[str, Any], path: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(render(result))
     return path
+
+
+def _value(v: object) -> str:
+    """A target's value as a reader wants it: four significant digits, not a float's seventeen."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
