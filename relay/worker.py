@@ -81,8 +81,8 @@ class Relay:
         self._committed = -1
         """The latest version committed at the destination (every one before it is committed or retired)."""
         self._last: Manifest | None = None
-        """The destination's manifest of ``_committed`` as this relay committed or read it: the parent
-        the next version is checked against without reading it back."""
+        """The destination's manifest of ``_committed`` as this relay committed or read it (set with it):
+        the parent the next version is checked against without reading it back."""
         self._ahead = ThreadPoolExecutor(1, thread_name_prefix="relay-manifest")
         """Reads a version's manifest across the link while the destination is checked."""
         self._inflight: dict[tuple[str, str], Future[None]] = {}
@@ -164,13 +164,14 @@ class Relay:
         if not self._is_committed(ident[0]):
             self._verified.setdefault(object_version(ident[0]), set()).add(ident)
 
-    def _committed_through(self, version: int) -> None:
-        """Every version up to ``version`` is committed at the destination: forget their objects."""
+    def _committed_through(self, m: Manifest) -> None:
+        """Every version up to ``m``'s is committed at the destination, ``m`` the latest of them: forget
+        their objects, and keep ``m`` as the parent the next version links to."""
         with self._lock:
-            if version <= self._committed:
+            if m.version < self._committed:
                 return
-            self._committed = version
-            for v in [v for v in self._verified if v is not None and v <= version]:
+            self._committed, self._last = m.version, m
+            for v in [v for v in self._verified if v is not None and v <= m.version]:
                 del self._verified[v]
 
     def _verify_dest(self, entry: Segment) -> None:
@@ -247,10 +248,7 @@ class Relay:
                 check_link(last if last is not None else self.dst.manifest(m.parent.version), m)
 
     def _advance(self, m: Manifest) -> None:
-        self._committed_through(m.version)
-        with self._lock:
-            if m.version >= self._committed:
-                self._last = m
+        self._committed_through(m)
         self._place_records(m.version)
         self.metrics.region_at(m.version)
         if self.coord is not None:
