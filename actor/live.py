@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from actor.stager import Base, Staged, Stager
 from aurora_store.codec import ranks
 from aurora_store.codec.base import Exponent, Lookup, Overlay, Words
 from aurora_store.device import TensorWords
 from aurora_store.errors import LayoutError
 from aurora_store.format import dtypes
-from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import from_words, to_words, torch_dtype, word_tensor
+from aurora_store.format.digest import Digest
+from aurora_store.format.manifest import Manifest, TensorSpec
+from aurora_store.format.weights import full_digest
+from aurora_store.tensors import from_words, to_words, torch_dtype, word_tensor, word_views
 
 log = logging.getLogger("aurora.actor")
 
@@ -46,6 +50,26 @@ class LiveWeights(Words, Protocol):
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         """Specs and words of every tensor (an O(model) copy; audits and tests only)."""
+
+    def digest(self) -> str:
+        """The weights digest of what they hold, computed where they live (O(model) work; audits and
+        ``--verify-live``)."""
+
+    @property
+    def stages_in_place(self) -> bool:
+        """Whether :meth:`stage_version` decodes deltas where the weights live (else the updater
+        decodes on the host against :meth:`at` and :meth:`locate`, and writes through :meth:`prepare`)."""
+
+    def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
+        """Decode delta ``m`` (its segments' verified bytes) against the held version ``base`` or
+        over the staging ``base`` (which it replaces), where the weights live; check its weights
+        digest; keep the changes staged there. Nothing live is written; on error nothing changes."""
+
+    def commit_staged(self, staged: Staged) -> None:
+        """Write ``staged`` into the live weights at the safe point (every rank, or none)."""
+
+    def drop_staged(self, staged: Staged) -> None:
+        """Forget ``staged`` without writing it."""
 
 
 class TensorWeights(TensorWords):
@@ -79,8 +103,11 @@ class TensorWeights(TensorWords):
         self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
         """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
         and the commit's positions, old and new words: made at the next lookup."""
+        self.stager = Stager(self)
+        """Versions staged against these tensors, in this process (:meth:`stage_version`)."""
 
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
+        self.stager.clear()
         with self._ranks_lock:
             self._ranks.clear()
             self._moves.clear()
@@ -110,6 +137,11 @@ class TensorWeights(TensorWords):
         """The lock under which tensor ``name``'s index is built and its words written."""
         with self._ranks_lock:
             return self._building.setdefault(name, threading.Lock())
+
+    def warm(self) -> None:
+        """Build every tensor's rank index in the background now (after the tensors were written
+        by something other than :meth:`load`, as a vLLM worker's are)."""
+        self._warm(to_specs(self.tensors))
 
     def _warm(self, specs: tuple[TensorSpec, ...]) -> None:
         """Build the rank index of every tensor in the background after a load, so the first delta after
@@ -179,17 +211,27 @@ class TensorWeights(TensorWords):
         return out
 
     def commit(self, prepared: object) -> None:
-        """Scatter, and leave each index its moves to make at its next lookup (off the safe point)."""
+        """Scatter, and leave each index its moves to make at its next lookup (off the safe point).
+
+        Tensors may share storage (views of one fused engine parameter share its version counter),
+        so every index is checked against the counters before any write and stamped with them after
+        all of them: an index of a tensor this commit did not write stays valid too."""
         assert isinstance(prepared, list)
+        written = {name for name, *_ in prepared}
+        with self._ranks_lock:
+            valid = {n: held for n, held in self._ranks.items() if held[1] == self.flat(n)._version}
         with torch.no_grad():
-            for name, flat, idx_t, val_t, was in prepared:
+            for name, flat, idx_t, val_t, _ in prepared:
                 with self._build_lock(name):  # an index being built (after a load) is finished first
-                    before = flat._version
                     flat[idx_t] = val_t
-                    with self._ranks_lock:
-                        held = self._ranks.pop(name, None)
-                        if held is not None and was is not None and held[1] == before:
-                            self._moves[name] = (held[0], flat._version, idx_t.numpy(), was, val_t.numpy())
+        with self._ranks_lock:
+            for name, flat, idx_t, val_t, was in prepared:
+                held = self._ranks.pop(name, None)
+                if held is not None and was is not None and valid.get(name) is held:
+                    self._moves[name] = (held[0], flat._version, idx_t.cpu().numpy(), was, val_t.cpu().numpy())
+            for name, held in valid.items():
+                if name not in written and self._ranks.get(name) is held:
+                    self._ranks[name] = (held[0], self.flat(name)._version)
 
     def discard(self, prepared: object) -> None:
         """Nothing to free: prepared tensors are ordinary objects."""
@@ -197,3 +239,29 @@ class TensorWeights(TensorWords):
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         specs, words = to_words({k: v.detach().cpu() for k, v in self.tensors.items()})
         return specs, {k: w.copy() for k, w in words.items()}
+
+    def digest(self) -> str:
+        specs, words = to_words({k: v.detach().cpu() for k, v in self.tensors.items()})
+        return full_digest(specs, words).hex()
+
+    # ------------------------------------------------------------ decoded where they live
+
+    stages_in_place = True
+
+    def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
+        token = uuid.uuid4().hex
+        on = base.token if isinstance(base, Staged) else base
+        version, version_hash, digest, changed, nbytes = self.stager.stage(token, on, m, data)
+        first = base.base_version if isinstance(base, Staged) else base.version
+        return Staged(token, first, version, version_hash, Digest.from_hex(digest), changed, nbytes)
+
+    def commit_staged(self, staged: Staged) -> None:
+        self.stager.commit(staged.token)
+
+    def drop_staged(self, staged: Staged) -> None:
+        self.stager.drop(staged.token)
+
+
+def to_specs(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorSpec, ...]:
+    """The specs of named tensors (no copy)."""
+    return word_views({n: t.detach() for n, t in tensors.items()})[0]

@@ -24,6 +24,7 @@ import torch
 from actor.config import SyncConfig
 from actor.live import LiveWeights, TensorWeights
 from actor.rwlock import ReadWriteLock
+from actor.stager import Base, Staged
 from actor.staging import Staging
 from aurora_store.bucket import catchup
 from aurora_store.bucket.run import Run, open_run
@@ -32,7 +33,6 @@ from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import CorruptError, LayoutError, MissingError, StoreError
 from aurora_store.format.digest import Digest
 from aurora_store.format.manifest import Manifest, TensorSpec
-from aurora_store.format.weights import full_digest
 
 log = logging.getLogger("aurora.actor")
 
@@ -85,7 +85,7 @@ class Updater:
         self.held: Held | None = None
         self.lock = ReadWriteLock()
         self._digest = Digest()
-        self._staged: Staging | None = None
+        self._staged: Staging | Staged | None = None
         self._prepared: tuple[Staging, object] | None = None
         """What ``live.prepare`` made of the staged changes, built while staging, off the apply path."""
         self._stage_lock = threading.Lock()
@@ -148,7 +148,7 @@ class Updater:
         assert self.held is not None
         return catchup.route(self.run.reader, self.held.version, target, self.specs)
 
-    def stage(self, target: int | None = None) -> Staging | None:
+    def stage(self, target: int | None = None) -> Staging | Staged | None:
         """Fetch, verify and decode up to ``target`` (latest when None) without touching live weights."""
         if self.held is None:
             raise StoreError("stage() needs a held version: call bootstrap() first")
@@ -158,6 +158,22 @@ class Updater:
             start = staged.version if staged is not None else self.held.version
             if target is None or target <= start:
                 return staged
+            try:
+                plan = (
+                    self.route(target)
+                    if staged is None
+                    else catchup.route(self.run.reader, staged.version, target, self.specs, cheapest=False)
+                )
+            except StoreError as exc:
+                self._refused(exc)
+                raise
+            deltas_only = all(m.kind == "delta" for m in plan)
+            if self.live.stages_in_place and deltas_only and not isinstance(staged, Staging):
+                return self._stage_in_place(staged, plan)
+            if isinstance(staged, Staged):  # staged in the engine, and the route goes on through a full version
+                self.live.drop_staged(staged)
+                self._staged = staged = None
+                plan = self.route(target)
             if staged is None:
                 staged = Staging(
                     self.held.version,
@@ -178,11 +194,6 @@ class Updater:
                 live=self.live,
             )
             try:
-                plan = (
-                    self.route(target)
-                    if staged.version == self.held.version
-                    else catchup.route(self.run.reader, staged.version, target, self.specs, cheapest=False)
-                )
                 for m in plan:
                     self._stage_one(work, m)
             except StoreError as exc:  # refused, and nothing recovered from it (a fallback read would have)
@@ -194,6 +205,34 @@ class Updater:
             self._prepared = None  # cleared first: a failing prepare must not leave a stale one behind
             self._prepared = (work, self.live.prepare(work.changes))
             return work
+
+    def _stage_in_place(self, staged: Staged | None, plan: list[Manifest]) -> Staged | None:
+        """Stage the deltas of ``plan`` inside the engine, each decoded where the weights live
+        (:meth:`~actor.live.LiveWeights.stage_version`): only their verified bytes go in. The whole
+        plan is staged or none is (the staging before it stays)."""
+        assert self.held is not None
+        base: Staged | Base = (
+            staged if staged is not None else Base(self.held.version, self.held.version_hash, self._digest.hex())
+        )
+        made: list[Staged] = []
+        try:
+            for m in plan:
+
+                def stage(run: Run, m: Manifest = m, on: Staged | Base = base) -> Staged:
+                    return self.live.stage_version(on, m, run.reader.fetch_all(m))
+
+                base = self._with_fallback(m, stage)
+                made.append(base)
+        except StoreError as exc:
+            self._refused(exc)
+            for s in made:
+                with contextlib.suppress(StoreError):
+                    self.live.drop_staged(s)
+            raise
+        for s in ([staged] if staged is not None else []) + made[:-1]:  # each kept a copy of the changes before it
+            self.live.drop_staged(s)
+        self._staged = made[-1]
+        return made[-1]
 
     def _stage_one(self, work: Staging, m: Manifest) -> None:
         if m.kind == "full":
@@ -241,6 +280,14 @@ class Updater:
             staged = self._staged
             if staged is None or self.held is None or staged.version == self.held.version:
                 return None
+            if isinstance(staged, Staged):  # decoded and checked in the engine: only the write is left
+                with self.lock.write():
+                    self.live.commit_staged(staged)
+                    self._digest = staged.digest
+                    self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
+                self._staged = None
+                self._tell_applied(staged.version, staged.version_hash)
+                return self.held
             # everything that can fail has been checked while staging or is done by prepare()
             ready = self._prepared
             prepared = ready[1] if ready is not None and ready[0] is staged else self.live.prepare(staged.changes)
@@ -251,19 +298,22 @@ class Updater:
                 self._digest = staged.digest
                 self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
             self._staged = self._prepared = None
-            if self.coord is not None:
-                with contextlib.suppress(CoordinationError):
-                    self.coord.workers.update(self.worker_id, version=staged.version, version_hash=staged.version_hash)
+            self._tell_applied(staged.version, staged.version_hash)
             return self.held
+
+    def _tell_applied(self, version: int, version_hash: str) -> None:
+        if self.coord is not None:
+            with contextlib.suppress(CoordinationError):
+                self.coord.workers.update(self.worker_id, version=version, version_hash=version_hash)
 
     # ------------------------------------------------------------ checks
 
     def live_digest(self) -> str:
-        """The digest of the live weights, computed from scratch (O(model)); for audits and tests."""
+        """The digest of the live weights, computed from scratch where they live (O(model) work there,
+        only the digest crossing to this process); for audits, tests and ``--verify-live``."""
         with self.lock.read():
-            specs, words = self.live.snapshot()
-        return full_digest(specs, words).hex()
+            return self.live.digest()
 
     @property
-    def staged(self) -> Staging | None:
+    def staged(self) -> Staging | Staged | None:
         return self._staged

@@ -224,7 +224,7 @@ def wire(ranks: Ranks) -> Runner:
     return run
 
 
-@pytest.mark.parametrize(("tp", "over_wire"), [(1, False), (2, False), (2, True)])
+@pytest.mark.parametrize(("tp", "over_wire"), [(1, False), (1, True), (2, False), (2, True)])
 def test_updater_keeps_fused_weights_at_each_published_version(tp: int, over_wire: bool) -> None:
     run = aurora_store.open_run(f"memory://aurora-tests/{uuid.uuid4().hex}/run", full_every=4, segment_bytes=4096)
     hist = [hf()]

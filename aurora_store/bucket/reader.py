@@ -344,6 +344,11 @@ class Reader:
         self._check(seg, _sha256(data))
         return data
 
+    def fetch_all(self, m: Manifest) -> list[memoryview]:
+        """The verified bytes of every segment of ``m``, in manifest order, fetched in parallel (what an
+        engine that decodes where its weights live is handed)."""
+        return list(self.store.map(self.fetch, m.segments))
+
     def fetch_then(self, seg: Segment, use: Callable[[memoryview], T]) -> T:
         """``use(bytes of seg)``, run while their SHA-256 is computed beside it; its result is
         returned only once the hash matches the manifest (a mismatch is the error reported, even

@@ -40,11 +40,14 @@ import contextlib
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aurora_store.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from actor.live import TensorWeights
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +95,11 @@ class WorkerTensors(Mapping[str, torch.Tensor]):
         self._kernels = {k: list(v) for k, v in (kernels or {}).items()}
         self.last_commit: dict[str, float] = {}
         """Seconds the last staged write spent scattering and rebuilding (the worker ops set it)."""
+        self.hf: TensorWeights | None = None
+        """This rank's tensors under HF names, views of the parameters above, with the versions
+        staged against them (bound by the worker op ``bind`` after each load)."""
+        self.hf_params: dict[str, str] = {}
+        """HF name -> the parameter its view is of."""
 
     @classmethod
     def of(cls, model: torch.nn.Module, *, processed: bool | None = None) -> WorkerTensors:

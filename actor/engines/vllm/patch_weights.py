@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from actor.engines.vllm.transfer import patch_values
+from actor.stager import Base, Staged
 from aurora_store.codec import words as host
 from aurora_store.codec.base import Lookup, Overlay
-from aurora_store.errors import LayoutError, StoreError
-from aurora_store.format.manifest import TensorSpec
+from aurora_store.errors import LayoutError, StoreError, UnsupportedError
+from aurora_store.format.manifest import Manifest, TensorSpec
+from aurora_store.format.weights import full_digest
 
 Push = Callable[..., None]
 """``push(op, *args)``: one ``update_weights`` call of the aurora backend on every worker."""
@@ -147,6 +149,23 @@ class VllmPatchWeights:
         token, _ = _prepared(prepared)
         if token is not None:
             self.push("patch_drop", token)
+
+    def digest(self) -> str:
+        if not self.words:
+            raise StoreError("vLLM live weights hold no version yet: load() one first")
+        return full_digest(self.specs, self.words).hex()
+
+    stages_in_place = False
+    """vLLM's loaders place every change here, from host words: versions are decoded on the host."""
+
+    def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
+        raise UnsupportedError("the patches mode decodes versions on the host (stages_in_place is False)")
+
+    def commit_staged(self, staged: Staged) -> None:
+        raise UnsupportedError("the patches mode stages nothing in the engine")
+
+    def drop_staged(self, staged: Staged) -> None:
+        raise UnsupportedError("the patches mode stages nothing in the engine")
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         """The host copy (vLLM's parameters cannot be read back in HF coordinates for this layout)."""

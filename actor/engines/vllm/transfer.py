@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 BACKEND = "aurora"
 MODES = ("mapped", "patches")
-WRITE_OPS = ("stage", "commit", "drop", "write")
+WRITE_OPS = ("stage", "commit", "drop", "write", "vcommit")
 """Worker ops of :mod:`actor.engines.vllm.weights` that write; reads still go through the worker extension."""
 PATCH_OPS = ("patch_stage", "patch_commit", "patch_drop")
 

@@ -24,11 +24,31 @@ import torch
 
 from actor.engines.vllm.kernels import WorkerTensors, worker_tensors
 from actor.engines.vllm.layout import VOCAB_PADDING, Geometry, VllmLayout, narrow
+from actor.live import TensorWeights
+from actor.stager import Base, Staged
+from aurora_store import errors
 from aurora_store.codec import words as host
 from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
-from aurora_store.format.manifest import TensorSpec
-from aurora_store.tensors import torch_dtype, word_tensor, word_view
+from aurora_store.format.digest import Digest
+from aurora_store.format.manifest import Manifest, TensorSpec
+from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.format.weights import full_digest
+from aurora_store.tensors import to_words, torch_dtype, word_tensor, word_view
+
+_ERRORS: dict[str, type[StoreError]] = {
+    c.__name__: c
+    for c in (
+        errors.CorruptError,
+        errors.LimitError,
+        errors.ChainError,
+        errors.MissingError,
+        errors.LayoutError,
+        errors.UnsupportedError,
+        errors.UnauthenticatedError,
+    )
+}
+"""The store's errors a rank may answer with, by name (anything else is a :class:`StoreError`)."""
 
 Runner = Callable[[str, tuple[Any, ...]], list[Any]]
 """``runner(op, args)``: run worker op ``op`` with ``args`` on every TP rank; one result per rank."""
@@ -129,7 +149,87 @@ def op_dump(rank: int, params: Params, stash: dict[str, Any], plan: list[list[st
     return rank, out
 
 
+# ------------------------------------------------ versions decoded where the weights live (tp = 1)
+
+
+def op_bind(
+    rank: int, params: Params, stash: dict[str, Any], specs: list[list[Any]], geometry: list[Any], vocab_padding: int
+) -> tuple[int, None]:
+    """Hold this rank's tensors under HF names, as views of its parameters (the layout of ``specs``),
+    to stage versions against: after every load, whose writes it follows (its rank indexes are
+    rebuilt from the new words in the background)."""
+    specs_ = tuple(TensorSpec(str(n), str(d), tuple(int(x) for x in shape)) for n, d, shape in specs)
+    layout = VllmLayout(specs_, Geometry(*geometry), 1, vocab_padding=vocab_padding)
+    views = {}
+    for s in layout.specs:
+        rule = layout.rule(s.name)
+        p = params[rule.param]
+        if p.dtype != torch_dtype(s) or not p.is_contiguous():
+            raise LayoutError(
+                f"rank {rank}: {rule.param} is {p.dtype}, contiguous {p.is_contiguous()}; {s.name} is {s.dtype}"
+            )
+        views[s.name] = p.narrow(0, rule.offset, s.shape[0]) if rule.dim == 0 else p
+        if tuple(views[s.name].shape) != s.shape:
+            raise LayoutError(f"rank {rank}: {s.name} {list(s.shape)} does not fit {rule.param} {list(p.shape)}")
+    if params.hf is not None:
+        params.hf.stager.clear()
+    params.hf = TensorWeights(views, device=next(iter(views.values())).device if views else "cpu")
+    params.hf.warm()
+    params.hf_params = {s.name: layout.rule(s.name).param for s in layout.specs}
+    return rank, None
+
+
+def _hf(rank: int, params: Params) -> TensorWeights:
+    if params.hf is None:
+        raise StoreError(f"rank {rank} holds no version to stage against: load one first")
+    return params.hf
+
+
+def op_vstage(
+    rank: int, params: Params, stash: dict[str, Any], token: str, base: Any, manifest: bytes, data: list[bytes]
+) -> tuple[int, Any]:
+    """Decode a delta's segments against this rank's weights and keep it staged under ``token``
+    (:class:`~actor.stager.Stager`): the version, its hash and digest, elements changed and bytes held;
+    or ``{"error": [kind, message]}``, nothing staged."""
+    try:
+        m = parse_manifest(bytes(manifest), what="the staged manifest")
+        on = base if isinstance(base, str) else Base(int(base[0]), str(base[1]), str(base[2]))
+        return rank, list(_hf(rank, params).stager.stage(token, on, m, data))
+    except Exception as exc:  # returned, not raised: every rank answers, and the actor drops the rest
+        return rank, {"error": [type(exc).__name__, f"rank {rank}: {exc}"]}
+
+
+def op_vcommit(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
+    """Write what ``token`` staged into the parameters, then rebuild what the engine derived from them."""
+    hf = _hf(rank, params)
+    t0 = time.perf_counter()
+    names = hf.stager.commit(token)
+    if any(t.is_cuda for t in hf.tensors.values()):
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    params.written({params.hf_params[n] for n in names})
+    params.last_commit = {"scatter_s": t1 - t0, "rebuild_s": time.perf_counter() - t1}
+    return rank, None
+
+
+def op_vdrop(rank: int, params: Params, stash: dict[str, Any], token: str) -> tuple[int, None]:
+    if params.hf is not None:
+        params.hf.stager.drop(token)
+    return rank, None
+
+
+def op_digest(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, str]:
+    """The weights digest of this rank's tensors, computed here: O(model) work, one string back."""
+    specs, words = to_words(_hf(rank, params).tensors)
+    return rank, full_digest(specs, words).hex()
+
+
 OPS: dict[str, Callable[..., tuple[int, Any]]] = {
+    "bind": op_bind,
+    "vstage": op_vstage,
+    "vcommit": op_vcommit,
+    "vdrop": op_vdrop,
+    "digest": op_digest,
     "describe": op_describe,
     "gather": op_gather,
     "stage": op_stage,
@@ -235,6 +335,8 @@ class VllmWeights:
         self.after_write = after_write
         self.batch_bytes = batch_bytes
         self.layout: VllmLayout | None = None
+        self.bytes_in = 0
+        """Bytes of manifests and segments handed to the workers to stage versions, since start."""
 
     def _run(self, op: str, *args: Any) -> list[Any]:
         """Results of ``op`` in rank order, checked to come from each rank exactly once."""
@@ -299,6 +401,10 @@ class VllmWeights:
         if batch:
             self._run("write", batch)
         self.layout = layout
+        if self.stages_in_place:
+            spec_list = [[sp.name, sp.dtype, list(sp.shape)] for sp in layout.specs]
+            g = self.geometry
+            self._run("bind", spec_list, [g.num_heads, g.num_kv_heads, g.head_dim, g.tied], self.vocab_padding)
         self._written()
 
     def at(self, name: str, index: np.ndarray) -> np.ndarray:
@@ -354,6 +460,56 @@ class VllmWeights:
         assert isinstance(prepared, _Prepared)
         if prepared.token is not None:
             self._run("drop", prepared.token)
+
+    # ------------------------------------------------------------ decoded where the weights live
+
+    @property
+    def stages_in_place(self) -> bool:
+        """On one rank, versions are decoded inside the worker against its own parameters. Over
+        several ranks each rank would need the class counts of the others' slices of a tensor
+        (docs/ARCHITECTURE.md, "Decoding under tensor parallelism"): not built, so the actor decodes on
+        the host against words it gathers from the ranks (:meth:`locate`: O(model) over the RPC)."""
+        return self.tp_size == 1
+
+    def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
+        """The delta's manifest and segment bytes go to every rank, which decodes, checks and keeps it
+        (worker op ``vstage``); a failure on any rank drops what every rank staged."""
+        self._need()
+        if not self.stages_in_place:
+            raise errors.UnsupportedError(f"versions are not decoded inside {self.tp_size} tensor-parallel ranks")
+        token = uuid.uuid4().hex
+        on: Any = base.token if isinstance(base, Staged) else [base.version, base.version_hash, base.digest]
+        manifest, segments = m.to_bytes(), [bytes(d) for d in data]
+        self.bytes_in += len(manifest) + sum(len(d) for d in segments)
+        answers = self._run("vstage", token, on, manifest, segments)
+        failed = [a["error"] for a in answers if isinstance(a, dict)]
+        if failed or len({tuple(a) for a in answers}) != 1:
+            with contextlib.suppress(Exception):
+                self._run("vdrop", token)
+            if not failed:
+                raise StoreError(f"version {m.version}: the ranks staged different versions: {answers}")
+            kind, message = failed[0]
+            raise _ERRORS.get(str(kind), StoreError)(f"version {m.version}: {message}")
+        version, version_hash, digest, changed, nbytes = answers[0]
+        first = base.base_version if isinstance(base, Staged) else base.version
+        digest_ = Digest.from_hex(str(digest))
+        return Staged(token, first, int(version), str(version_hash), digest_, int(changed), int(nbytes))
+
+    def commit_staged(self, staged: Staged) -> None:
+        self._run("vcommit", staged.token)
+        self._written()
+
+    def drop_staged(self, staged: Staged) -> None:
+        self._run("vdrop", staged.token)
+
+    def digest(self) -> str:
+        """The weights digest of what the engine holds, computed inside it (O(model) work there,
+        nothing but the digest crossing); the gathered snapshot where versions are not decoded there."""
+        if not self.stages_in_place:
+            specs, words = self.snapshot()
+            return full_digest(specs, words).hex()
+        self._need()
+        return str(self._run("digest")[0])
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         layout = self._need()

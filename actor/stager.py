@@ -1,0 +1,181 @@
+"""Versions staged where the weights live: one rank's decode, check and safe-point write.
+
+A :class:`Stager` holds the live weights of one rank (the torch engine's parameters in the actor's
+own process, or a vLLM worker's, reached there by the worker ops of
+:mod:`actor.engines.vllm.weights`) and stages versions against them. It is handed a delta's manifest
+and its segments' verified bytes, and decodes them with the codec against those weights and what it
+has already staged over them (:class:`~actor.staging.Staging`: the staged words laid over the live
+ones), checks the weights digest the version would have, keeps the changed words and their write
+prepared (O(changed)), and writes them in place when told to at the safe point. What goes in is the
+version's bytes; what comes out is a digest and a count: nothing O(model) crosses, and no copy of the
+model is made. A failed stage leaves the staging it extended, and the live weights, as they were.
+
+The actor's :class:`~actor.updater.Updater` drives one ``Stager`` per rank through its live weights'
+``stage_version`` / ``commit_staged`` / ``drop_staged`` (:class:`~actor.live.LiveWeights`), with the
+handle :class:`Staged`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from actor.staging import Staging
+from aurora_store.codec.base import Words
+from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format.blocks import DecodedBlock, decode_block
+from aurora_store.format.digest import Digest
+from aurora_store.format.manifest import Manifest
+
+MAX_DECODED_BYTES = 1 << 30
+"""A block may decode to at most this many bytes (the readers' default cap)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """The version the live weights hold: where a staging chain starts."""
+
+    version: int
+    version_hash: str
+    digest: str
+    """Its weights digest (hex)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A version staged inside an engine, as the actor knows it: the engine keeps the changed words
+    under ``token``; the actor keeps what it must check and report."""
+
+    token: str
+    base_version: int
+    version: int
+    version_hash: str
+    digest: Digest
+    changed: int
+    """Elements that differ from the held version."""
+    nbytes: int
+    """What the engine holds for it (positions and words, on every rank)."""
+    full: None = None
+    """Never a full version (those take the host pass: :class:`~actor.staging.Staging`)."""
+
+
+class Writable(Words, Protocol):
+    """What a stager needs of one rank's live weights: their words (to decode against) and an in-place
+    write in two halves (:class:`~actor.live.TensorWeights` provides them)."""
+
+    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+        """Everything the write of ``changes`` needs; may fail."""
+        ...
+
+    def commit(self, prepared: object) -> None:
+        """The write itself; must not fail."""
+        ...
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="aurora-stage")
+        return _POOL
+
+
+class Stager:
+    """Stages versions against one rank's live weights (:class:`~actor.live.TensorWeights`, which
+    hold the rank's tensors under HF names: views of an engine's own parameters, or the
+    parameters themselves) and writes them in place at the safe point."""
+
+    def __init__(self, live: Writable, *, max_decoded_bytes: int = MAX_DECODED_BYTES) -> None:
+        self.live = live
+        self.max_decoded_bytes = max_decoded_bytes
+        self._staged: dict[str, tuple[Staging, object]] = {}
+        self._lock = threading.Lock()
+
+    def stage(
+        self, token: str, base: str | Base, m: Manifest, data: Sequence[bytes | memoryview]
+    ) -> tuple[int, str, str, int, int]:
+        """Stage delta ``m`` (its segments' verified bytes ``data``, in manifest order) on top of the
+        staging ``base`` names or of the held version ``base``, under ``token``. Returns the version,
+        its hash, its weights digest (hex), the elements changed since the held version and the bytes
+        the staging holds. On any error nothing staged changes."""
+        with self._lock:
+            if isinstance(base, str):
+                got = self._staged.get(base)
+                if got is None:
+                    raise StoreError(f"no version is staged here under {base!r} to stage version {m.version} on")
+                prev = got[0]
+                work = Staging(
+                    prev.base_version,
+                    prev.base_hash,
+                    prev.version,
+                    prev.version_hash,
+                    prev.digest.copy(),
+                    dict(prev.changes),
+                    live=self.live,
+                )
+            else:
+                work = Staging(
+                    base.version,
+                    base.version_hash,
+                    base.version,
+                    base.version_hash,
+                    Digest.from_hex(base.digest),
+                    live=self.live,
+                )
+        if m.kind != "delta":
+            raise StoreError(f"version {m.version} is a full version: it is loaded, not staged in place")
+        if len(data) != len(m.segments):
+            raise CorruptError(f"version {m.version}: {len(data)} segments given, the manifest lists {len(m.segments)}")
+        for seg, got_bytes in zip(m.segments, data, strict=True):
+            if len(got_bytes) != seg.size:
+                raise CorruptError(f"{seg.key}: {len(got_bytes)} bytes given, the manifest says {seg.size}")
+
+        def decode(i: int) -> list[DecodedBlock]:
+            seg, view = m.segments[i], memoryview(data[i])
+            return [
+                decode_block(m, seg, b_i, view, seg.key, self.max_decoded_bytes, work) for b_i in range(len(seg.blocks))
+            ]
+
+        blocks = [b for part in _pool().map(decode, range(len(m.segments))) for b in part]
+        work.add_version(m, blocks)  # the digest check: raises before anything is kept
+        prepared = self.live.prepare(work.changes)
+        with self._lock:
+            self._staged[token] = (work, prepared)
+        return work.version, work.version_hash, work.digest.hex(), work.changed, work.nbytes
+
+    def commit(self, token: str) -> list[str]:
+        """Write what ``token`` staged into the live weights (the safe point); every other staging,
+        made over the weights before it, is dropped. Returns the names of the tensors written."""
+        with self._lock:
+            got = self._staged.pop(token, None)
+            if got is None:
+                raise StoreError(f"no version is staged here under {token!r}")
+            self._staged.clear()
+        work, prepared = got
+        self.live.commit(prepared)
+        return [name for name, (idx, _) in work.changes.items() if idx.size]
+
+    def drop(self, token: str) -> None:
+        """Forget what ``token`` staged (nothing was written)."""
+        with self._lock:
+            self._staged.pop(token, None)
+
+    def clear(self) -> None:
+        """Forget everything staged (the live weights were overwritten)."""
+        with self._lock:
+            self._staged.clear()
+
+    @property
+    def tokens(self) -> list[str]:
+        with self._lock:
+            return list(self._staged)
