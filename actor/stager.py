@@ -28,7 +28,7 @@ import numpy as np
 
 from actor.staging import Staging
 from aurora_store.codec.base import Words
-from aurora_store.errors import CorruptError, StoreError
+from aurora_store.errors import ChainError, CorruptError, StoreError
 from aurora_store.format.blocks import DecodedBlock, decode_block
 from aurora_store.format.digest import Digest
 from aurora_store.format.manifest import Manifest
@@ -134,6 +134,8 @@ class Stager:
                 )
         if m.kind != "delta":
             raise StoreError(f"version {m.version} is a full version: it is loaded, not staged in place")
+        if m.parent is None or (m.parent.version, m.parent.version_hash) != (work.version, work.version_hash):
+            raise ChainError(f"version {m.version} does not follow version {work.version}, which it would be staged on")
         if len(data) != len(m.segments):
             raise CorruptError(f"version {m.version}: {len(data)} segments given, the manifest lists {len(m.segments)}")
         for seg, got_bytes in zip(m.segments, data, strict=True):

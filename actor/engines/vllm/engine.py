@@ -298,6 +298,11 @@ class VllmEngine:
         vLLM derived from them (on its CPU build, the packed GEMM kernels of every touched layer)."""
         return [t for _, t in sorted(self._rpc("last_commit", ()), key=lambda r: r[0])]
 
+    def rebuild_all(self) -> list[float]:
+        """Per rank, seconds to re-run vLLM's post-load processing of every layer on the weights it holds:
+        on its CPU build, the repack of every packed GEMM weight (what any write costs at least there)."""
+        return [float(t) for _, t in sorted(self._rpc("rebuild", ()), key=lambda r: r[0])]
+
     def applied(self, version: int, version_hash: str) -> None:
         """Tell vLLM which version its weights are at (its ``get_weight_version()``)."""
         setter = getattr(self.llm, "update_weight_version", None)
