@@ -12,8 +12,9 @@ that fell behind catches up by deltas and becomes eligible again once it holds t
 version or the one before.
 
 Nothing polls: one listener thread (:mod:`actor.wakeups`) blocks on this actor's inbox, its
-region's commits and the trainer's notices; the heartbeat beats every third of its TTL; and a
-check every ``--check-s`` is the safety net under a lost wake-up.
+region's commits and the trainer's notices; the heartbeat beats every third of its TTL; the
+leases of the jobs it runs are renewed while they run (:mod:`actor.renewals`), so a batch longer
+than a lease keeps them; and a check every ``--check-s`` is the safety net under a lost wake-up.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from actor.engines.base import Completion
 from actor.identity import Identity
 from actor.metrics import ActorMetrics
 from actor.outbox import Outbox
+from actor.renewals import Renewer
 from actor.rewards import RewardPool
 from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
@@ -97,6 +99,8 @@ class Worker:
             board=self.board,
             on_notices=self.outbox.told,
         )
+        self.renewer = Renewer(self.board, self.wid, max_period_s=cfg.rollout.heartbeat_s / 3)
+        """The leases this actor holds, renewed while their jobs run."""
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
         self.broken: str | None = None
@@ -120,6 +124,7 @@ class Worker:
         """Stop the loops (a signal, or the trainer refusing this actor's results): every waiter wakes."""
         self.stop.set()
         self.wake.poke()
+        self.renewer.stop()
 
     def _wait_for_version(self) -> int:
         while not self.stop.is_set():
@@ -412,6 +417,7 @@ class Worker:
         threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True).start()
         threading.Thread(target=self._stager, name="stager", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self.renewer.run, args=(self.stop,), name="renewer", daemon=True).start()
         self.wake.kick.set()  # take whatever is waiting already
         while not self.stop.is_set():
             try:
@@ -422,6 +428,7 @@ class Worker:
                 if self.stop.is_set():
                     break
                 leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0)
+                self.renewer.hold(leases)
                 if leases:
                     self.busy.set()
                     self.serve(leases)

@@ -199,6 +199,40 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     assert held and all(by_job[j] == "fast" for j in held), "what the killed actor held was redone by the live one"
 
 
+def test_a_batch_longer_than_its_lease_keeps_it_and_a_paused_holder_loses_it(loop: Loop) -> None:
+    """A holder renews the leases of the jobs it runs: batches three and more times ``--lease-s`` long are
+    admitted under the one lease each job got; once the holder stops (SIGSTOP: no heartbeat, no renewal)
+    its jobs expire a lease later and another actor does them."""
+    lease_ms = 2000
+    trainer = loop.trainer("--steps", "3", "--lease-s", str(lease_ms / 1000))
+    # ~20-40 ms of generation a batch here, x300: 6-12 s, three to six leases (longer under load)
+    slow = loop.actor("slow", "--slowdown", "300", "--batch", str(PROMPTS))
+    wait_for(lambda: len(loop.steps()) >= 2, "two steps on the slow actor alone", 600)
+    assert loop.steps()[1]["dropped"].get("lease_lost", 0) == 0, loop.steps()[1]
+    first = {j: h for j, h in loop.jobs().items() if h.get("step") in ("1", "2")}
+    assert len(first) == 2 * PROMPTS and all(h["leases"] == "1" for h in first.values()), first
+    held_ms = [int(h["admitted_ms"]) - int(h["taken_ms"]) for h in first.values()]
+    assert all(int(h.get("renewals", 0)) >= 1 for h in first.values())
+    assert max(held_ms) >= 3 * lease_ms, f"a batch outlived three leases: {held_ms} ms"
+
+    def slow_busy() -> set[str]:
+        return {
+            j
+            for j, h in loop.jobs().items()
+            if h.get("step") == "3" and h.get("actor") == "slow" and h.get("taken_token") == h.get("token")
+        }
+
+    wait_for(lambda: bool(slow_busy()), "the slow actor to be mid-batch in step 3", 300)
+    slow.send_signal(signal.SIGSTOP)
+    held = slow_busy()
+    loop.actor("fast")
+    loop.finish(trainer, "trainer", timeout=300)
+    _check_exactly_once(loop, 3)
+    assert loop.steps()[-1]["dropped"].get("lease_lost", 0) >= 1, "the paused holder's leases expired"
+    by_job = {a["job"]: a["actor"] for a in _admitted(loop)}
+    assert all(by_job[j] == "fast" for j in held), "what the paused actor held was redone by the live one"
+
+
 def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) -> None:
     """In a signed run: the keys reach every role from the environment, as PEM text. With a rollout
     correction, which keeps measuring the engine/trainer gap across the restart."""

@@ -155,7 +155,12 @@ class ScheduleConfig:
     """Leases and the throughput-proportional split of each step's prompts."""
 
     lease_s: Annotated[float, SECONDS] = 30.0
-    """Job lease length in seconds; an expired lease is given to another actor."""
+    """Job lease length in seconds; an expired lease is given to another actor. An actor renews the leases
+    of the jobs it is running, so a batch longer than this keeps them while its holder lives; one that stops
+    renewing (killed, paused, cut off) loses them a lease after its last renewal."""
+    max_hold_s: Annotated[float, SECONDS] = 1800.0
+    """How long in all an actor may keep renewing a lease, in seconds: a batch still running then is leased
+    again (a hung engine behind a living process holds its jobs no longer)."""
     alpha: Annotated[float, Range(gt=0, le=1)] = 0.5
     """Share multiplier for an actor that rejoined, until it finishes a batch (in (0, 1])."""
     sweep_s: Annotated[float, SECONDS] = 0.25
@@ -316,14 +321,12 @@ REAL_RECIPE: dict[str, Any] = {
     "optim.lr": 1e-4,
     "optim.rollout_correction": "tis",
     "reward.reward": "math",
-    "schedule.lease_s": 300.0,
     "optim.micro_batch_tokens": 2048,
 }
 """``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores,
 where the trainer's step (forward, backward and the rollout correction's forward over 24 sequences) takes
 most of a step's minute. The engines share the cores (a core each; this machine's AVX2 has no BF16 GEMM),
-so a batch takes tens of seconds: leases are 300 s, or a slow actor's batch would be leased again before it
-ends and its results dropped as stale."""
+so a batch takes tens of seconds, longer than a lease: its actor renews the leases while it runs."""
 
 REAL_DEMO: dict[str, Any] = {"engine": "vllm", "slowdowns": "1,1,1", "actors": "home,eu"}
 """``aurora demo-real``'s demo options: two vLLM actors (home's and eu's; ap still gets every version by its

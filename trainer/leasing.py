@@ -62,6 +62,8 @@ class Leases:
         """Leased, unadmitted job -> when this trainer leased it (its monotonic clock)."""
         self.job_s: deque[float] = deque(maxlen=JOB_SAMPLES)
         """How long the last admitted jobs of proven actors took, from lease to admission."""
+        self.first_job_s: deque[float] = deque(maxlen=JOB_SAMPLES)
+        """The same for the first jobs of actors (not proven when admitted): what a run's first step has."""
         self.closed: set[int] = set()
         """Steps whose results were collected: nothing more is admitted for them."""
         self.pacing = Pacing(backoff_s=schedule.backoff_s, sweep_s=schedule.sweep_s)
@@ -150,7 +152,9 @@ class Leases:
             for _ in range(n):
                 job, (step, prompt) = next(it)
                 items.append((job, actor, prompt.to_dict(), step))
-        tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
+        tokens = self.board.lease_many(
+            items, version=version, lease_s=self.schedule.lease_s, hold_s=self.schedule.max_hold_s
+        )
         for (job, actor, _, _), token in zip(items, tokens, strict=True):  # only once leased: a Redis failure
             del self.pending[job]  # leaves them all pending
             self._leased(job, actor, token)
@@ -187,8 +191,8 @@ class Leases:
         """``job``'s result, ``tokens`` completion tokens by ``actor``, was admitted: its lease is done,
         and ``actor`` measured."""
         at = self.leased_at.get(job)
-        if at is not None and self.pacing.proven(actor):
-            self.job_s.append(time.monotonic() - at)
+        if at is not None:
+            (self.job_s if self.pacing.proven(actor) else self.first_job_s).append(time.monotonic() - at)
         self._unleased(job)
         self.pacing.credit(actor, tokens)
 
@@ -254,13 +258,16 @@ class Leases:
 
     def takeover_s(self) -> float | None:
         """How long a started job of an unproven holder runs before an idle actor takes it over:
-        :data:`OVERDUE` times the median of the last admitted jobs of proven actors, at least
-        :data:`UNPROVEN_STEAL_S`; None until :data:`FIRST_SAMPLES` such jobs were admitted. An
+        :data:`OVERDUE` times the median of the last admitted jobs of proven actors (of any actor
+        until :data:`FIRST_SAMPLES` such jobs were admitted: in a run's first step every actor is
+        unproven), at least :data:`UNPROVEN_STEAL_S`; None until that many jobs were admitted. An
         honest newcomer three times slower than the fleet loses its probe jobs to it and adds
-        nothing; a hung one costs its step that much, not a lease."""
-        if len(self.job_s) < FIRST_SAMPLES:
+        nothing; a hung one costs its step that much. Its lease would not end it: a holder renews
+        the leases of the jobs it runs, and a hung engine's process still renews."""
+        samples = list(self.job_s) if len(self.job_s) >= FIRST_SAMPLES else [*self.job_s, *self.first_job_s]
+        if len(samples) < FIRST_SAMPLES:
             return None
-        return max(UNPROVEN_STEAL_S, OVERDUE * statistics.median(self.job_s))
+        return max(UNPROVEN_STEAL_S, OVERDUE * statistics.median(samples))
 
     def _lost_lease(self, job: str, step: int) -> None:
         self._unleased(job)
@@ -328,7 +335,9 @@ class Leases:
             return
         version = self._version()
         items = [(job, thief, None, -1) for job, thief in moves]
-        tokens = self.board.lease_many(items, version=version, lease_s=self.schedule.lease_s)
+        tokens = self.board.lease_many(
+            items, version=version, lease_s=self.schedule.lease_s, hold_s=self.schedule.max_hold_s
+        )
         for (job, thief), token in zip(moves, tokens, strict=True):
             if token:
                 self._leased(job, thief, token)

@@ -9,7 +9,11 @@ trainer admits a result only if the token is still the job's (a reassigned job f
 its old holder), the submitter is the lease's actor, the deadline has not passed, and the
 version and hash match; everything else is dropped and the job is leased again. Admission
 is one Lua script, so a job is admitted once. Deadlines are on the trainer's clock: it sets
-them and it checks them.
+them and it checks them. A holder still running a job renews its lease (:meth:`JobBoard.renew`):
+the deadline moves on by the time that passed on the holder's own clock since its last renewal,
+fenced by the token, never past the hold the trainer gave the lease; so a batch longer than a lease
+keeps it while its holder lives, and one that stops (killed, paused, partitioned) loses it a lease
+after its last renewal.
 
 Push, not poll, and O(what changed): an actor's inbox is a stream (``jobs:{actor}``) it blocks
 on together with its region's commits; open leases are in the ``deadlines`` sorted set (score:
@@ -46,11 +50,16 @@ ADMITTED_TTL_S = 3600.0
 does not delete it first (it does, two steps after training on it)."""
 MAX_FENCE_START = 10**13
 """Fencing tokens start at a random offset below this (tokens stay below 10^14: Lua prints them exactly)."""
+MAX_HOLD_S = 3600.0
+"""How long a lease its holder keeps renewing may last at most, unless the trainer says otherwise."""
+MAX_RENEW_MS = 600_000
+"""The most one renewal moves a deadline on (a holder renews every few seconds)."""
 INBOX_MAXLEN = 4096
 """Leases kept in an actor's inbox stream (approximate trim); the actor deletes those it takes."""
 
 # KEYS: job, fence, inbox, open set, deadlines, untaken.  ARGV: job id, actor, deadline_ms, step, version,
-# prompt JSON or '', a random start for the fencing counter if Redis has none, inbox maxlen, now_ms
+# prompt JSON or '', a random start for the fencing counter if Redis has none, inbox maxlen, now_ms,
+# hold_until_ms (how far its holder may renew it)
 _LEASE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'admitted' then return 0 end
@@ -59,7 +68,7 @@ if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[2], ARGV[7]) e
 local token = redis.call('INCR', KEYS[2])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'step', ARGV[4], 'prompt', ARGV[6]) end
 redis.call('HSET', KEYS[1], 'actor', ARGV[2], 'token', token, 'deadline_ms', ARGV[3], 'version', ARGV[5],
-           'state', 'leased')
+           'state', 'leased', 'hold_until_ms', ARGV[10])
 redis.call('HINCRBY', KEYS[1], 'leases', 1)
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
@@ -98,6 +107,27 @@ return 1
 """
 
 
+# KEYS: job, deadlines.  ARGV: token, actor, job id, ms to add.  The holder of a lease it is still running moves
+# its deadline on by the time that passed since its last renewal (measured on its own clock: deadlines stay on
+# the trainer's), never past the lease's hold_until_ms; a lease given back (deadline 0), admitted, leased to
+# another, no longer tracked or at its hold is left alone. Returns the new deadline (the same one when there
+# is nothing to add yet), or 0.
+_RENEW = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'actor', 'deadline_ms', 'hold_until_ms')
+if h[1] ~= 'leased' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end
+local deadline, hold = tonumber(h[4]), tonumber(h[5])
+if not deadline or deadline <= 0 or not hold then return 0 end
+if not redis.call('ZSCORE', KEYS[2], ARGV[3]) then return 0 end
+if tonumber(ARGV[4]) <= 0 then return deadline end
+local moved = math.min(deadline + tonumber(ARGV[4]), hold)
+if moved <= deadline then return 0 end
+redis.call('ZADD', KEYS[2], 'XX', moved, ARGV[3])
+redis.call('HSET', KEYS[1], 'deadline_ms', moved)
+redis.call('HINCRBY', KEYS[1], 'renewals', 1)
+return moved
+"""
+
+
 class JobBoard:
     """The jobs and leases of one run (under the coordinator's prefix), and the objects that own the rest
     of the board: :attr:`results`, :attr:`notices` and :attr:`throughputs`, on the same keyspace."""
@@ -117,6 +147,7 @@ class JobBoard:
         self._lease = self.r.register_script(_LEASE)
         self._admit = self.r.register_script(_ADMIT)
         self._release = self.r.register_script(_RELEASE)
+        self._renew = self.r.register_script(_RENEW)
         self._inbox_after: dict[str, str] = {}
         """Per actor, the inbox id this board has read up to (what :meth:`take` reads after)."""
 
@@ -155,17 +186,21 @@ class JobBoard:
         *,
         version: int,
         lease_s: float,
+        hold_s: float = MAX_HOLD_S,
     ) -> list[int]:
         """Lease each ``(job, actor, prompt or None, step)`` in one round trip; the fencing tokens
-        (0: already admitted). A job given no prompt must exist."""
+        (0: already admitted). A job given no prompt must exist. Its holder may renew the lease
+        (:meth:`renew`) while it runs the job, up to ``hold_s`` after now."""
         now = now_ms()
+        hold_until = now + int(max(hold_s, lease_s) * 1000)
         calls: list[tuple[list[str], list[str | int]]] = []
         for job, actor, prompt, step in items:
             keys = [self._k("job", job), self._k("fence"), self.inbox(actor), self._k("open")]
             keys += [self._k("deadlines"), self._k("untaken")]
             body = json.dumps(dict(prompt)) if prompt is not None else ""
             start = secrets.randbelow(MAX_FENCE_START)
-            calls.append((keys, [job, actor, now + int(lease_s * 1000), step, version, body, start, INBOX_MAXLEN, now]))
+            deadline = now + int(lease_s * 1000)
+            calls.append((keys, [job, actor, deadline, step, version, body, start, INBOX_MAXLEN, now, hold_until]))
         tokens = [int(t) for t in self._pipeline(lambda p: [self._lease(keys=k, args=a, client=p) for k, a in calls])]
         for (job, *_), token in zip(items, tokens, strict=True):
             if token < 0:
@@ -181,6 +216,7 @@ class JobBoard:
         *,
         lease_s: float,
         tag: str,
+        hold_s: float = MAX_HOLD_S,
     ) -> dict[str, str]:
         """Lease ``prompts`` to actors, ``shares[actor]`` each in order; returns job id -> actor."""
         if sum(shares.values()) != len(prompts):
@@ -191,7 +227,7 @@ class JobBoard:
             for _ in range(n):
                 i, p = next(it)
                 items.append((f"{tag}:{step}:{i}", actor, p, step))
-        self.lease_many(items, version=version, lease_s=lease_s)
+        self.lease_many(items, version=version, lease_s=lease_s, hold_s=hold_s)
         return {job: actor for job, actor, _, _ in items}
 
     def expired(self, now: int, *, limit: int = 1000) -> list[str]:
@@ -372,6 +408,31 @@ class JobBoard:
             p.xdel(self.inbox(actor), *(eid for eid, _ in entries))
 
         self._pipeline(mark)
+        return out
+
+    def renew(self, renewals: Sequence[tuple[str, int, str, int]]) -> list[int]:
+        """Move on the deadline of each ``(job, token, holder, ms)`` by ``ms`` (the time since its last
+        renewal, on the holder's clock; at most :data:`MAX_RENEW_MS`), fenced by the token and holder, never
+        past the hold its trainer gave it: one round trip. The new deadlines; 0 where the lease is no longer
+        the holder's to renew (admitted, given back, leased again, past its hold, or a damaged record)."""
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for job, token, actor, ms in renewals:
+            keys = [self._k("job", check_name(job, "job")), self._k("deadlines")]
+            calls.append((keys, [int(token), check_name(actor, "actor"), job, max(0, min(int(ms), MAX_RENEW_MS))]))
+        if not calls:
+            return []
+        return [int(x) for x in self._pipeline(lambda p: [self._renew(keys=k, args=a, client=p) for k, a in calls])]
+
+    def queued(self, actor: str, *, limit: int = 1024) -> list[tuple[str, int]]:
+        """The ``(job, token)`` of the leases waiting in ``actor``'s inbox that this board has not taken yet
+        (a busy holder renews them too: they are its next batch). Malformed entries are skipped."""
+        after = self._inbox_after.get(actor, "0-0")
+        got = self._call(self.r.xrange, self.inbox(actor), min=f"({after}", max="+", count=limit)
+        out = []
+        for _eid, f in got or []:
+            job, _, token = str(f.get("lease", "")).rpartition("|")
+            if is_name(job) and token.isdigit():
+                out.append((job, int(token)))
         return out
 
     def release(self, lease: Lease) -> bool:
