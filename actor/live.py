@@ -39,8 +39,11 @@ class LiveWeights(Words, Protocol):
     def load(self, specs: tuple[TensorSpec, ...], words: Mapping[str, np.ndarray]) -> None:
         """Overwrite every tensor with ``words`` (bootstrap, or a staged full version)."""
 
-    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
-        """Everything a write needs (device copies of positions and words); may fail."""
+    def prepare(
+        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+    ) -> object:
+        """Everything a write needs (device copies of positions and words); may fail. ``replaced``: the
+        words the changes replace, where the caller read them already."""
 
     def commit(self, prepared: object) -> None:
         """Scatter what :meth:`prepare` made into the live tensors; must not fail."""
@@ -199,14 +202,19 @@ class TensorWeights(TensorWords):
                 self._ranks[name] = (index, flat._version)
             return index
 
-    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+    def prepare(
+        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+    ) -> object:
         out = []
         for name, (idx, words) in changes.items():
             flat = self.flat(name)
             with self._ranks_lock:
                 held = self._ranks.get(name)
             # the words being replaced, for the index's moves (read now: nothing writes before commit)
-            was = self.at(name, idx) if held is not None and held[1] == flat._version else None
+            was = None
+            if held is not None and held[1] == flat._version:
+                known = replaced.get(name) if replaced is not None else None
+                was = known if known is not None and known.shape == idx.shape else self.at(name, idx)
             out.append((name, flat, torch.from_numpy(idx).to(flat.device), word_tensor(words).to(flat.device), was))
         return out
 

@@ -69,8 +69,10 @@ class Writable(Words, Protocol):
     """What a stager needs of one rank's live weights: their words (to decode against) and an in-place
     write in two halves (:class:`~actor.live.TensorWeights` provides them)."""
 
-    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
-        """Everything the write of ``changes`` needs; may fail."""
+    def prepare(
+        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+    ) -> object:
+        """Everything the write of ``changes`` (over the words ``replaced``, where known) needs; may fail."""
         ...
 
     def commit(self, prepared: object) -> None:
@@ -122,6 +124,7 @@ class Stager:
                     prev.digest.copy(),
                     dict(prev.changes),
                     live=self.live,
+                    replaced=dict(prev.replaced),
                 )
             else:
                 work = Staging(
@@ -142,15 +145,16 @@ class Stager:
             if len(got_bytes) != seg.size:
                 raise CorruptError(f"{seg.key}: {len(got_bytes)} bytes given, the manifest says {seg.size}")
 
-        def decode(i: int) -> list[DecodedBlock]:
-            seg, view = m.segments[i], memoryview(data[i])
-            return [
-                decode_block(m, seg, b_i, view, seg.key, self.max_decoded_bytes, work) for b_i in range(len(seg.blocks))
-            ]
+        views = [memoryview(d) for d in data]
+        jobs = [(i, b_i) for i, seg in enumerate(m.segments) for b_i in range(len(seg.blocks))]
 
-        blocks = [b for part in _pool().map(decode, range(len(m.segments))) for b in part]
+        def decode(job: tuple[int, int]) -> DecodedBlock:  # blocks in parallel: the codec's kernels free the GIL
+            i, b_i = job
+            return decode_block(m, m.segments[i], b_i, views[i], m.segments[i].key, self.max_decoded_bytes, work)
+
+        blocks = list(_pool().map(decode, jobs))
         work.add_version(m, blocks)  # the digest check: raises before anything is kept
-        prepared = self.live.prepare(work.changes)
+        prepared = self.live.prepare(work.changes, work.replaced)
         with self._lock:
             self._staged[token] = (work, prepared)
         return work.version, work.version_hash, work.digest.hex(), work.changed, work.nbytes

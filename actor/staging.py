@@ -40,6 +40,10 @@ class Staging:
     """When the cheapest path went through a full version: every tensor's words."""
     live: Words = field(kw_only=True)
     """The live weights, at ``base_version``."""
+    replaced: dict[str, np.ndarray] = field(default_factory=dict, kw_only=True)
+    """name -> the live words at the staged positions (what the changes replace), in their order; kept
+    while the changes lie over the live weights (no full version staged), so the write need not read
+    them again."""
 
     @property
     def nbytes(self) -> int:
@@ -85,9 +89,32 @@ class Staging:
         if m.parent is None or (m.parent.version, m.parent.version_hash) != (self.version, self.version_hash):
             raise ChainError(f"version {m.version} does not follow staged version {self.version}")
         done = check(m, blocks, self, self.digest)
-        for name, index, new in done.writes:
-            self.changes[name] = _merge(self.changes.get(name), index, new)
+        over_live = self.full is None
+        for (name, index, new), was in zip(done.writes, done.olds, strict=True):
+            before = self.changes.get(name)
+            if over_live:  # what a position staged before replaces stays; a new one replaces what check read
+                self.replaced[name] = _replaced(before, self.replaced.get(name), index, was)
+            self.changes[name] = _merge(before, index, new)
+        if not over_live:
+            self.replaced = {}
         self.version, self.version_hash, self.digest = done.version, done.version_hash, done.digest
+
+
+def _replaced(
+    old: tuple[np.ndarray, np.ndarray] | None, old_replaced: np.ndarray | None, index: np.ndarray, was: np.ndarray
+) -> np.ndarray:
+    """The live words :func:`_merge` of ``old`` and ``index`` replaces, in the merged order: ``old``'s own
+    where it staged a position already (``was`` is then a staged word), else ``was``."""
+    if old is None or old[0].size == 0 or old_replaced is None:
+        return was[np.argsort(index, kind="stable")]
+    idx = old[0]
+    keep = ~np.isin(idx, index, assume_unique=True)
+    pos = np.minimum(np.searchsorted(idx, index), idx.size - 1)
+    hit = idx[pos] == index
+    mine = was.copy()
+    mine[hit] = old_replaced[pos[hit]]
+    all_idx = np.concatenate([idx[keep], index])
+    return np.concatenate([old_replaced[keep], mine])[np.argsort(all_idx, kind="stable")]
 
 
 def _merge(

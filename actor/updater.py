@@ -192,6 +192,7 @@ class Updater:
                 dict(staged.changes),
                 staged.full,
                 live=self.live,
+                replaced=dict(staged.replaced),
             )
             try:
                 for m in plan:
@@ -203,7 +204,7 @@ class Updater:
             if self._prepared is not None:
                 self.live.discard(self._prepared[1])
             self._prepared = None  # cleared first: a failing prepare must not leave a stale one behind
-            self._prepared = (work, self.live.prepare(work.changes))
+            self._prepared = (work, self.live.prepare(work.changes, work.replaced))
             return work
 
     def _stage_in_place(self, staged: Staged | None, plan: list[Manifest]) -> Staged | None:

@@ -80,6 +80,8 @@ class Checked:
     """The weights digest at the version."""
     writes: list[tuple[str, np.ndarray, np.ndarray]]
     """(tensor, flat positions, new words) of each block."""
+    olds: list[np.ndarray]
+    """The words each block's write replaces (read from ``old``), in :attr:`writes`' order."""
 
 
 def check(m: Manifest, blocks: list[DecodedBlock], old: Words, digest: Digest) -> Checked:
@@ -88,18 +90,19 @@ def check(m: Manifest, blocks: list[DecodedBlock], old: Words, digest: Digest) -
     ``m``'s; ChainError if it differs. Nothing is written: the caller writes :attr:`Checked.writes`."""
     specs = {t.name: t for t in m.tensors}
     digest = digest.copy()
-    writes = []
+    writes, olds = [], []
     for blk in blocks:
         was = old.at(blk.name, blk.index)
         new = blk.new_words(was)
         s = specs[blk.name]
         digest.update(tensor_keys(s.name, s.dtype, s.shape), blk.index, was, new)
         writes.append((blk.name, blk.index, new))
+        olds.append(was)
     if digest.hex() != m.weights_digest:
         raise ChainError(
             f"version {m.version}: applying it gives weights digest {digest.hex()}, manifest says {m.weights_digest}"
         )
-    return Checked(m.version, m.version_hash, digest, writes)
+    return Checked(m.version, m.version_hash, digest, writes, olds)
 
 
 def apply_blocks(state: WeightState, m: Manifest, blocks: list[DecodedBlock]) -> None:

@@ -102,7 +102,9 @@ class VllmPatchWeights:
         """The host pass, over the host copy."""
         return host.locate(self.words[self._spec(name).name][lo:hi], lookup, over)
 
-    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+    def prepare(
+        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+    ) -> object:
         self._check()
         entries = []
         for name, (idx, new) in changes.items():

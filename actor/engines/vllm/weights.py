@@ -438,7 +438,9 @@ class VllmWeights:
         over the RPC: the device-side class walk that would avoid it is not built)."""
         return host.locate(self.at(name, np.arange(lo, hi, dtype=np.int64)), lookup, over)
 
-    def prepare(self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> object:
+    def prepare(
+        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+    ) -> object:
         layout = self._need()
         plan: list[list[Any]] = [[] for _ in range(self.tp_size)]
         for name, (idx, words) in changes.items():
