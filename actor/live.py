@@ -56,7 +56,12 @@ class LiveWeights(Words, Protocol):
 
     def digest(self) -> str:
         """The weights digest of what they hold, computed where they live (O(model) work; audits and
-        ``--verify-live``)."""
+        ``--verify-live`` after a load)."""
+
+    def readback(self) -> str | None:
+        """The weights digest after the last :meth:`commit_staged`, from the digest before it and the
+        words its positions hold now, read back where the weights live: O(changed) (``--verify-live``
+        after a delta). None where no staged version was committed."""
 
     @property
     def stages_in_place(self) -> bool:
@@ -265,6 +270,9 @@ class TensorWeights(TensorWords):
 
     def commit_staged(self, staged: Staged) -> None:
         self.stager.commit(staged.token)
+
+    def readback(self) -> str | None:
+        return self.stager.readback()
 
     def drop_staged(self, staged: Staged) -> None:
         self.stager.drop(staged.token)

@@ -30,7 +30,7 @@ from actor.staging import Staging
 from aurora_store.codec.base import Words
 from aurora_store.errors import ChainError, CorruptError, StoreError
 from aurora_store.format.blocks import DecodedBlock, decode_block
-from aurora_store.format.digest import Digest
+from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.manifest import Manifest
 
 MAX_DECODED_BYTES = 1 << 30
@@ -102,6 +102,12 @@ class Stager:
         self.max_decoded_bytes = max_decoded_bytes
         self._staged: dict[str, tuple[Staging, object]] = {}
         self._lock = threading.Lock()
+        self._last: Staging | None = None
+        """What the last commit wrote (for :meth:`readback`)."""
+        self._base_digest: dict[int, str] = {}
+        """The digest of each held version a staging started from (hex)."""
+        self._keys: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+        """Each staged tensor's (name, dtype, shape), for its digest keys."""
 
     def stage(
         self, token: str, base: str | Base, m: Manifest, data: Sequence[bytes | memoryview]
@@ -127,6 +133,7 @@ class Stager:
                     replaced=dict(prev.replaced),
                 )
             else:
+                self._base_digest = {base.version: base.digest}
                 work = Staging(
                     base.version,
                     base.version_hash,
@@ -154,6 +161,7 @@ class Stager:
 
         blocks = list(_pool().map(decode, jobs))
         work.add_version(m, blocks)  # the digest check: raises before anything is kept
+        self._keys.update((t.name, (t.name, t.dtype, t.shape)) for t in m.tensors if t.name in work.changes)
         prepared = self.live.prepare(work.changes, work.replaced)
         with self._lock:
             self._staged[token] = (work, prepared)
@@ -169,7 +177,24 @@ class Stager:
             self._staged.clear()
         work, prepared = got
         self.live.commit(prepared)
+        self._last = work
         return [name for name, (idx, _) in work.changes.items() if idx.size]
+
+    def readback(self) -> str | None:
+        """The weights digest the live weights have now, from the digest before the last commit and the
+        words its positions hold now, read back here: O(changed). It equals the version's digest when
+        every staged word landed (and nothing else moved those words). None before any commit."""
+        work = self._last
+        if work is None:
+            return None
+        digest = Digest.from_hex(self._base_digest[work.base_version])
+        for name, (idx, _) in work.changes.items():
+            replaced = work.replaced.get(name)
+            if replaced is None or replaced.shape != idx.shape:
+                raise StoreError(f"the words replaced in {name} were not kept: read the whole weights instead")
+            now = self.live.at(name, idx)
+            digest.update(tensor_keys(*self._keys[name]), idx, replaced, now)
+        return digest.hex()
 
     def drop(self, token: str) -> None:
         """Forget what ``token`` staged (nothing was written)."""

@@ -89,6 +89,8 @@ class Updater:
         self._prepared: tuple[Staging, object] | None = None
         """What ``live.prepare`` made of the staged changes, built while staging, off the apply path."""
         self._stage_lock = threading.Lock()
+        self._last_in_place = False
+        """Whether the last write was a version staged in the engine (``verify`` reads back only it)."""
         self.on_refused: Callable[[StoreError], None] | None = None
         """Told of every object or manifest this updater refused (an actor's metrics count them)."""
 
@@ -128,6 +130,7 @@ class Updater:
             raise
         with self.lock.write():
             self.live.load(state.specs, state.words)
+            self._last_in_place = False
             self.specs = state.specs
             self._digest = state.digest
             self.held = Held(state.version, state.version_hash, state.digest.hex())
@@ -284,6 +287,7 @@ class Updater:
             if isinstance(staged, Staged):  # decoded and checked in the engine: only the write is left
                 with self.lock.write():
                     self.live.commit_staged(staged)
+                    self._last_in_place = True
                     self._digest = staged.digest
                     self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
                 self._staged = None
@@ -296,6 +300,7 @@ class Updater:
                 if staged.full is not None:
                     self.live.load(self.specs, staged.full)
                 self.live.commit(prepared)
+                self._last_in_place = False
                 self._digest = staged.digest
                 self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
             self._staged = self._prepared = None
@@ -308,6 +313,14 @@ class Updater:
                 self.coord.workers.update(self.worker_id, version=version, version_hash=version_hash)
 
     # ------------------------------------------------------------ checks
+
+    def verify(self) -> tuple[str, str]:
+        """The live weights' digest, read back where they live, and how: ``"written"`` after a delta
+        staged in the engine (the digest before it and the words its positions hold now: O(changed)),
+        ``"whole"`` otherwise (every word: O(model), after a load or a host-pass write)."""
+        with self.lock.read():
+            got = self.live.readback() if self._last_in_place else None
+            return (got, "written") if got is not None else (self.live.digest(), "whole")
 
     def live_digest(self) -> str:
         """The digest of the live weights, computed from scratch where they live (O(model) work there,

@@ -255,8 +255,9 @@ class Worker:
             )
 
     def _verify(self, held: Held) -> None:
-        """The engine's weights, read back, are exactly the version's (``--verify-live``)."""
-        got = self.up.live_digest()
+        """The engine's weights, read back, are exactly the version's (``--verify-live``): after a delta
+        staged in the engine, the positions it wrote (O(changed)); after a load, every word (O(model))."""
+        got, how = self.up.verify()
         if got != held.weights_digest:
             self.broken = (
                 f"the engine's weights at version {held.version} have digest {got}, the manifest says "
@@ -265,7 +266,7 @@ class Worker:
             log.error("actor %s: %s; stopping", self.wid, self.broken)
             self.halt()
             raise ChainError(f"actor {self.wid}: {self.broken}")
-        log.info("actor %s: live weights verified at version %d", self.wid, held.version)
+        log.info("actor %s: live weights verified at version %d (%s)", self.wid, held.version, how)
 
     def _stager(self) -> None:
         """Stage ahead while the engine generates: one version ahead when busy, the latest when idle.

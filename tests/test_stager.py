@@ -213,3 +213,38 @@ def test_a_rank_that_cannot_decode_answers_with_the_error_and_every_rank_drops_t
     got = live._run("vstage", "t", [0, "x", "y"], b"{not json", [])
     assert got[0]["error"][0] == "CorruptError", "a manifest a rank cannot parse is an answer, not a crash"
     assert live.digest() == run.manifest(0).weights_digest
+
+
+def test_verify_live_reads_back_the_positions_a_delta_wrote_and_the_whole_after_a_load() -> None:
+    run, _ = chain(2)
+    up = Updater(run, region="eu", live=TensorWeights())
+    up.bootstrap(0)
+    assert up.verify() == (run.manifest(0).weights_digest, "whole")
+    for v in (1, 2):
+        up.stage(v)
+        up.apply()
+        assert up.verify() == (run.manifest(v).weights_digest, "written")
+    live = up.live
+    assert isinstance(live, TensorWeights)
+    name, (idx, _) = next((n, c) for n, c in live.stager._last.changes.items() if c[0].size)  # type: ignore[union-attr]
+    flat = live.flat(name)
+    flat[int(idx[0])] = flat[int(idx[0])] ^ 1  # a write that did not land as staged
+    got, how = up.verify()
+    assert how == "written" and got != run.manifest(2).weights_digest
+    assert up.live_digest() == got, "the read-back digest is the whole weights' digest, at O(changed)"
+
+
+def test_a_vllm_worker_reads_back_what_it_wrote() -> None:
+    run = aurora_store.open_run(f"memory://aurora-tests/{uuid.uuid4().hex}/run", full_every=100, segment_bytes=4096)
+    hist = [hf(), hf_step(hf(), 0, lr=1e-3)]
+    for v, sd in enumerate(hist):
+        run.publish(sd, kind="delta" if v else "full")
+    sent: list[int] = []
+    live = VllmWeights(GEOM, runner=wired(garbage_like(fuse(hist[0], 1)), sent), tp_size=1)
+    up = Updater(run, region="eu", live=live)
+    up.bootstrap(0)
+    up.stage(1)
+    up.apply()
+    sent.clear()
+    assert up.verify() == (run.manifest(1).weights_digest, "written")
+    assert sum(sent) == 0, "nothing but the request crosses"

@@ -157,6 +157,10 @@ class VllmPatchWeights:
             raise StoreError("vLLM live weights hold no version yet: load() one first")
         return full_digest(self.specs, self.words).hex()
 
+    def readback(self) -> str | None:
+        """Nothing staged is ever committed here."""
+        return None
+
     stages_in_place = False
     """vLLM's loaders place every change here, from host words: versions are decoded on the host."""
 

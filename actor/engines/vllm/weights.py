@@ -218,6 +218,11 @@ def op_vdrop(rank: int, params: Params, stash: dict[str, Any], token: str) -> tu
     return rank, None
 
 
+def op_readback(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, str | None]:
+    """The digest after the last commit, from the words its positions hold now (O(changed))."""
+    return rank, _hf(rank, params).stager.readback()
+
+
 def op_digest(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, str]:
     """The weights digest of this rank's tensors, computed here: O(model) work, one string back."""
     specs, words = to_words(_hf(rank, params).tensors)
@@ -239,6 +244,7 @@ OPS: dict[str, Callable[..., tuple[int, Any]]] = {
     "vcommit": op_vcommit,
     "vdrop": op_vdrop,
     "digest": op_digest,
+    "readback": op_readback,
     "describe": op_describe,
     "gather": op_gather,
     "stage": op_stage,
@@ -521,6 +527,13 @@ class VllmWeights:
             return full_digest(specs, words).hex()
         self._need()
         return str(self._run("digest")[0])
+
+    def readback(self) -> str | None:
+        if not self.stages_in_place:
+            return None
+        self._need()
+        got = self._run("readback")[0]
+        return None if got is None else str(got)
 
     def snapshot(self) -> tuple[tuple[TensorSpec, ...], dict[str, np.ndarray]]:
         layout = self._need()
