@@ -100,12 +100,11 @@ class Stager:
     def __init__(self, live: Writable, *, max_decoded_bytes: int = MAX_DECODED_BYTES) -> None:
         self.live = live
         self.max_decoded_bytes = max_decoded_bytes
-        self._staged: dict[str, tuple[Staging, object]] = {}
+        self._staged: dict[str, tuple[Staging, object, str]] = {}
+        """token -> the staging, its write prepared, and the digest of the held version it starts from."""
         self._lock = threading.Lock()
-        self._last: Staging | None = None
-        """What the last commit wrote (for :meth:`readback`)."""
-        self._base_digest: dict[int, str] = {}
-        """The digest of each held version a staging started from (hex)."""
+        self._last: tuple[Staging, str] | None = None
+        """What the last commit wrote, and the digest before it (for :meth:`readback`)."""
         self._keys: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         """Each staged tensor's (name, dtype, shape), for its digest keys."""
 
@@ -121,7 +120,7 @@ class Stager:
                 got = self._staged.get(base)
                 if got is None:
                     raise StoreError(f"no version is staged here under {base!r} to stage version {m.version} on")
-                prev = got[0]
+                prev, start = got[0], got[2]
                 work = Staging(
                     prev.base_version,
                     prev.base_hash,
@@ -133,7 +132,7 @@ class Stager:
                     replaced=dict(prev.replaced),
                 )
             else:
-                self._base_digest = {base.version: base.digest}
+                start = base.digest
                 work = Staging(
                     base.version,
                     base.version_hash,
@@ -164,7 +163,7 @@ class Stager:
         self._keys.update((t.name, (t.name, t.dtype, t.shape)) for t in m.tensors if t.name in work.changes)
         prepared = self.live.prepare(work.changes, work.replaced)
         with self._lock:
-            self._staged[token] = (work, prepared)
+            self._staged[token] = (work, prepared, start)
         return work.version, work.version_hash, work.digest.hex(), work.changed, work.nbytes
 
     def commit(self, token: str) -> list[str]:
@@ -175,23 +174,24 @@ class Stager:
             if got is None:
                 raise StoreError(f"no version is staged here under {token!r}")
             self._staged.clear()
-        work, prepared = got
+        work, prepared, start = got
         self.live.commit(prepared)
-        self._last = work
+        self._last = (work, start)
         return [name for name, (idx, _) in work.changes.items() if idx.size]
 
     def readback(self) -> str | None:
         """The weights digest the live weights have now, from the digest before the last commit and the
         words its positions hold now, read back here: O(changed). It equals the version's digest when
-        every staged word landed (and nothing else moved those words). None before any commit."""
-        work = self._last
-        if work is None:
+        every staged word landed (and nothing else moved those words). None before any commit, or where
+        the words it replaced were not kept."""
+        if self._last is None:
             return None
-        digest = Digest.from_hex(self._base_digest[work.base_version])
+        work, start = self._last
+        digest = Digest.from_hex(start)
         for name, (idx, _) in work.changes.items():
             replaced = work.replaced.get(name)
             if replaced is None or replaced.shape != idx.shape:
-                raise StoreError(f"the words replaced in {name} were not kept: read the whole weights instead")
+                return None  # not kept (never, for a staging over the live weights): the caller reads them all
             now = self.live.at(name, idx)
             digest.update(tensor_keys(*self._keys[name]), idx, replaced, now)
         return digest.hex()

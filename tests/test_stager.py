@@ -226,12 +226,28 @@ def test_verify_live_reads_back_the_positions_a_delta_wrote_and_the_whole_after_
         assert up.verify() == (run.manifest(v).weights_digest, "written")
     live = up.live
     assert isinstance(live, TensorWeights)
-    name, (idx, _) = next((n, c) for n, c in live.stager._last.changes.items() if c[0].size)  # type: ignore[union-attr]
+    last = live.stager._last
+    assert last is not None
+    name, (idx, _) = next((n, c) for n, c in last[0].changes.items() if c[0].size)
     flat = live.flat(name)
     flat[int(idx[0])] = flat[int(idx[0])] ^ 1  # a write that did not land as staged
     got, how = up.verify()
     assert how == "written" and got != run.manifest(2).weights_digest
     assert up.live_digest() == got, "the read-back digest is the whole weights' digest, at O(changed)"
+
+
+def test_a_failed_stage_after_a_commit_leaves_the_read_back_of_that_commit() -> None:
+    run, _ = chain(3)
+    up = Updater(run, region="eu", live=TensorWeights())
+    up.bootstrap(0)
+    up.stage(1)
+    up.apply()
+    m = run.manifest(2)
+    bad = [bytearray(d) for d in run.reader.fetch_all(m)]
+    bad[0][len(bad[0]) // 2] ^= 0x5A
+    with pytest.raises(CorruptError):
+        up.live.stage_version(held(run, 1), m, [memoryview(b) for b in bad])
+    assert up.verify() == (run.manifest(1).weights_digest, "written")
 
 
 def test_a_vllm_worker_reads_back_what_it_wrote() -> None:

@@ -28,7 +28,7 @@ from actor.engines.vllm.layout import Geometry, VllmLayout, narrow
 from actor.updater import Updater
 from aurora_store.bucket.replay import replay
 from aurora_store.bucket.run import Run
-from aurora_store.errors import LayoutError
+from aurora_store.errors import CorruptError, LayoutError
 from aurora_store.rl.models import build_model, tiny_config
 
 pytestmark = pytest.mark.vllm
@@ -172,6 +172,33 @@ def test_mapped_engine_holds_every_version_bit_exact(mapped: Any, chain: tuple[R
         assert up.live_digest() == run.manifest(v).weights_digest
         if v == 2:
             assert mapped.live.at(NAN_TENSOR, np.array([5, 6])).tolist() == [NAN, NEG_ZERO]
+
+
+def test_a_version_a_worker_cannot_stage_leaves_the_engine_on_its_version(
+    mapped: Any, chain: tuple[Run, Path], layout: VllmLayout
+) -> None:
+    """Versions are decoded inside the worker from their bytes: a damaged one is refused there, every rank
+    drops it, and the engine holds and serves the version it had; the next good one goes on."""
+    from actor.stager import Base, Staged
+
+    run, _ = chain
+    up = Updater(run, region="local", live=mapped.live)
+    up.bootstrap(3)  # full; then 4 (a classed delta) and 5 (a sparse one)
+    assert isinstance(up.stage(4), Staged), "decoded in the workers, not on the host"
+    up.apply()
+    m = run.manifest(5)
+    bad = [bytearray(d) for d in run.reader.fetch_all(m)]
+    for b in bad:
+        b[len(b) // 2] ^= 0x5A
+    held = run.manifest(4)
+    with pytest.raises(CorruptError, match="rank 0"):
+        mapped.live.stage_version(Base(4, held.version_hash, held.weights_digest), m, [memoryview(b) for b in bad])
+    assert_engine_holds(mapped, run, 4, layout)
+    assert up.verify() == (held.weights_digest, "written"), "read back at the positions version 4 wrote"
+    up.stage(5)
+    up.apply()
+    assert_engine_holds(mapped, run, 5, layout)
+    assert up.verify() == (run.manifest(5).weights_digest, "written")
 
 
 @pytest.fixture(scope="module")
