@@ -70,7 +70,7 @@ class LiveWeights(Words, Protocol):
 
     def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
         """Decode delta ``m`` (its segments' verified bytes) against the held version ``base`` or
-        over the staging ``base`` (which it replaces), where the weights live; check its weights
+        over the staging ``base`` (kept until dropped), where the weights live; check its weights
         digest; keep the changes staged there. Nothing live is written; on error nothing changes."""
 
     def commit_staged(self, staged: Staged) -> None:
@@ -107,7 +107,7 @@ class TensorWeights(TensorWords):
         """name -> (index, the tensor's ``_version`` it holds the classes of)."""
         self._ranks_lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
-        self._warming: threading.Thread | None = None
+        self._warming: list[threading.Thread] = []
         self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
         """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
         and the commit's positions, old and new words: made at the next lookup."""
@@ -156,7 +156,11 @@ class TensorWeights(TensorWords):
         it looks up at O(changed) as later ones do: built at that delta's first lookup instead, 12
         actors' indexes cost the four-regions world a 2.9 s stall at its first timed step. A lookup or
         a write of a tensor whose index is being built waits for it (its build lock)."""
-        todo = [(s.name, e) for s in specs if (e := dtypes.dtype(s.dtype).exponent).bits]
+        self._ahead([(s.name, e) for s in specs if (e := dtypes.dtype(s.dtype).exponent).bits])
+
+    def _ahead(self, todo: list[tuple[str, Exponent]]) -> None:
+        """Bring the rank indexes of ``todo`` up to date on a thread of their own (a lookup or a write of
+        a tensor whose index is being built waits for it under its build lock)."""
         if not todo or not self.rank_index or not ranks.available(np.empty(0, np.uint16)):
             return
 
@@ -165,17 +169,21 @@ class TensorWeights(TensorWords):
                 try:
                     self._index(name, exponent)
                 except (KeyError, ValueError, RuntimeError) as exc:  # the tensors changed under it: built on use
-                    log.debug("rank index of %s not built ahead: %s", name, exc)
+                    log.debug("rank index of %s not brought up to date ahead: %s", name, exc)
 
-        self._warming = threading.Thread(target=build, name="aurora-rank-index", daemon=True)
-        self._warming.start()
+        thread = threading.Thread(target=build, name="aurora-rank-index", daemon=True)
+        with self._ranks_lock:
+            self._warming = [t for t in self._warming if t.is_alive()] + [thread]
+        thread.start()
 
     def warmed(self, timeout: float | None = None) -> bool:
-        """Wait until the indexes a load started building are built (at most ``timeout`` seconds);
-        whether none is still being built."""
-        if self._warming is not None:
-            self._warming.join(timeout)
-        return self._warming is None or not self._warming.is_alive()
+        """Wait until the indexes a load or commit started bringing up to date are (at most ``timeout``
+        seconds); whether none is still being worked on."""
+        with self._ranks_lock:
+            threads = list(self._warming)
+        for t in threads:
+            t.join(timeout)
+        return not any(t.is_alive() for t in threads)
 
     def _index(self, name: str, exponent: Exponent) -> ranks.RankIndex | None:
         """The tensor's current rank index (built now if it has none or a stale one), or None where
@@ -224,7 +232,8 @@ class TensorWeights(TensorWords):
         return out
 
     def commit(self, prepared: object) -> None:
-        """Scatter, and leave each index its moves to make at its next lookup (off the safe point).
+        """Scatter, and leave each index its moves to make at its next lookup (off the safe point, and
+        not beside it: a thread making them at once competes with the repack of the layers just written).
 
         Tensors may share storage (views of one fused engine parameter share its version counter),
         so every index is checked against the counters before any write and stamped with them after

@@ -205,7 +205,7 @@ def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_bu
     assert np.array_equal(live.flat("a").numpy().view("<u2"), new)
     off = TensorWeights(rank_index=False)
     off.load(specs, words)
-    assert off._warming is None and not off._ranks  # turned off: no build started, nothing built
+    assert off._warming == [] and not off._ranks  # turned off: no build started, nothing built
 
 
 def test_actors_loading_together_while_the_kernels_load_each_build_every_index(monkeypatch: pytest.MonkeyPatch) -> None:
