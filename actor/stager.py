@@ -120,27 +120,10 @@ class Stager:
                 got = self._staged.get(base)
                 if got is None:
                     raise StoreError(f"no version is staged here under {base!r} to stage version {m.version} on")
-                prev, start = got[0], got[2]
-                work = Staging(
-                    prev.base_version,
-                    prev.base_hash,
-                    prev.version,
-                    prev.version_hash,
-                    prev.digest.copy(),
-                    dict(prev.changes),
-                    live=self.live,
-                    replaced=dict(prev.replaced),
-                )
+                work, start = got[0].extended(), got[2]
             else:
                 start = base.digest
-                work = Staging(
-                    base.version,
-                    base.version_hash,
-                    base.version,
-                    base.version_hash,
-                    Digest.from_hex(base.digest),
-                    live=self.live,
-                )
+                work = Staging.empty(base.version, base.version_hash, Digest.from_hex(base.digest), live=self.live)
         if m.kind != "delta":
             raise StoreError(f"version {m.version} is a full version: it is loaded, not staged in place")
         if m.parent is None or (m.parent.version, m.parent.version_hash) != (work.version, work.version_hash):

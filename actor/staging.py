@@ -45,6 +45,25 @@ class Staging:
     while the changes lie over the live weights (no full version staged), so the write need not read
     them again."""
 
+    @classmethod
+    def empty(cls, version: int, version_hash: str, digest: Digest, *, live: Words) -> Staging:
+        """Nothing staged yet over ``live``, which holds ``version``."""
+        return cls(version, version_hash, version, version_hash, digest.copy(), live=live)
+
+    def extended(self) -> Staging:
+        """A copy to stage more versions on; this one stays as it is if that fails."""
+        return Staging(
+            self.base_version,
+            self.base_hash,
+            self.version,
+            self.version_hash,
+            self.digest.copy(),
+            dict(self.changes),
+            self.full,
+            live=self.live,
+            replaced=dict(self.replaced),
+        )
+
     @property
     def nbytes(self) -> int:
         n = sum(i.nbytes + w.nbytes for i, w in self.changes.values())

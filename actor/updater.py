@@ -178,25 +178,8 @@ class Updater:
                 self._staged = staged = None
                 plan = self.route(target)
             if staged is None:
-                staged = Staging(
-                    self.held.version,
-                    self.held.version_hash,
-                    self.held.version,
-                    self.held.version_hash,
-                    self._digest.copy(),
-                    live=self.live,
-                )
-            work = Staging(
-                staged.base_version,
-                staged.base_hash,
-                staged.version,
-                staged.version_hash,
-                staged.digest.copy(),
-                dict(staged.changes),
-                staged.full,
-                live=self.live,
-                replaced=dict(staged.replaced),
-            )
+                staged = Staging.empty(self.held.version, self.held.version_hash, self._digest, live=self.live)
+            work = staged.extended()
             try:
                 for m in plan:
                     self._stage_one(work, m)
