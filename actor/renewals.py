@@ -6,9 +6,10 @@ longer than any lease a trainer can afford for a dead actor, so the actor renews
 (at most every ``max_period_s``), every lease it took moves on by the time that passed on this
 actor's clock since its last renewal, all in one round trip, fenced by their tokens; so do the leases
 waiting in its inbox behind the batch it runs (its next batch: left to expire, each would be leased
-again to this same actor, and the actor struck for it). A lease is held
-from the moment its job is taken until the trainer is done with it (admitted, given back, leased to
-another, or past the hold the trainer allows): then a renewal answers 0 and it is let go. An actor
+again to this same actor, and the actor struck for it). A lease is held from the moment its job is
+taken until its result is submitted (renewed until then, it leaves the trainer a lease's time to
+admit it) or it is given back; one the trainer is done with early (moved to another actor, past
+the hold the trainer allows) answers 0 to a renewal and is let go. An actor
 that stops (killed, paused, cut off from Redis) stops renewing, and its leases expire a lease after
 the last renewal, as before. An idle actor holds nothing and sends nothing.
 """
@@ -61,6 +62,14 @@ class Renewer:
                 window = max(MIN_PERIOD_S * 3, lease.deadline_ms / 1000 - wall)
                 self._held[lease.job] = _Held(lease, now, window)
         self._wake.set()
+
+    def done(self, lease: Lease) -> None:
+        """Stop renewing ``lease``: its result was submitted (renewed until then, it has a lease's time
+        left for the trainer to admit it) or it was given back."""
+        with self._lock:
+            h = self._held.get(lease.job)
+            if h is not None and h.lease.token == lease.token:
+                del self._held[lease.job]
 
     @property
     def held(self) -> list[str]:

@@ -317,13 +317,13 @@ class Worker:
                 by_version[lease.version].append((lease, self._prompt(lease)))
             except TaskError as exc:  # another process wrote the job: give it back, never die of it
                 log.warning("actor %s: job %s: %s", self.wid, lease.job, exc)
-                self.board.release(lease)
+                self._give_back(lease)
         for version in sorted(by_version):
             batch = by_version[version]
             assert self.up.held is not None
             if version < self.up.held.version:  # the weights moved past it: let the trainer lease it again
                 for lease, _ in batch:
-                    self.board.release(lease)
+                    self._give_back(lease)
                 continue
             wait_s = max(0.0, min(lease.deadline_ms for lease, _ in batch) / 1000 - time.time())
             try:
@@ -333,9 +333,14 @@ class Worker:
                 ready = False
             if not ready:
                 for lease, _ in batch:
-                    self.board.release(lease)
+                    self._give_back(lease)
                 continue
             self._generate(batch)
+
+    def _give_back(self, lease: Lease) -> None:
+        """Hand a lease back to the trainer (it leases the job again) and stop renewing it."""
+        self.renewer.done(lease)
+        self.board.release(lease)
 
     def _prompt(self, lease: Lease) -> Prompt:
         """The job's prompt, its ids checked against the model (the trainer tokenized it; an older
@@ -372,7 +377,7 @@ class Worker:
                 )
                 for unscored, _ in batch[i:]:
                     with contextlib.suppress(CoordinationError):
-                        self.board.release(unscored)
+                        self._give_back(unscored)
                 return None
             tokens += sum(len(c.token_ids) for c in comps)
         return tokens
@@ -390,6 +395,7 @@ class Worker:
         # weights_digest: verified when these weights were applied
         data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
         self.outbox.submit(lease, held.version, held.version_hash, data)
+        self.renewer.done(lease)  # renewed until now: the trainer has a whole lease to admit it
         return True
 
     def _heartbeat(self) -> None:

@@ -153,3 +153,14 @@ def test_renewals_work_on_the_embedded_server() -> None:
         assert board.renew([(lease.job, lease.token, "a", 700)]) == [lease.deadline_ms + 700]
         assert board.queued("a") == []
         board.close()
+
+
+def test_a_submitted_lease_is_no_longer_renewed(board: JobBoard) -> None:
+    lease = one(board)
+    renewer = Renewer(board, "a")
+    renewer.hold([lease])
+    stale = Lease(lease.job, lease.token - 1, lease.step, lease.version, lease.deadline_ms, lease.prompt)
+    renewer.done(stale)
+    assert renewer.held == [lease.job], "only the lease under its own token is let go"
+    renewer.done(lease)
+    assert renewer.held == [] and renewer.renew() == 0, "submitted: the trainer has a lease's time to admit it"
