@@ -263,8 +263,12 @@ class TensorWeights(TensorWords):
         return specs, {k: w.copy() for k, w in words.items()}
 
     def digest(self) -> str:
-        specs, words = to_words({k: v.detach().cpu() for k, v in self.tensors.items()})
-        return full_digest(specs, words).hex()
+        """Tensor by tensor (the digest is a sum over elements): one tensor at a time on the host."""
+        total = Digest()
+        for name, t in self.tensors.items():
+            specs, words = to_words({name: t.detach().cpu()})
+            total.add(full_digest(specs, words))
+        return total.hex()
 
     # ------------------------------------------------------------ decoded where they live
 

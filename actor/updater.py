@@ -128,8 +128,9 @@ class Updater:
         except StoreError as exc:  # unsigned, of another run, ...: no fallback makes it acceptable
             self._refused(exc)
             raise
-        with self.lock.write():
+        with self._stage_lock, self.lock.write():  # what was staged lay over the weights this load replaces
             self.live.load(state.specs, state.words)
+            self._staged = self._prepared = None
             self._last_in_place = False
             self.specs = state.specs
             self._digest = state.digest
@@ -217,7 +218,10 @@ class Updater:
                     self.live.drop_staged(s)
             raise
         for s in ([staged] if staged is not None else []) + made[:-1]:  # each kept a copy of the changes before it
-            self.live.drop_staged(s)
+            try:
+                self.live.drop_staged(s)
+            except StoreError as exc:  # the engine keeps it until its next commit forgets every staging
+                log.warning("actor %s: dropping staged version %d: %s", self.worker_id, s.version, exc)
         self._staged = made[-1]
         return made[-1]
 
