@@ -324,9 +324,9 @@ REAL_RECIPE: dict[str, Any] = {
     "optim.micro_batch_tokens": 2048,
 }
 """``aurora demo-real``'s defaults: SmolLM2-135M-Instruct on one-digit word problems, sized for 2 CPU cores,
-where the trainer's step (forward, backward and the rollout correction's forward over 24 sequences) takes
-most of a step's minute. The engines share the cores (a core each; this machine's AVX2 has no BF16 GEMM),
-so a batch takes tens of seconds, longer than a lease: its actor renews the leases while it runs."""
+where the trainer's step (forward, backward and the rollout correction's forward over 24 sequences, ~17 s)
+takes most of a step. The engines share the cores (a core each; this machine's AVX2 has no BF16 GEMM), so a
+batch can take longer than a lease: its actor renews the leases while it runs."""
 
 REAL_DEMO: dict[str, Any] = {"engine": "vllm", "slowdowns": "1,1,1", "actors": "home,eu"}
 """``aurora demo-real``'s demo options: two vLLM actors (home's and eu's; ap still gets every version by its
