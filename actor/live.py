@@ -277,9 +277,7 @@ class TensorWeights(TensorWords):
     def stage_version(self, base: Staged | Base, m: Manifest, data: Sequence[memoryview]) -> Staged:
         token = uuid.uuid4().hex
         on = base.token if isinstance(base, Staged) else base
-        version, version_hash, digest, changed, nbytes = self.stager.stage(token, on, m, data)
-        first = base.base_version if isinstance(base, Staged) else base.version
-        return Staged(token, first, version, version_hash, Digest.from_hex(digest), changed, nbytes)
+        return Staged.answered(token, base, self.stager.stage(token, on, m, data))
 
     def commit_staged(self, staged: Staged) -> None:
         self.stager.commit(staged.token)

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -63,6 +63,16 @@ class Staged:
     """What the engine holds for it (positions and words, on every rank)."""
     full: None = None
     """Never a full version (those take the host pass: :class:`~actor.staging.Staging`)."""
+
+    @classmethod
+    def answered(cls, token: str, base: Staged | Base, answer: Sequence[Any]) -> Staged:
+        """The handle of what a :class:`Stager` staged under ``token`` on ``base``, from its answer
+        (:meth:`Stager.stage`'s tuple, in process or read back from a worker)."""
+        version, version_hash, digest, changed, nbytes = answer
+        first = base.base_version if isinstance(base, Staged) else base.version
+        return cls(
+            token, first, int(version), str(version_hash), Digest.from_hex(str(digest)), int(changed), int(nbytes)
+        )
 
 
 class Writable(Words, Protocol):

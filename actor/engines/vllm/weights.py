@@ -30,11 +30,10 @@ from aurora_store import errors
 from aurora_store.codec import words as host
 from aurora_store.codec.base import Lookup, Overlay
 from aurora_store.errors import LayoutError, StoreError
-from aurora_store.format.digest import Digest
 from aurora_store.format.manifest import Manifest, TensorSpec
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.format.weights import full_digest
-from aurora_store.tensors import to_words, torch_dtype, word_tensor, word_view
+from aurora_store.tensors import torch_dtype, word_tensor, word_view
 
 _ERRORS: dict[str, type[StoreError]] = {
     c.__name__: c
@@ -225,8 +224,7 @@ def op_readback(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, 
 
 def op_digest(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, str]:
     """The weights digest of this rank's tensors, computed here: O(model) work, one string back."""
-    specs, words = to_words(_hf(rank, params).tensors)
-    return rank, full_digest(specs, words).hex()
+    return rank, _hf(rank, params).digest()
 
 
 def op_rebuild(rank: int, params: Params, stash: dict[str, Any]) -> tuple[int, float]:
@@ -507,10 +505,7 @@ class VllmWeights:
                 raise StoreError(f"version {m.version}: the ranks staged different versions: {answers}")
             kind, message = failed[0]
             raise _ERRORS.get(str(kind), StoreError)(f"version {m.version}: {message}")
-        version, version_hash, digest, changed, nbytes = answers[0]
-        first = base.base_version if isinstance(base, Staged) else base.version
-        digest_ = Digest.from_hex(str(digest))
-        return Staged(token, first, int(version), str(version_hash), digest_, int(changed), int(nbytes))
+        return Staged.answered(token, base, answers[0])
 
     def commit_staged(self, staged: Staged) -> None:
         self._run("vcommit", staged.token)
