@@ -136,7 +136,11 @@ class TensorWeights(TensorWords):
         self._warm(specs)
 
     def locate(self, name: str, lo: int, hi: int, lookup: Lookup, over: Overlay | None = None) -> Overlay:
-        index = self._index(name, lookup.exponent) if over is None or over[0].size == 0 else None
+        """Through the tensor's rank index where one is worth it (nothing staged over the range, and a
+        lookup sparse enough: :func:`~aurora_store.codec.ranks.worth`), else by the walk. A dense
+        version leaves the index as it was (its moves or a rebuild wait for the next sparse lookup)."""
+        sparse = ranks.worth(int(lookup.ranks.size), hi - lo)
+        index = self._index(name, lookup.exponent) if sparse and (over is None or over[0].size == 0) else None
         if index is None:
             return super().locate(name, lo, hi, lookup, over)
         return index.locate(lo, hi, lookup)
@@ -245,7 +249,7 @@ class TensorWeights(TensorWords):
         with torch.no_grad():
             for name, flat, idx_t, val_t, _ in prepared:
                 with self._build_lock(name):  # an index being built (after a load) is finished first
-                    flat[idx_t] = val_t
+                    flat.index_copy_(0, idx_t, val_t)  # positions are unique: 2-2.5x index_put's speed on CPU
         with self._ranks_lock:
             for name, flat, idx_t, val_t, was in prepared:
                 held = self._ranks.pop(name, None)

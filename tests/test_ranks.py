@@ -90,7 +90,9 @@ def test_a_classed_block_decodes_the_same_through_an_index() -> None:
     rng = np.random.default_rng(5)
     masters = rng.normal(0, 0.02, 3 * ranks.CHUNK + 7).astype(np.float32)
     to_bf16 = lambda x: torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view("<u2")  # noqa: E731
-    old, new = to_bf16(masters), to_bf16(masters + np.float32(3e-5))
+    moved = masters.copy()
+    moved[::101] += np.float32(3e-3)  # under 1% of the elements: sparse enough for the index (ranks.worth)
+    old, new = to_bf16(masters), to_bf16(moved)
     ex = classes.extract(old, new, Exponent(7, 8))
     enc = classed.encode(ex.positions, ex.old, ex.new, Exponent(7, 8), ex.classes, ex.ranks)
     live = TensorWeights({"w": torch.from_numpy(old.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
@@ -159,17 +161,17 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
     for _ in range(3):  # lookups, then commits that move the index forward (no rebuild)
-        new = change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent)
+        new = change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent)
         check(new)
         index = live._ranks["w"][0]
         at = np.flatnonzero(new != live.flat("w").numpy().view("<u2"))
         live.commit(live.prepare({"w": (at, new[at])}))
         assert live._moves["w"][0] is index  # moved at the next lookup, not at the safe point
-    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))
+    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
     assert live._ranks["w"][0] is index and not live._moves
     with torch.no_grad():  # a write the index is not told of: the next lookup builds a new one
         live.tensors["w"].mul_(-3)
-    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.05, exponent))
+    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
     assert live._ranks["w"][0] is not index
     monkeypatch.setenv("AURORA_RANK_INDEX", "0")
     off = TensorWeights({"w": live.tensors["w"].clone()})  # turned off: every lookup walks
@@ -178,6 +180,38 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
     assert not off._ranks
     monkeypatch.delenv("AURORA_RANK_INDEX", raising=False)  # the default: on (ranks.enabled says why)
     assert TensorWeights().rank_index and not TensorWeights(rank_index=False).rank_index
+
+
+def test_a_dense_lookup_walks_and_leaves_the_index_to_the_next_sparse_one() -> None:
+    """Above ranks.WALK_ABOVE a lookup walks (moving the index and looking up every rank would cost
+    more): the index is neither used nor moved then, and the next sparse lookup brings it up to date
+    (moved by the last commit's moves, or rebuilt) and equals the walk."""
+    rng = np.random.default_rng(3)
+    exponent = Exponent(7, 8)
+    words = random_words(rng, 4 * ranks.CHUNK, np.dtype("<u2"), exponent, 12)
+    live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
+    now = lambda: live.flat("w").numpy().view("<u2")  # noqa: E731
+
+    def step(density: float) -> tuple[np.ndarray, np.ndarray]:
+        new = change(rng, now().copy(), density, exponent)
+        look = lookup_of(now(), new, exponent)
+        want = classes.locate(now().copy(), look)
+        got = live.locate("w", 0, now().size, look)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        at = np.flatnonzero(new != now())
+        live.commit(live.prepare({"w": (at, new[at])}))
+        return look.ranks, new
+
+    look, _ = step(0.005)
+    assert ranks.worth(look.size, now().size) and "w" in live._moves  # the index, moved at the next lookup
+    index = live._moves["w"][0]
+    look, _ = step(0.2)
+    assert not ranks.worth(look.size, now().size)
+    assert "w" not in live._ranks and live._moves["w"][0] is index  # walked: the index was left alone
+    look, new = step(0.005)  # its moves are a version behind: rebuilt, then moved by this commit
+    assert ranks.worth(look.size, now().size) and live._moves["w"][0] is not index
+    assert np.array_equal(now(), new)
+    step(0.005)
 
 
 def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_build() -> None:
@@ -197,7 +231,7 @@ def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_bu
     assert live.warmed(60) and {"b", "c"} <= set(live._ranks)  # built ahead, no lookup asked
     for s in specs:
         now = live.flat(s.name).numpy().view("<u2")
-        target = change(rng, now.copy(), 0.02, exponent)
+        target = change(rng, now.copy(), 0.008, exponent)
         look = lookup_of(now, target, exponent)
         want = classes.locate(now.copy(), look)
         got = live.locate(s.name, 0, now.size, look)

@@ -99,7 +99,7 @@ def op_commit(rank: int, params: Params, stash: dict[str, Any], token: str) -> t
     t0 = time.perf_counter()
     with torch.no_grad():
         for _, flat, idx, val in staged:
-            flat[idx] = val
+            flat.index_copy_(0, idx, val)  # positions are unique
     if any(flat.is_cuda for _, flat, _, _ in staged):
         torch.cuda.synchronize()
     t1 = time.perf_counter()
