@@ -41,8 +41,9 @@ def test_the_quick_run_applies_deltas_that_generate_as_a_reload_does() -> None:
     (row,) = m["densities"].values()
     assert 0.005 < row["changed_fraction"] < 0.02
     assert 0 < row["delta_bytes_mean"] < m["full_bytes"] / 10
-    for key in ("pause_ms", "stage_ms", "pause_scatter_ms", "pause_rebuild_ms"):
+    for key in ("pause_ms", "stage_ms", "stage_in_worker_ms", "pause_scatter_ms", "pause_rebuild_ms"):
         assert len(row[key]["all"]) == 2 and all(x >= 0 and math.isfinite(x) for x in row[key]["all"])
+    assert all(0 < w <= s for w, s in zip(row["stage_in_worker_ms"]["all"], row["stage_ms"]["all"], strict=True))
     for key in ("reload_ms", "repack_floor_ms"):
         assert len(m[key]["all"]) == 2 and all(x > 0 and math.isfinite(x) for x in m[key]["all"])
     assert m["restart_ms"] > m["reload_ms"]["median"], "a restart costs more than a reload"

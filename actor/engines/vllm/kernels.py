@@ -94,7 +94,10 @@ class WorkerTensors(Mapping[str, torch.Tensor]):
         self._tensors = dict(tensors)
         self._kernels = {k: list(v) for k, v in (kernels or {}).items()}
         self.last_commit: dict[str, float] = {}
-        """Seconds the last staged write spent scattering and rebuilding (the worker ops set it)."""
+        """Seconds the last staged write spent scattering and rebuilding, and its version spent being
+        decoded here (the worker ops set it)."""
+        self.stage_s: dict[str, float] = {}
+        """token -> seconds ``vstage`` spent on it in this worker (parse, decode, check, prepare)."""
         self.hf: TensorWeights | None = None
         """This rank's tensors under HF names, views of the parameters above, with the versions
         staged against them (bound by the worker op ``bind`` after each load)."""
