@@ -8,7 +8,6 @@ and as the smallest example of the updater; the RL worker loop drives the same U
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import signal
 import threading
@@ -16,6 +15,7 @@ import threading
 from actor.config import SyncConfig
 from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
+from aurora_store.cli_parser import Parser
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.options import add_options, build
@@ -25,7 +25,7 @@ CHECK_S = 0.5
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actor.follow", description=__doc__)
+    p = Parser(prog="python -m actor.follow", description=__doc__)
     add_options(p, SyncConfig)
     args: SyncConfig = build(SyncConfig, p.parse_args(argv))
     coord = Coordinator(args.redis, args.run_id)

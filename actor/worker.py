@@ -19,7 +19,6 @@ than a lease keeps them; and a check every ``--check-s`` is the safety net under
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import signal
@@ -42,6 +41,7 @@ from actor.renewals import Renewer
 from actor.rewards import RewardPool
 from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
+from aurora_store.cli_parser import Parser
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -481,7 +481,7 @@ def run(cfg: WorkerConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m actor.worker``: the same as ``aurora actor``."""
-    p = argparse.ArgumentParser(prog="python -m actor.worker", description=__doc__)
+    p = Parser(prog="python -m actor.worker", description=__doc__)
     add_options(p, WorkerConfig)
     return run(build(WorkerConfig, p.parse_args(argv)))
 

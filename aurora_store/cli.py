@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aurora_store.cli_config import register as register_config
 from aurora_store.cli_identity import register as register_identity
 from aurora_store.cli_identity import write_new
+from aurora_store.cli_parser import Parser
 from aurora_store.options import json_object, positive
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc)
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "parses_rest", False):  # only a command that parses its own arguments takes them
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        parser.subcommand(args.command).unknown(rest)
     args.rest = rest
     try:
         configfile.confirm(args)
@@ -67,8 +68,8 @@ def _fail(exc: BaseException) -> int:
     return 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog=PROG, description="AuroraRL: RL post-training over object storage. Every role is a subcommand."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -12,7 +12,6 @@ a thousand actors (five threads each) on a small machine.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -33,6 +32,7 @@ from actor.config import RolloutConfig, SyncConfig, WorkerConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
 from actor.worker import Worker
+from aurora_store.cli_parser import Parser
 from aurora_store.rl.sampling import SamplingConfig
 
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aurora_store.options import add_options, build
 
-    p = argparse.ArgumentParser(prog="python -m bench.coord_fleet")
+    p = Parser(prog="python -m bench.coord_fleet")
     add_options(p, ProcessFlags)
     args: ProcessFlags = build(ProcessFlags, p.parse_args(argv))
     logging.getLogger("aurora").setLevel(logging.ERROR)

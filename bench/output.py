@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aurora_store.cli_parser import Parser
+
 C = TypeVar("C")
 
 
@@ -59,7 +61,7 @@ def parser_for(
     from aurora_store.options import add_options
 
     note = preset_note(flags, presets or {})
-    parser = argparse.ArgumentParser(prog=f"aurora bench {name}", description=description, epilog=note)
+    parser = Parser(prog=f"aurora bench {name}", description=description, epilog=note)
     add_options(parser, flags)
     return parser
 

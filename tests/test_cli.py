@@ -135,7 +135,11 @@ def test_ls_table_and_errors(pub: Published, tmp_path: Path) -> None:
     nothing = aurora("ls", f"file://{tmp_path}/nothing", "--json")  # not an empty run: no run at all
     assert nothing.returncode == 1 and "nothing is stored under this URI" in nothing.stderr
     (tmp_path / "empty").mkdir()
-    assert aurora("ls", f"file://{tmp_path}/empty", "--json").stdout.strip() == "[]"
+    assert aurora("ls", f"file://{tmp_path}/empty", "--json").stdout.strip() == "[]"  # an empty run
+    (tmp_path / "other" / "logs").mkdir(parents=True)
+    (tmp_path / "other" / "logs" / "a.txt").write_text("not a run")
+    other = aurora("ls", f"file://{tmp_path}/other")
+    assert other.returncode == 1 and "holds logs but no run" in other.stderr and other.stdout == ""
     bad = aurora("ls", pub.uri, "--storage-options", "[1]")
     assert bad.returncode == 2 and "JSON object" in bad.stderr
     assert aurora("ls").returncode == 2
@@ -564,3 +568,37 @@ def test_audit_catches_a_rehashed_manifest_whose_stats_lie(pub: Published) -> No
     assert doc["first_error"]["version"] == 3 and doc["first_error"]["object"] == pub.url(key)
     assert "stats.changed" in doc["first_error"]["error"]
     assert doc["versions"][4]["status"] == "failed" and "parent hash" in doc["versions"][4]["error"]
+
+
+# ---------------------------------------------------------------- usage errors, as a user meets them
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["demo", "--stpes", "10"], "--stpes: did you mean --steps?"),
+        (["demo", "--step", "10"], "--step: did you mean --steps?"),  # no prefix matching: not taken as --steps
+        (["train", "--stor", "file:///x"], "--stor: did you mean --store?"),
+        (["bench", "codec", "--layer", "2"], "unrecognized arguments: --layer"),
+    ],
+)
+def test_a_misspelt_or_abbreviated_flag_is_refused_by_its_own_command(argv: list[str], says: str) -> None:
+    got = aurora(*argv)
+    assert got.returncode == 2 and got.stdout == ""
+    assert says in got.stderr
+    command = " ".join(argv[:2]) if argv[0] == "bench" else argv[0]
+    assert got.stderr.startswith(f"aurora {command}: error:"), got.stderr  # the subcommand's, not the top level's
+
+
+def test_a_missing_required_flag_says_so_first_and_briefly() -> None:
+    got = aurora("relay")
+    assert got.returncode == 2
+    lines = got.stderr.strip().splitlines()
+    assert lines[0].startswith("aurora relay: error: the following arguments are required:"), got.stderr
+    assert len(lines) <= 3 and "aurora relay --help" in lines[-1]
+
+
+def test_a_demo_without_steps_is_refused_before_it_starts(tmp_path: Path) -> None:
+    got = aurora("demo", "--steps", "0", "--workdir", str(tmp_path / "w"))
+    assert got.returncode == 1 and "--steps must be at least 1" in got.stderr
+    assert not (tmp_path / "w").exists(), "nothing was started or written"

@@ -99,10 +99,19 @@ def train_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_steps(args: argparse.Namespace) -> None:
+    """A demo trains: ``--steps 0`` would warm up, publish version 0 and report nothing learnt."""
+    from aurora_store.cli import CommandError
+
+    if int(args.steps) < 1:
+        raise CommandError(f"--steps must be at least 1 for a demo (the RL steps it shows), got {args.steps}")
+
+
 def demo_main(args: argparse.Namespace) -> int:
     from trainer.demo import run_demo
 
     _resolve_recipe(args)
+    _has_steps(args)
     demo = build(DemoConfig, args)
     summary = run_demo(demo, lambda **given: build(TrainerConfig, args, **given))
     if demo.json:
@@ -120,6 +129,7 @@ def demo_real_main(args: argparse.Namespace) -> int:
 
     if args.problems < 1:
         raise CommandError(f"--problems must be at least 1, got {args.problems}")
+    _has_steps(args)
     checked(build(DemoConfig, args))  # before anything is written
     model = smollm2_gguf()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="aurora-demo-real-"))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from aurora_store.errors import ConflictError, CorruptError, LimitError, MissingError, StoreError
-from aurora_store.format.keys import TMP_PREFIX
+from aurora_store.format.keys import RUN_DIRS, TMP_PREFIX
 from aurora_store.storage import Capabilities, Meter, Staged, StagedWrite, open_backend, translated
 
 __all__ = ["ObjectStore", "RangeRequest", "Staged", "StagedWrite"]
@@ -241,11 +241,19 @@ class ObjectStore:
         return removed
 
     def require_run(self) -> None:
-        """Say why nothing is here, if nothing is: MissingError naming a missing bucket or a prefix
-        that holds nothing, StoreError for an endpoint that does not answer (an empty listing
-        alone cannot tell these apart from an empty run)."""
+        """Say why no run is here, if none is: MissingError naming a missing bucket, a prefix that holds
+        nothing, or one that holds other things than a run's; StoreError for an endpoint that does not
+        answer (an empty listing alone cannot tell these apart from an empty run; an empty directory
+        is an empty run)."""
         with translated(self.uri):
             if self.backend.holds_anything():
+                names = self.backend.top_names()
+                if names and not names & RUN_DIRS:
+                    shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+                    raise MissingError(
+                        f"{self.uri}: holds {shown} but no run (a run keeps {', '.join(sorted(RUN_DIRS))} "
+                        "under its root): check the prefix"
+                    )
                 return
             bucket = self.backend.missing_bucket()
         if bucket is not None:

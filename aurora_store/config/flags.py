@@ -33,7 +33,7 @@ def requested(argv: Sequence[str]) -> None:
     file. The real parser checks the same flags again (:func:`confirm`)."""
     argv = list(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
-    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--region", "--dest-region", dest="region")
     try:

@@ -39,6 +39,10 @@ STATE_COMMIT = "state.json"
 RESULTS_DIR = "results"
 """Offloaded rollout-result payloads (see :mod:`aurora_store.format.results`)."""
 INDEX_NAME = "model.safetensors.index.json"
+RETENTION_DIR = "retention"
+"""Retention records (:mod:`aurora_store.format.retention`)."""
+RUN_DIRS = frozenset({VERSIONS_DIR, FILES_DIR, STATE_DIR, RESULTS_DIR, RETENTION_DIR})
+"""What a run keeps directly under its root: a prefix holding none of these holds no run."""
 TMP_PREFIX = ".tmp-"
 """Prefix of a local store's temporary files; no object is ever named with it."""
 

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from aurora_store.errors import CorruptError
 from aurora_store.format import hostile_json, signing
-from aurora_store.format.keys import MAX_VERSION
+from aurora_store.format.keys import MAX_VERSION, RETENTION_DIR
 from aurora_store.format.manifest import Signature
 from aurora_store.format.manifest_parser import B64_SIG, HEX64, KEY_ID
 
@@ -38,7 +38,7 @@ FORMAT = "aurora-retention/2"
 LEGACY = "aurora-retention/1"
 """Records written by earlier code: no run, no latest version, no signature."""
 _DOMAIN = b"aurora-retention/2\0"
-DIR = "retention"
+DIR = RETENTION_DIR
 MAX_RECORD_BYTES = 16 << 20
 """A record lists versions as ranges: a run's whole history fits in a few kilobytes."""
 _NAME = re.compile(r"[0-9]{13}-[0-9a-f]{32}\.json")

@@ -168,6 +168,15 @@ class Backend(ABC):
         """The bucket the root lies in, if that bucket itself does not exist (None: no buckets here)."""
         return None
 
+    def top_names(self) -> set[str]:
+        """The names directly under the root (objects and the first part of deeper keys): one listing."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return set()
+        return {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+
 
 # ------------------------------------------------------------ the one place backend errors are read
 
