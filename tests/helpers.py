@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from aurora_store.testing.processes import deadline
+
 
 def state_dict(seed: int = 0, scale: int = 1) -> dict[str, torch.Tensor]:
     """A small model-shaped state dict with every kind of tensor the store meets."""
@@ -96,10 +98,11 @@ def decoded_change(old: Any, got: Any, count: int) -> Any:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def aurora(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m aurora_store.cli ARGS`` as a separate process (``env``: added to the environment)."""
+def aurora(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aurora_store.cli ARGS`` as a separate process (``env``: added to the environment;
+    ``timeout`` scaled by AURORA_TEST_PATIENCE)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "aurora_store.cli", *args], capture_output=True, text=True, cwd=REPO, env=env,
-        timeout=timeout,
+        timeout=deadline(timeout),
     )  # fmt: skip

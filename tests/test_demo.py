@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from aurora_store.testing.processes import deadline
+
 REPO = Path(__file__).resolve().parents[1]
 AURORA = (sys.executable, "-m", "aurora_store.cli")
 pytestmark = pytest.mark.slow
 
 
-def demo(*args: str, timeout: float = 600) -> dict[str, Any]:
+def demo(*args: str, timeout: float = 1200) -> dict[str, Any]:
     """``aurora demo --json ARGS`` in a session of its own: on a timeout the demo and every role it
     started are killed, so a slow run leaves no processes behind."""
     proc = subprocess.Popen(
@@ -31,11 +33,11 @@ def demo(*args: str, timeout: float = 600) -> dict[str, Any]:
         start_new_session=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=deadline(timeout))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"aurora demo did not finish in {timeout} s:\n{stderr[-3000:]}")
+        pytest.fail(f"aurora demo did not finish in {deadline(timeout):.0f} s:\n{stderr[-3000:]}")
     assert proc.returncode == 0, stderr[-3000:]
     return json.loads(stdout.strip().splitlines()[-1])
 
@@ -46,11 +48,12 @@ def test_a_short_recipe_learns_and_every_region_verifies(tmp_path: Path) -> None
     runs ``aurora demo --json`` as a user does and judges its summary."""
     recipe = ("--steps", "60", "--lr", "3e-5", "--workdir", str(tmp_path))
     proc = subprocess.run(
-        [*AURORA, "bench", "recipe", "--json", *recipe, "--timeout-s", "600"],  # it kills the demo's session on overrun
+        # it kills the demo's session on overrun
+        [*AURORA, "bench", "recipe", "--json", *recipe, "--timeout-s", str(round(deadline(1500)))],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=700,
+        timeout=deadline(1600),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout)
@@ -114,7 +117,7 @@ def test_demo_real_refuses_bad_flags_before_starting_anything(tmp_path: Path, fl
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=deadline(300),
     )
     assert got.returncode != 0 and message in got.stderr
     assert list(tmp_path.iterdir()) == [], "nothing was written"

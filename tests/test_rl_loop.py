@@ -23,7 +23,7 @@ from aurora_store.bucket.run import open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.format import results as payloads
-from aurora_store.testing.processes import wait_for
+from aurora_store.testing.processes import deadline, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP = 8, 4
@@ -119,12 +119,24 @@ class Loop:
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
 
-    def finish(self, proc: subprocess.Popen[bytes], name: str, timeout: float = 180) -> None:
+    def logs(self) -> str:
+        """Every role's log tail, for a failure's message."""
+        return "\n".join(f"--- {p.stem} ---\n{self.log(p.stem)}" for p in sorted(self.tmp.glob("*.log")))
+
+    def wait(self, cond: Any, what: str, timeout: float) -> None:
+        """Wait for an event (deadlines are generous: a loaded machine is slow, and
+        AURORA_TEST_PATIENCE scales them); a timeout fails with every role's log tail."""
         try:
-            rc = proc.wait(timeout)
+            wait_for(cond, what, timeout)
+        except AssertionError as exc:
+            pytest.fail(f"{exc}\n{self.logs()}")
+
+    def finish(self, proc: subprocess.Popen[bytes], name: str, timeout: float = 600) -> None:
+        try:
+            rc = proc.wait(deadline(timeout))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not finish in {timeout} s:\n{self.log(name)}")
-        assert rc == 0, f"{name} exited {rc}:\n{self.log(name)}"
+            pytest.fail(f"{name} did not finish in {deadline(timeout):.0f} s:\n{self.logs()}")
+        assert rc == 0, f"{name} exited {rc}:\n{self.logs()}"
 
     def stop(self) -> None:
         for p in self.procs:
@@ -170,8 +182,8 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     board = JobBoard(loop.coord)
     # the rogue takes what it is given and answers with a forged version hash, then leaves
     leases = []
-    wait_for(
-        lambda: bool(leases.extend(board.take(rogue, max_jobs=64, block_s=0.2)) or leases), "the rogue's jobs", 120
+    loop.wait(
+        lambda: bool(leases.extend(board.take(rogue, max_jobs=64, block_s=0.2)) or leases), "the rogue's jobs", 300
     )
     forged = payloads.encode([([3], [-0.1], "stop", 1.0)] * GROUP, failures={}, weights_digest=None)
     for lease in leases:
@@ -186,7 +198,7 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
             if h.get("actor") == "slow" and h.get("state") == "leased" and h.get("taken_token") == h.get("token")
         }
 
-    wait_for(lambda: bool(slow_busy()), "the slow actor to be mid-batch", 120)
+    loop.wait(lambda: bool(slow_busy()), "the slow actor to be mid-batch", 300)
     slow.kill()
     held = slow_busy()
     loop.actor("fast")
@@ -207,7 +219,7 @@ def test_a_batch_longer_than_its_lease_keeps_it_and_a_paused_holder_loses_it(loo
     trainer = loop.trainer("--steps", "3", "--lease-s", str(lease_ms / 1000))
     # ~20-40 ms of generation a batch here, x300: 6-12 s, three to six leases (longer under load)
     slow = loop.actor("slow", "--slowdown", "300", "--batch", str(PROMPTS))
-    wait_for(lambda: len(loop.steps()) >= 2, "two steps on the slow actor alone", 600)
+    loop.wait(lambda: len(loop.steps()) >= 2, "two steps on the slow actor alone", 1200)
     assert loop.steps()[1]["dropped"].get("lease_lost", 0) == 0, loop.steps()[1]
     first = {j: h for j, h in loop.jobs().items() if h.get("step") in ("1", "2")}
     assert len(first) == 2 * PROMPTS and all(h["leases"] == "1" for h in first.values()), first
@@ -222,11 +234,11 @@ def test_a_batch_longer_than_its_lease_keeps_it_and_a_paused_holder_loses_it(loo
             if h.get("step") == "3" and h.get("actor") == "slow" and h.get("taken_token") == h.get("token")
         }
 
-    wait_for(lambda: bool(slow_busy()), "the slow actor to be mid-batch in step 3", 300)
+    loop.wait(lambda: bool(slow_busy()), "the slow actor to be mid-batch in step 3", 900)
     slow.send_signal(signal.SIGSTOP)
     held = slow_busy()
     loop.actor("fast")
-    loop.finish(trainer, "trainer", timeout=300)
+    loop.finish(trainer, "trainer", timeout=900)
     _check_exactly_once(loop, 3)
     assert loop.steps()[-1]["dropped"].get("lease_lost", 0) >= 1, "the paused holder's leases expired"
     by_job = {a["job"]: a["actor"] for a in _admitted(loop)}
@@ -243,7 +255,7 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     loop.actor("a")
     first = loop.trainer("--steps", "7", "--rollout-correction", "tis")
     run = open_run(loop.store, verify_key=public)
-    wait_for(lambda: (run.latest() or 0) >= 3, "version 3", 180)
+    loop.wait(lambda: (run.latest() or 0) >= 3, "version 3", 480)
     first.kill()
     first.wait(10)
     at_kill = open_run(loop.store, verify_key=public).latest()
@@ -279,7 +291,7 @@ def test_a_trainer_killed_between_states_publishes_its_rollback(loop: Loop) -> N
     loop.actor("a")
     first = loop.trainer("--steps", "9", "--state-every", "4")
     run = open_run(loop.store)
-    wait_for(lambda: (run.latest() or 0) >= 6, "version 6", 180)
+    loop.wait(lambda: (run.latest() or 0) >= 6, "version 6", 480)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     at_kill = open_run(loop.store).latest()
@@ -311,9 +323,9 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     trainer = loop.trainer("--steps", "8", "--admissions-log", str(log))
     loop.actor("a", "--slowdown", "5")
     run = open_run(loop.store)
-    wait_for(lambda: (run.latest() or 0) >= 2, "version 2", 180)
+    loop.wait(lambda: (run.latest() or 0) >= 2, "version 2", 480)
     loop.coord.r.flushall()
-    wait_for(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 180)
+    loop.wait(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 480)
     loop.redis_server.kill()
     time.sleep(2)
     loop.redis_server.start()
@@ -342,10 +354,10 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     def lag_joined() -> bool:  # it must hold a version before it is paused, or it only bootstraps late
         return any(d["actor"] == "lag" for _id, d in loop.coord.notes("applied"))
 
-    wait_for(lambda: lag_joined() and (run.latest() or 0) >= 2, "the lagging actor to join, and version 2", 180)
+    loop.wait(lambda: lag_joined() and (run.latest() or 0) >= 2, "the lagging actor to join, and version 2", 480)
     lag.send_signal(signal.SIGSTOP)  # a preempted host: no heartbeat, no progress
     paused_at = run.latest() or 0
-    wait_for(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 180)
+    loop.wait(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 480)
     lag.send_signal(signal.SIGCONT)
     loop.finish(trainer, "trainer")
     applied = [d["version"] for _id, d in loop.coord.notes("applied") if d["actor"] == "lag"]
@@ -396,7 +408,7 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
         ],
     )
     loop.actor("a")
-    loop.finish(trainer, "trainer", timeout=300)
+    loop.finish(trainer, "trainer", timeout=900)
     run = open_run(loop.store)
     assert run.versions() == [0, 1, 2, 3] and audit(run).ok
     _check_exactly_once(loop, 3)
