@@ -262,6 +262,8 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         },
         "steps": steps,
         "idle": {
+            "round_trips": int(made),
+            "seconds": round(idle_wall, 3),
             "round_trips_per_actor_s": round(idle_trips, 3),
             "redis_cpu_per_actor_s": idle_cpu,
             "redis_commands_per_s": round(idle["commands"] / idle_wall, 1),

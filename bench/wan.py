@@ -82,7 +82,7 @@ def describe(link: Link) -> dict[str, Any]:
     }
 
 
-class _Shaper:
+class Shaper:
     """A token bucket in virtual-time form: bytes leave back to back at the rate, never before they arrive."""
 
     __slots__ = ("_free_at", "_rate")
@@ -95,6 +95,16 @@ class _Shaper:
         """Put ``nbytes`` on the wire after those already booked; return when their last byte has left."""
         self._free_at = max(self._free_at, now) + nbytes / self._rate
         return self._free_at
+
+
+def schedule(shapers: list[Shaper], nbytes: int, now: float, delay: float, last: float) -> tuple[float, float]:
+    """Where a chunk of ``nbytes`` read at ``now`` goes, in the link's virtual time: when its last byte
+    leaves (booked on every shaper it crosses: its connection's cap, the link's bandwidth) and when it
+    arrives, ``delay`` later but never before the chunk before it (``last``). Chunks are pipelined: the
+    one-way delay is paid once per burst, not once per chunk. (The proxy sleeps until these times; the
+    tests check the schedule itself, so a loaded machine cannot fail them.)"""
+    left = max([s.book(nbytes, now) for s in shapers], default=now) if nbytes else now
+    return left, max(last, left + max(delay, 0.0))
 
 
 class _Window:
@@ -137,7 +147,7 @@ class WanProxy:
         self._listen = (listen_host, listen_port)
         self._rng = random.Random(seed)
         bw = link.bandwidth_bps
-        self._link_shapers: dict[Direction, _Shaper | None] = {d: _Shaper(bw) if bw else None for d in ("up", "down")}
+        self._link_shapers: dict[Direction, Shaper | None] = {d: Shaper(bw) if bw else None for d in ("up", "down")}
         self._counts = {"connections": 0, "open_connections": 0, "bytes_up": 0, "bytes_down": 0}
         self._counts_lock = threading.Lock()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -253,7 +263,7 @@ class WanProxy:
         """Carry one direction: book each chunk on the link, deliver it one-way delay later, in order."""
         loop = asyncio.get_running_loop()
         cap = self.link.per_connection_bps
-        shapers = [s for s in (_Shaper(cap) if cap else None, self._link_shapers[direction]) if s is not None]
+        shapers = [s for s in (Shaper(cap) if cap else None, self._link_shapers[direction]) if s is not None]
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         window = _Window(self.link.window_bytes)
         half_rtt, jitter = self.link.rtt_s / 2, self.link.jitter_s
@@ -264,9 +274,8 @@ class WanProxy:
                 await window.wait_room()
                 data = await src.read(CHUNK)
                 now = loop.time()
-                left = max([s.book(len(data), now) for s in shapers], default=now) if data else now
                 delay = half_rtt + self._rng.uniform(-jitter, jitter) if jitter else half_rtt
-                arrive = max(arrive, left + max(delay, 0.0))  # never overtake an earlier chunk
+                left, arrive = schedule(shapers, len(data), now, delay, arrive)
                 window.take(len(data))
                 queue.put_nowait((arrive, data))
                 if not data:

@@ -13,13 +13,22 @@ import pytest
 from bench import coord
 
 
+def idle_within_a_trip_a_second(row: dict) -> bool:
+    """An idle actor's round trips come from its timers (heartbeat, the stream's block timeout), at
+    most one a second: a count over the window measured, plus one trip at each edge of it per actor. A
+    loaded machine only fires the timers late (a rate per wall second is the bench's figure, not a
+    test's)."""
+    idle, actors = row["idle"], row["actors"]
+    return 0 < idle["round_trips"] <= actors * (idle["seconds"] * 1.0 + 2)
+
+
 @pytest.mark.slow
 def test_a_small_fleet_is_pushed_not_polled_and_redis_stays_bounded() -> None:
     out = coord.measure(coord.Config(rows="6x12x64,24x12x64", steps=3, idle_s=3.0))
     small, large = out["rows"]
     for row in (small, large):
         assert all(s["admitted"] == 12 and s["tokens"] == 12 * 8 * 64 for s in row["steps"])
-        assert row["idle"]["round_trips_per_actor_s"] <= 1.0, "an idle actor costs at most a command a second"
+        assert idle_within_a_trip_a_second(row), row["idle"]
         assert row["admission"]["admitted"] == row["admission"]["results"]
         assert row["admission"]["bytes_per_token_in_redis"] < 8.5, "int32 + float32 a token, and a small header"
     # refresh the roster, read expired leases, and (with idle actors, as at 24) the unstarted ones
@@ -35,7 +44,7 @@ def test_results_above_the_inline_cap_go_by_reference_from_actors_in_other_proce
     assert row["processes"] == 2 and all(s["admitted"] == 4 for s in row["steps"])
     assert row["admission"]["by_reference"] == row["admission"]["results"]
     assert row["bytes_per_token"] < 0.5, "only references and small fields cross Redis"
-    assert 0 < row["idle"]["round_trips_per_actor_s"] <= 1.0, "counted in the actors' own processes"
+    assert idle_within_a_trip_a_second(row), ("counted in the actors' own processes", row["idle"])
 
 
 @pytest.mark.slow

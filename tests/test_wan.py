@@ -16,7 +16,7 @@ import pytest
 
 from aurora_store.testing.moto import S3Server
 from aurora_store.testing.processes import wait_for
-from bench.wan import MATHIS_C, Link, WanProxy, describe
+from bench.wan import CHUNK, MATHIS_C, Link, Shaper, WanProxy, describe, schedule
 
 MIB = 2**20
 TIMEOUT_S = 10.0
@@ -168,20 +168,52 @@ def test_latency_is_applied(target: tuple[str, int]) -> None:
         sock.sendall(b"y")
         assert sock.recv(1) == b"y"
         second = time.monotonic() - start
-    assert 0.4 <= first < 1.2  # a handshake round trip, then the request's
-    assert 0.2 <= second < 1.0
+    # lower bounds only: the emulator delays at least this much; a loaded machine can only add to it
+    assert first >= 0.4  # a handshake round trip, then the request's
+    assert second >= 0.2
 
 
-def test_delay_and_rate_compose_like_a_pipe(target: tuple[str, int]) -> None:
-    """4 MiB is 64+ chunks: pipelined, the one-way delay is paid once, not once per chunk (+3.2 s)."""
+def _burst(shapers: list[Shaper], size: int, delay: float, at: float = 0.0) -> float:
+    """When the last of ``size`` bytes read at once arrives, by the proxy's own schedule (virtual time)."""
+    arrive = 0.0
+    for _ in range(-(-size // CHUNK)):
+        _, arrive = schedule(shapers, CHUNK, at, delay, arrive)
+    return arrive
+
+
+def test_delay_and_rate_compose_like_a_pipe() -> None:
+    """4 MiB is 64+ chunks: pipelined, the one-way delay is paid once, not once per chunk (+3.2 s).
+    Checked on the schedule the proxy sleeps to, so no wall time is asserted."""
+    rtt, rate, size = 0.1, 64e6, 4 * MIB
+    last = _burst([Shaper(rate)], size, rtt / 2)
+    assert last == pytest.approx(size * 8 / rate + rtt / 2)
+    _, late = schedule([Shaper(rate)], CHUNK, 0.0, 0.0, last)
+    assert late == last, "a chunk never overtakes the one before it"
+    assert schedule([], 0, 7.0, 0.05, 0.0) == (7.0, 7.05), "an EOF takes the delay alone"
+
+
+def test_a_real_transfer_takes_at_least_the_link_time(target: tuple[str, int]) -> None:
     rtt, rate, size = 0.1, 64e6, 4 * MIB
     with WanProxy(*target, Link(rtt_s=rtt, bandwidth_bps=rate)) as proxy:
         elapsed = _timed_fetches(proxy.port, [size])
-    ideal = size * 8 / rate + 2 * rtt  # handshake, request up, first bytes down
-    assert 0.8 * ideal <= elapsed < ideal + 0.5, (elapsed, ideal)
+    assert elapsed >= 0.8 * (size * 8 / rate + 2 * rtt)  # handshake, request up, first bytes down
 
 
-def test_rate_caps_per_connection_and_aggregate(target: tuple[str, int]) -> None:
+def test_rate_caps_per_connection_and_aggregate() -> None:
+    """A per-connection cap (the Mathis bound of a lossy link) lets four connections move four times
+    what one does; a link's bandwidth caps all of them together (the proxy's schedule, virtual time)."""
+    cap, total = 8e6, 768 * 1024
+    ideal = total * 8 / cap
+    assert _burst([Shaper(cap), Shaper(1e9)], total, 0.0) == pytest.approx(ideal)
+    link = Shaper(1e9)
+    four = [_burst([Shaper(cap), link], total // 4, 0.0) for _ in range(4)]
+    assert max(four) == pytest.approx(ideal / 4, rel=0.01)
+    shared = Shaper(cap)
+    together = [_burst([shared], total // 4, 0.0) for _ in range(4)]
+    assert max(together) == pytest.approx(ideal)
+
+
+def test_caps_hold_through_the_proxy(target: tuple[str, int]) -> None:
     rtt, cap, total = 0.01, 8e6, 768 * 1024
     ideal = total * 8 / cap
     per_conn = Link(rtt_s=rtt, loss=_loss_for(cap, rtt), bandwidth_bps=1e9)
@@ -190,10 +222,7 @@ def test_rate_caps_per_connection_and_aggregate(target: tuple[str, int]) -> None
         four = _timed_fetches(proxy.port, [total // 4] * 4)
     with WanProxy(*target, Link(rtt_s=rtt, loss=_loss_for(cap, rtt), bandwidth_bps=cap)) as proxy:
         shared = _timed_fetches(proxy.port, [total // 4] * 4)
-    assert one >= 0.8 * ideal
-    assert one / four >= 2.5, (one, four)
-    assert shared >= 0.8 * ideal
-    assert one / shared <= 1.5, (one, shared)
+    assert one >= 0.8 * ideal and four >= 0.8 * ideal / 4 and shared >= 0.8 * ideal
 
 
 def test_stop_closes_open_connections(target: tuple[str, int]) -> None:
