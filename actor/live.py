@@ -111,6 +111,8 @@ class TensorWeights(TensorWords):
         self._moves: dict[str, tuple[ranks.RankIndex, int, np.ndarray, np.ndarray, np.ndarray]] = {}
         """name -> an index the last commit left behind, the tensor's ``_version`` after that commit,
         and the commit's positions, old and new words: made at the next lookup."""
+        self._move_counts: dict[str, int] = {}
+        """name -> how many of its pending moves change an element's class (what they cost)."""
         self.stager = Stager(self)
         """Versions staged against these tensors, in this process (:meth:`stage_version`)."""
 
@@ -119,6 +121,7 @@ class TensorWeights(TensorWords):
         with self._ranks_lock:
             self._ranks.clear()
             self._moves.clear()
+            self._move_counts.clear()
         if not self.tensors:  # no engine tensors given: own them
             self.tensors = {s.name: from_words(s, words[s.name]).to(self.device) for s in specs}
             self._warm(specs)
@@ -139,11 +142,25 @@ class TensorWeights(TensorWords):
         """Through the tensor's rank index where one is worth it (nothing staged over the range, and a
         lookup sparse enough: :func:`~aurora_store.codec.ranks.worth`), else by the walk. A dense
         version leaves the index as it was (its moves or a rebuild wait for the next sparse lookup)."""
-        sparse = ranks.worth(int(lookup.ranks.size), hi - lo)
+        sparse = ranks.worth(int(lookup.ranks.size), hi - lo, self._pending_moves(name, lookup.exponent, hi - lo))
         index = self._index(name, lookup.exponent) if sparse and (over is None or over[0].size == 0) else None
         if index is None:
             return super().locate(name, lo, hi, lookup, over)
         return index.locate(lo, hi, lookup)
+
+    def _pending_moves(self, name: str, exponent: Exponent, elements: int) -> int:
+        """The class moves the tensor's index must make before its next lookup (the last commit's), pro
+        rata to a lookup of ``elements`` of the tensor's; counted once per commit."""
+        with self._ranks_lock:
+            moves = self._moves.get(name)
+            if moves is None:
+                return 0
+            count = self._move_counts.get(name)
+            if count is None:
+                _, _, _, was, now = moves
+                count = int(np.count_nonzero(exponent.of(was) != exponent.of(now.view(was.dtype))))
+                self._move_counts[name] = count
+        return count * elements // max(1, self.flat(name).numel())
 
     def _build_lock(self, name: str) -> threading.Lock:
         """The lock under which tensor ``name``'s index is built and its words written."""
@@ -200,6 +217,7 @@ class TensorWeights(TensorWords):
             with self._ranks_lock:
                 held = self._ranks.get(name)
                 moves = self._moves.pop(name, None)
+                self._move_counts.pop(name, None)
             if held is None and moves is not None and moves[1] == flat._version:  # the last commit's moves
                 index, version, at, was, now = moves
                 try:
@@ -255,6 +273,7 @@ class TensorWeights(TensorWords):
                 held = self._ranks.pop(name, None)
                 if held is not None and was is not None and valid.get(name) is held:
                     self._moves[name] = (held[0], flat._version, idx_t.cpu().numpy(), was, val_t.cpu().numpy())
+                    self._move_counts.pop(name, None)
             for name, held in valid.items():
                 if name not in written and self._ranks.get(name) is held:
                     self._ranks[name] = (held[0], self.flat(name)._version)

@@ -54,6 +54,21 @@ def change(rng: np.random.Generator, words: np.ndarray, density: float, exponent
     return new
 
 
+def step(rng: np.random.Generator, words: np.ndarray, density: float, exponent: Exponent) -> np.ndarray:
+    """An optimizer-like step: ``density`` of the words move by one ULP, and one in fifty of those
+    crosses into the next exponent class (real steps cross about one in 128: few moves, so a live
+    index is worth keeping, :func:`ranks.worth`)."""
+    new = words.copy()
+    at = np.flatnonzero(rng.random(words.size) < density)
+    new[at] ^= words.dtype.type(1)
+    cross = at[rng.random(at.size) < 1 / 50]
+    top = (1 << exponent.bits) - 1
+    exps = (exponent.of(words[cross]).astype(np.int64) + 1) % top  # never into the all-ones class
+    keep = ~np.asarray(((1 << exponent.bits) - 1) << exponent.shift, dtype=np.int64)
+    new[cross] = ((words[cross].astype(np.int64) & keep) | (exps << exponent.shift)).astype(words.dtype)
+    return new
+
+
 @given(
     st.integers(0, 2),
     st.integers(1, 3 * ranks.CHUNK + 50),
@@ -150,7 +165,7 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
 ) -> None:
     rng = np.random.default_rng(1)
     exponent = Exponent(7, 8)
-    words = random_words(rng, 3 * ranks.CHUNK, np.dtype("<u2"), exponent, 12)
+    words = random_words(rng, 16 * ranks.CHUNK, np.dtype("<u2"), exponent, 12)
     live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
 
     def check(new: np.ndarray) -> None:
@@ -161,22 +176,22 @@ def test_live_weights_keep_their_index_with_commits_and_rebuild_it_after_other_w
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
     for _ in range(3):  # lookups, then commits that move the index forward (no rebuild)
-        new = change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent)
+        new = step(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent)
         check(new)
         index = live._ranks["w"][0]
         at = np.flatnonzero(new != live.flat("w").numpy().view("<u2"))
         live.commit(live.prepare({"w": (at, new[at])}))
         assert live._moves["w"][0] is index  # moved at the next lookup, not at the safe point
-    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
+    check(step(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
     assert live._ranks["w"][0] is index and not live._moves
     with torch.no_grad():  # a write the index is not told of: the next lookup builds a new one
         live.tensors["w"].mul_(-3)
-    check(change(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
+    check(step(rng, live.flat("w").numpy().view("<u2").copy(), 0.01, exponent))
     assert live._ranks["w"][0] is not index
     monkeypatch.setenv("AURORA_RANK_INDEX", "0")
     off = TensorWeights({"w": live.tensors["w"].clone()})  # turned off: every lookup walks
-    look = lookup_of(off.flat("w").numpy().view("<u2"), words[: 3 * ranks.CHUNK], exponent)
-    off.locate("w", 0, 3 * ranks.CHUNK, look)
+    look = lookup_of(off.flat("w").numpy().view("<u2"), words, exponent)
+    off.locate("w", 0, 16 * ranks.CHUNK, look)
     assert not off._ranks
     monkeypatch.delenv("AURORA_RANK_INDEX", raising=False)  # the default: on (ranks.enabled says why)
     assert TensorWeights().rank_index and not TensorWeights(rank_index=False).rank_index
@@ -192,8 +207,8 @@ def test_a_dense_lookup_walks_and_leaves_the_index_to_the_next_sparse_one() -> N
     live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
     now = lambda: live.flat("w").numpy().view("<u2")  # noqa: E731
 
-    def step(density: float) -> tuple[np.ndarray, np.ndarray]:
-        new = change(rng, now().copy(), density, exponent)
+    def apply(density: float) -> tuple[np.ndarray, np.ndarray]:
+        new = (step if density < 0.1 else change)(rng, now().copy(), density, exponent)
         look = lookup_of(now(), new, exponent)
         want = classes.locate(now().copy(), look)
         got = live.locate("w", 0, now().size, look)
@@ -202,16 +217,40 @@ def test_a_dense_lookup_walks_and_leaves_the_index_to_the_next_sparse_one() -> N
         live.commit(live.prepare({"w": (at, new[at])}))
         return look.ranks, new
 
-    look, _ = step(0.005)
+    look, _ = apply(0.005)
     assert ranks.worth(look.size, now().size) and "w" in live._moves  # the index, moved at the next lookup
     index = live._moves["w"][0]
-    look, _ = step(0.2)
+    look, _ = apply(0.2)
     assert not ranks.worth(look.size, now().size)
     assert "w" not in live._ranks and live._moves["w"][0] is index  # walked: the index was left alone
-    look, new = step(0.005)  # its moves are a version behind: rebuilt, then moved by this commit
+    look, new = apply(0.005)  # its moves are a version behind: rebuilt, then moved by this commit
     assert ranks.worth(look.size, now().size) and live._moves["w"][0] is not index
     assert np.array_equal(now(), new)
-    step(0.005)
+    apply(0.005)
+    assert "w" in live._ranks or "w" in live._moves
+
+
+def test_a_lookup_weighs_the_moves_an_index_must_make_first() -> None:
+    """A sparse version after one whose commit moved many elements between classes walks (making the
+    moves would cost more than the walk), and leaves those moves pending."""
+    rng = np.random.default_rng(4)
+    exponent = Exponent(7, 8)
+    words = random_words(rng, 4 * ranks.CHUNK, np.dtype("<u2"), exponent, 12)
+    live = TensorWeights({"w": torch.from_numpy(words.view(np.int16).copy()).view(torch.bfloat16)}, rank_index=True)
+    now = lambda: live.flat("w").numpy().view("<u2")  # noqa: E731
+    new = now().copy()
+    at = np.sort(rng.choice(new.size, 300, replace=False))
+    new[at] ^= np.uint16(1 << 7)  # 300 changes, every one to another class
+    live.locate("w", 0, new.size, lookup_of(now(), new, exponent))
+    live.commit(live.prepare({"w": (at, new[at])}))
+    assert live._pending_moves("w", exponent, new.size) == 300
+    target = step(rng, now().copy(), 0.002, exponent)
+    look = lookup_of(now(), target, exponent)
+    assert not ranks.worth(look.ranks.size, new.size, 300)
+    got = live.locate("w", 0, new.size, look)
+    want = classes.locate(now().copy(), look)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert "w" in live._moves and "w" not in live._ranks  # walked; the moves wait
 
 
 def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_build() -> None:
@@ -231,7 +270,7 @@ def test_a_load_builds_every_index_in_the_background_and_a_commit_waits_for_a_bu
     assert live.warmed(60) and {"b", "c"} <= set(live._ranks)  # built ahead, no lookup asked
     for s in specs:
         now = live.flat(s.name).numpy().view("<u2")
-        target = change(rng, now.copy(), 0.008, exponent)
+        target = step(rng, now.copy(), 0.008, exponent)
         look = lookup_of(now, target, exponent)
         want = classes.locate(now.copy(), look)
         got = live.locate(s.name, 0, now.size, look)

@@ -40,18 +40,20 @@ def enabled() -> bool:
     return os.environ.get("AURORA_RANK_INDEX", "1") != "0"
 
 
-WALK_ABOVE = 1 / 64
-"""Above this share of a range's elements changed, a lookup walks the range instead (the index's
-moves and per-rank lookups then cost more than one walk). Measured in process on a 85M-element BF16
-model (the walk takes 1.1 ns an element at 1% changed, 2.7 ns at 10%; the index's moves and lookups
-60-80 ns a change): at ~9% changed a version staged in 0.93 s with the index against 0.51 s walking,
-at ~1% both took 0.15 s; the break-even is near 1.6%."""
+RANK_COST = 20
+"""A lookup's cost per rank through an index, in walks of one element (measured on 16M BF16 words with
+2 threads: 25-55 ns a rank against 1.2-2.8 ns an element walked, the walk slower as more elements change)."""
+MOVE_COST = 1250
+"""Moving one element of an index to another exponent class, in walks of one element (1.2-2 us a move)."""
 
 
-def worth(changes: int, elements: int) -> bool:
-    """Whether a lookup of ``changes`` ranks in a range of ``elements`` should use an index
-    (:data:`WALK_ABOVE`)."""
-    return changes <= elements * WALK_ABOVE
+def worth(changes: int, elements: int, moves: int = 0) -> bool:
+    """Whether a lookup of ``changes`` ranks in a range of ``elements`` should go through an index that
+    first makes ``moves`` class moves (the last commit's, not yet made), rather than walk the range.
+    Measured in process on an 85M-element BF16 model whose steps move ~2.3% of the changed elements to
+    another class (real Adam steps: about 0.8%): at ~9% changed a version staged in 0.93 s through the
+    index against 0.51 s walking; the break-even is near 2% changed there, near 3% for real steps."""
+    return RANK_COST * changes + MOVE_COST * moves <= elements
 
 
 def available(words: np.ndarray) -> bool:
