@@ -176,8 +176,12 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                     reports.append(rep)
                     live.update(table.render(reports))
 
+                def on_phase(what: str, done: int, total: int) -> None:
+                    table.phase = (what, done, total)
+                    live.update(table.render(reports))
+
                 t0 = time.perf_counter()
-                with Trainer(cfg, on_step=on_step) as trainer:
+                with Trainer(cfg, on_step=on_step, on_phase=on_phase) as trainer:
                     trainer.train()
                 elapsed = time.perf_counter() - t0
                 _settle(coord, cfg.steps, time.monotonic() + 30)
@@ -211,6 +215,10 @@ class _Progress:
         self.actors = actors
         self.applied: dict[int, dict[str, int]] = defaultdict(dict)
         self._after = "0-0"
+        self.phase: tuple[str, int, int] | None = None
+        """What the trainer is doing before its first step (the warm start), and how far it is."""
+        self.held: dict[int, str] = {}
+        """step -> the version each region held when the step's row was first shown."""
 
     def _sync_s(self, rep: StepReport) -> str:
         """Seconds from publishing ``rep``'s version until every actor had applied it."""
@@ -224,17 +232,16 @@ class _Progress:
             for eid, doc in self.coord.notes("applied", self._after):
                 self._after = eid
                 self.applied[int(doc["version"])].setdefault(str(doc["actor"]), int(doc["ms"]))
-        t = Table(title=f"GRPO steps (of {self.steps}); sync = publish until every actor applied it", show_lines=False)
+        title = f"GRPO steps (of {self.steps}); sync = publish until every actor applied it"
+        if not reports:
+            what, done, total = self.phase or ("starting the trainer, relays and actors", 0, 0)
+            title += f"\n{what}: {done}/{total} steps before version 0" if total else f"\n{what} ..."
+        t = Table(title=title, show_lines=False)
         for col in ("step", "reward", "kB", "vs full", "changed", "publish s", "sync s", "/".join(REGIONS)):
             t.add_column(col, justify="right")
-        versions = []
-        for r in REGIONS:
-            rv = None
-            with contextlib.suppress(Exception):
-                rv = self.coord.regions.version(r)
-            versions.append(str(rv.version) if rv else "-")
-        for i, rep in enumerate(reports[-12:]):
-            tail = "/".join(versions) if i == len(reports[-12:]) - 1 else ""
+        if reports and reports[-1].step not in self.held:
+            self.held[reports[-1].step] = self._versions()
+        for rep in reports[-12:]:
             t.add_row(
                 str(rep.step),
                 f"{rep.reward_mean:.3f}",
@@ -243,9 +250,19 @@ class _Progress:
                 f"{rep.density:.1%}",
                 f"{rep.publish_s:.2f}",
                 self._sync_s(rep),
-                tail,
+                self.held.get(rep.step, ""),
             )
         return t
+
+    def _versions(self) -> str:
+        """The version each region holds now (home/eu/ap), "-" where none or Redis does not answer."""
+        versions = []
+        for r in REGIONS:
+            rv = None
+            with contextlib.suppress(Exception):
+                rv = self.coord.regions.version(r)
+            versions.append(str(rv.version) if rv else "-")
+        return "/".join(versions)
 
 
 def _policy(r: StepReport) -> dict[str, float | None]:

@@ -95,7 +95,13 @@ def _stderr(xs: list[float]) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, *, on_step: Callable[[StepReport], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        *,
+        on_step: Callable[[StepReport], None] | None = None,
+        on_phase: Callable[[str, int, int], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.coord = Coordinator(cfg.redis, cfg.run_id)
         self.board = JobBoard(self.coord)
@@ -114,6 +120,8 @@ class Trainer:
         self.metrics.watch(self.coord)
         self.run.store.meter = self.metrics.m.meter(cfg.region)
         self.on_step = on_step
+        self.on_phase = on_phase
+        """Told ``(what, done, total)`` as the work before the first RL step goes on (the warm start)."""
         self.grpo = GRPOConfig(
             clip=cfg.optim.clip,
             kl_coef=cfg.optim.kl_coef,
@@ -309,13 +317,18 @@ class Trainer:
         task, tok = load_task(self.cfg.data.task), self.policy.tokenizer
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.sft_lr)
         rng = random.Random(self.cfg.seed + 1)
-        for _ in range(self.cfg.optim.sft_steps):
+        total = self.cfg.optim.sft_steps
+        for i in range(total):
+            if self.on_phase is not None:
+                self.on_phase("supervised warm start", i, total)
             demos = task.demos(rng, self.cfg.optim.sft_batch)
             opt.zero_grad()
             sft_loss(
                 self.model, [tok.prompt_ids(p) for p, _ in demos], [tok.completion_ids(a) for _, a in demos]
             ).backward()
             opt.step()
+        if self.on_phase is not None:
+            self.on_phase("supervised warm start", total, total)
 
     # ------------------------------------------------------------ training
 
