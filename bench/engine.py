@@ -27,6 +27,7 @@ Every time is labelled with the device it was measured on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -313,6 +314,25 @@ def _one_token() -> Any:
     return SamplingParams(max_tokens=1, temperature=0.0)
 
 
+def _host() -> dict[str, Any]:
+    """The CPU the figures were measured on: vLLM's CPU kernels (and so the reload and the repack floor)
+    differ with the vector extensions, so runs on other CPUs compare by their in-run ratios only."""
+    model, flags = None, set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    return {
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0)),
+        "avx512": any(f.startswith("avx512") for f in flags),
+        "amx": any(f.startswith("amx") for f in flags),
+    }
+
+
 def measure(cfg: Config) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON alone
     try:
@@ -329,6 +349,7 @@ def measure(cfg: Config) -> dict[str, Any]:
         "bench": "engine",
         "device": device,
         "vllm": vllm.__version__,
+        "host": _host(),
         "config": dataclasses.asdict(cfg),
         "models": {},
     }

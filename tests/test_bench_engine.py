@@ -36,6 +36,7 @@ def test_the_quick_run_applies_deltas_that_generate_as_a_reload_does() -> None:
     assert got.returncode == 0, got.stderr[-3000:]
     r = json.loads(got.stdout)  # stdout holds the JSON object alone (vLLM's own logs go to stderr)
     assert r["bench"] == "engine" and r["device"] == "cpu" and r["vllm"].startswith("0.3")
+    assert set(r["host"]) == {"cpu", "cores", "avx512", "amx"} and r["host"]["cores"] >= 1
     m = r["models"]["tiny"]
     assert m["same_tokens_as_reload"] is True
     (row,) = m["densities"].values()
