@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.testing.damage import delete, overwrite
+from aurora_store.testing.processes import deadline
 from tests.helpers import aurora
 
 REPO = Path(__file__).resolve().parents[1]
@@ -602,3 +604,19 @@ def test_a_demo_without_steps_is_refused_before_it_starts(tmp_path: Path) -> Non
     got = aurora("demo", "--steps", "0", "--workdir", str(tmp_path / "w"))
     assert got.returncode == 1 and "--steps must be at least 1" in got.stderr
     assert not (tmp_path / "w").exists(), "nothing was started or written"
+
+
+@pytest.mark.slow
+def test_an_s3_store_without_credentials_says_where_they_go(s3_server: Any, tmp_path: Path) -> None:
+    """botocore finds no credentials (none in the environment, the options or a credentials file): the
+    one-line error says where to give them instead of only naming NoCredentialsError."""
+    opts = {k: v for k, v in s3_server.options().items() if k not in ("key", "secret")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
+    env.update(AWS_EC2_METADATA_DISABLED="true", PYTHONPATH=str(REPO))
+    got = subprocess.run(
+        [sys.executable, "-m", "aurora_store.cli", "ls", "s3://no-creds/run", "--storage-options", json.dumps(opts)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=deadline(300),
+    )  # fmt: skip
+    assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+    assert "NoCredentialsError" in got.stderr and "--storage-options" in got.stderr, got.stderr

@@ -212,5 +212,28 @@ def translated(url: str) -> Iterator[None]:
         if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
             raise MissingError(f"{url} does not exist", url=url) from exc
         raise StoreError(
-            f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500], url=url
+            f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500] + _credentials_hint(exc),
+            url=url,
         ) from exc
+
+
+_NO_CREDENTIALS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError"}
+)
+"""What botocore and google-auth raise when they find no credentials (matched by name: neither is imported)."""
+
+
+def _credentials_hint(exc: BaseException) -> str:
+    """Where credentials go, when the backend found none (one line; empty otherwise)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from
+        if seen is None:
+            return ""
+        if type(seen).__name__ in _NO_CREDENTIALS:
+            return (
+                "; give the bucket's credentials in the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "GOOGLE_APPLICATION_CREDENTIALS), in --storage-options / AURORA_STORAGE_OPTIONS (a JSON object), "
+                "or in the config file's storage_options (docs/OPERATIONS.md)"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return ""
