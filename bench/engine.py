@@ -317,7 +317,8 @@ def _one_token() -> Any:
 def _host() -> dict[str, Any]:
     """The CPU the figures were measured on: vLLM's CPU kernels (and so the reload and the repack floor)
     differ with the vector extensions, so runs on other CPUs compare by their in-run ratios only."""
-    model, flags = None, set()
+    model: str | None = None
+    flags: set[str] = set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
