@@ -70,6 +70,10 @@ def test_a_short_recipe_learns_and_every_region_verifies(tmp_path: Path) -> None
         ET.fromstring(svg)
     for name in ("actor-home", "actor-eu", "actor-ap"):
         assert name in report, "each actor's share of work is in the report"
+    home = tmp_path / "buckets" / "home" / "run"
+    states = sorted(p.name for p in (home / "trainer").iterdir())
+    assert len(states) == 2 and states[-1].startswith("state-0000000060-"), "the newest two states, all a resume needs"
+    assert len(list((home / "versions").iterdir())) == 61, "every version is kept"
 
 
 def test_demo_against_a_real_redis_and_given_stores(tmp_path: Path, redis_server: Any) -> None:
