@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from aurora_store.errors import CorruptError
+from aurora_store.testing.processes import deadline
 from bench import fuzz
 from bench.fuzz_mutate import mutate_bytes, mutate_fields, mutate_json
 from bench.fuzz_targets import BUILDERS
@@ -105,7 +106,7 @@ def test_an_endless_loop_is_a_hang_and_the_run_goes_on() -> None:
     before = signal.getsignal(signal.SIGALRM)
     t0 = time.perf_counter()
     r = fuzz.fuzz(_tiny(spin), 60, 0, 0.05)
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < deadline(120), "each hang was cut off (60 endless inputs)"
     assert 0 < r["hangs"] < 60 and r["crashes"] == 0 and r["accepted"] == 60 - r["hangs"]
     assert r["hang_examples"][0]["seconds"] >= 0.05 and len(bytes.fromhex(r["hang_examples"][0]["input"])) > 9
     assert not fuzz.passed(r, 60)

