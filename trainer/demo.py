@@ -185,7 +185,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                 with Trainer(cfg, on_step=on_step, on_phase=on_phase) as trainer:
                     trainer.train()
                 elapsed = time.perf_counter() - t0
-                _settle(coord, cfg.steps, time.monotonic() + 30)
+                _settle(coord, cfg.steps, len(actors), time.monotonic() + 60)
                 live.update(table.render(reports))
         finally:
             for p in procs:
@@ -222,11 +222,19 @@ def _keep_resume_states(home: str) -> int:
     return gc.apply(run, gc.plan(run, policy))["states"]
 
 
-def _settle(coord: Coordinator, last: int, deadline: float) -> None:
-    """Wait until every region holds the last version (relays finish their copies)."""
+def _settle(coord: Coordinator, last: int, actors: int, deadline: float) -> None:
+    """Wait until every region holds the last version (relays finish their copies) and every actor has
+    applied it (the slowest applies between its batches): the summary's per-region apply times are
+    then complete, not cut at the last step. At most until ``deadline``."""
+    after, applied = "0-0", set()
     while time.monotonic() < deadline:
         held = [coord.regions.version(r) for r in REGIONS]
-        if all(h is not None and h.version >= last for h in held):
+        with contextlib.suppress(Exception):
+            for eid, doc in coord.notes("applied", after):
+                after = eid
+                if int(doc.get("version", -1)) >= last:
+                    applied.add(str(doc.get("actor")))
+        if all(h is not None and h.version >= last for h in held) and len(applied) >= actors:
             return
         time.sleep(0.2)
 
