@@ -185,7 +185,7 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                 with Trainer(cfg, on_step=on_step, on_phase=on_phase) as trainer:
                     trainer.train()
                 elapsed = time.perf_counter() - t0
-                _settle(coord, cfg.steps, len(actors), time.monotonic() + 60)
+                table.settle(cfg.steps, time.monotonic() + 60)
                 live.update(table.render(reports))
         finally:
             for p in procs:
@@ -222,23 +222,6 @@ def _keep_resume_states(home: str) -> int:
     return gc.apply(run, gc.plan(run, policy))["states"]
 
 
-def _settle(coord: Coordinator, last: int, actors: int, deadline: float) -> None:
-    """Wait until every region holds the last version (relays finish their copies) and every actor has
-    applied it (the slowest applies between its batches): the summary's per-region apply times are
-    then complete, not cut at the last step. At most until ``deadline``."""
-    after, applied = "0-0", set()
-    while time.monotonic() < deadline:
-        held = [coord.regions.version(r) for r in REGIONS]
-        with contextlib.suppress(Exception):
-            for eid, doc in coord.notes("applied", after):
-                after = eid
-                if int(doc.get("version", -1)) >= last:
-                    applied.add(str(doc.get("actor")))
-        if all(h is not None and h.version >= last for h in held) and len(applied) >= actors:
-            return
-        time.sleep(0.2)
-
-
 class _Progress:
     def __init__(self, coord: Coordinator, steps: int, actors: int) -> None:
         self.coord = coord
@@ -251,6 +234,24 @@ class _Progress:
         self.held: dict[int, str] = {}
         """step -> the version each region held when the step's row was first shown."""
 
+    def _read_applied(self) -> None:
+        """The actors' applied notes since the last read (who applied which version, when)."""
+        with contextlib.suppress(Exception):
+            for eid, doc in self.coord.notes("applied", self._after):
+                self._after = eid
+                self.applied[int(doc["version"])].setdefault(str(doc["actor"]), int(doc["ms"]))
+
+    def settle(self, last: int, deadline: float) -> None:
+        """Wait until every region holds version ``last`` (relays finish their copies) and every actor has
+        applied it (the slowest applies between its batches): the summary's per-region apply times are
+        then complete, not cut at the last step. At most until ``deadline``."""
+        while time.monotonic() < deadline:
+            self._read_applied()
+            held = [self.coord.regions.version(r) for r in REGIONS]
+            if all(h is not None and h.version >= last for h in held) and len(self.applied[last]) >= self.actors:
+                return
+            time.sleep(0.2)
+
     def _sync_s(self, rep: StepReport) -> str:
         """Seconds from publishing ``rep``'s version until every actor had applied it."""
         got = self.applied.get(rep.version, {})
@@ -259,10 +260,7 @@ class _Progress:
         return f"{(max(got.values()) - rep.published_ms) / 1000:.2f}"
 
     def render(self, reports: list[StepReport]) -> Table:
-        with contextlib.suppress(Exception):
-            for eid, doc in self.coord.notes("applied", self._after):
-                self._after = eid
-                self.applied[int(doc["version"])].setdefault(str(doc["actor"]), int(doc["ms"]))
+        self._read_applied()
         title = f"GRPO steps (of {self.steps}); sync = publish until every actor applied it"
         if not reports:
             what, done, total = self.phase or ("starting the trainer, relays and actors", 0, 0)
