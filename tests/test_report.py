@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer.charts import rolling_median
 from trainer.report import render_report, write_report
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -85,11 +86,11 @@ def test_realistic_report(tmp_path: Path) -> None:
         "Entropy and KL per completion token",
         "Tokens whose ratio was clipped",
         "Mean completion length",
-        "Publish to apply, per region (max over actors)",
+        "Publish to apply, per region (slowest actor)",
         "Share of work per step",
     ]
     reward, size, _, policy, clipped, length, apply, share = ("".join(svg.itertext()) for svg in charts)
-    assert "entropy" in policy and "kl" in policy and "nats" in policy and "tokens" in length
+    assert "entropy" in policy and "KL to version 0" in policy and "nats" in policy and "tokens" in length
     assert "clip" in clipped
     assert len(charts[4].findall(f"{SVG}circle")) == 15, "steps that trained nothing have no clip fraction"
     assert "step" in reward and "mean reward" in reward and "0.4" in reward
@@ -99,7 +100,10 @@ def test_realistic_report(tmp_path: Path) -> None:
     assert len(charts[0].findall(f"{SVG}circle")) == 20  # one marker per step
     assert len(charts[6].findall(f"{SVG}polyline")) == 3  # one series per region
     assert len(charts[7].findall(f"{SVG}rect")) > 20 * 4  # stacked: a segment per actor per step
-    assert notes(text) == ["skipped 16 value(s) &lt;= 0 on the log axis"]  # the versions with no full snapshot
+    assert notes(text) == [
+        "skipped 16 value(s) &lt;= 0 on the log axis",  # the versions with no full snapshot
+        "Dots: each version; lines: the median of 9 versions around each.",
+    ]
     assert "<td>versions verified</td>" in text.replace("th>", "td>") and "0.61" in text
     assert len(re.findall(r"<td>\d+(\.\d+)?%</td>", text)) == 4  # total-share table, one row per actor
 
@@ -116,6 +120,57 @@ def test_apply_takes_the_slowest_actor_per_region() -> None:
     chart = check(render_report(data))[6]
     ys = {c.get("cy") for c in chart.findall(f"{SVG}circle")}
     assert len(ys) == 1  # both versions plot at 9 s; the NaN does not replace a real value
+
+
+def test_entropy_and_kl_are_named_and_an_unmeasured_kl_says_why() -> None:
+    data = realistic(6)
+    for row in data["steps"]:
+        row["kl"] = None  # no reference model
+    text = render_report(data)
+    policy = "".join(check(text)[3].itertext())
+    assert "entropy" in policy and "KL to version 0" in policy, "a legend, even with one line drawn"
+    assert any("--kl-coef" in n for n in notes(text))
+    assert not any("--kl-coef" in n for n in notes(render_report(realistic(6))))
+
+
+def test_publish_to_apply_draws_every_version_under_its_rolling_median() -> None:
+    """One slow version (a spike) is a dot; the line is the median around it, so it does not jump."""
+    data = {
+        "apply": [{"version": v, "region": "eu", "actor": "a", "seconds": 9.0 if v == 10 else 1.0} for v in range(20)]
+    }
+    chart = check(render_report(data))[6]
+    dots = {float(c.get("cy", "nan")) for c in chart.findall(f"{SVG}circle")}
+    assert len(chart.findall(f"{SVG}circle")) == 20 and len(dots) == 2
+    (line,) = chart.findall(f"{SVG}polyline")
+    ys = {float(xy.split(",")[1]) for xy in (line.get("points") or "").split()}
+    assert ys == {max(dots)}, "the line stays at 1 s (SVG's y grows downwards)"
+
+
+@settings(max_examples=80, deadline=None)
+@given(ys=st.lists(st.floats(-1e6, 1e6), max_size=30), window=st.integers(1, 12))
+def test_a_rolling_median_keeps_its_points_and_stays_in_range(ys: list[float], window: int) -> None:
+    points = [(float(i), y) for i, y in enumerate(ys)]
+    out = rolling_median(points, window)
+    assert [x for x, _ in out] == [x for x, _ in points]
+    for i, (_, y) in enumerate(out):
+        near = ys[max(0, i - window // 2) : i + window // 2 + 1]
+        assert min(near) <= y <= max(near)
+    if window == 1:
+        assert out == points
+
+
+def test_shares_sit_next_to_the_speeds_that_explain_them() -> None:
+    data = realistic(4)
+    actors = list(data["shares"])
+    data["slowdowns"] = {actors[0]: 1, actors[1]: 2, actors[2]: 3.3}  # the last actor: not emulated, not listed
+    text = render_report(data)
+    assert "<th>generation slowed</th><th>share by speed alone</th>" in text
+    rows = re.findall(r"<tr><td><span.*?</tr>", text)
+    cells = [re.findall(r"<td>([^<]*)</td>", r) for r in rows]
+    assert [c[-2:] for c in cells[:3]] == [["none", "55.5%"], ["2x", "27.7%"], ["3.3x", "16.8%"]]
+    assert cells[3][-2:] == ["-", "-"]
+    assert "only generation is slowed" in text
+    assert "share by speed alone" not in render_report(realistic(4)), "no slowdowns, no speed columns"
 
 
 def test_hostile_strings_are_escaped(tmp_path: Path) -> None:
@@ -206,6 +261,8 @@ BAD: dict[str, tuple[Any, str]] = {
     "share rows not a list": ({"shares": {"a": {"step": 0}}}, r"shares\['a'\] must be a list"),
     "share missing prompts": ({"shares": {"a": [{"step": 0}]}}, "is missing 'prompts'"),
     "rollback not a list": ({"rollbacks": {"version": 3}}, "rollbacks must be a list"),
+    "slowdowns not a mapping": ({"slowdowns": [2.0]}, "slowdowns must be a mapping"),
+    "slowdown a string": ({"slowdowns": {"a": "2x"}}, r"slowdowns\['a'\] must be a number"),
     "rollback missing target": ({"rollbacks": [{"version": 3, "abandons": [2]}]}, "is missing 'rolls_back_to'"),
     "rollback abandons text": (
         {"rollbacks": [{"version": 3, "rolls_back_to": 1, "abandons": "2"}]},

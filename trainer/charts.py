@@ -136,8 +136,33 @@ def _legend(names: list[str]) -> str:
     return "".join(out)
 
 
-def line_chart(title: str, xlabel: str, ylabel: str, series: dict[str, list[Point]], log_y: bool = False) -> str:
-    """Lines with markers, one per series; points with a non-finite value (or <= 0 when `log_y`) are skipped."""
+def rolling_median(points: list[Point], window: int) -> list[Point]:
+    """Each point's y replaced by the median of the `window` points centred on it (fewer at the ends)."""
+    half = window // 2
+    ys = [y for _, y in points]
+    out = []
+    for i, (x, _) in enumerate(points):
+        near = sorted(ys[max(0, i - half) : i + half + 1])
+        mid = len(near) // 2
+        out.append((x, near[mid] if len(near) % 2 else near[mid - 1] / 2 + near[mid] / 2))
+    return out
+
+
+def line_chart(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, list[Point]],
+    log_y: bool = False,
+    *,
+    notes: list[str] | None = None,
+    legend: bool = False,
+    smooth: int = 0,
+) -> str:
+    """Lines with markers, one per series; points with a non-finite value (or <= 0 when `log_y`) are skipped.
+
+    `legend`: name the series even when there is one. `smooth` > 1: each series is drawn as faint dots
+    (every point) under the line of its rolling median over `smooth` points. `notes` go under the chart."""
     bad = nonpos = 0
     clean: dict[str, list[Point]] = {}
     for name, points in series.items():
@@ -150,21 +175,27 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: dict[str, list[Poin
             else:
                 keep.append((x, math.log10(y) if log_y else y))
         clean[name] = sorted(keep)
-    notes = [f"skipped {bad} point(s) with a missing or non-finite value"] if bad else []
-    notes += [f"skipped {nonpos} value(s) <= 0 on the log axis"] if nonpos else []
+    said = [f"skipped {bad} point(s) with a missing or non-finite value"] if bad else []
+    said += [f"skipped {nonpos} value(s) <= 0 on the log axis"] if nonpos else []
+    said += notes or []
+    named = legend or len(series) > 1
     xs = [x for pts in clean.values() for x, _ in pts]
     if not xs:
-        return _frame(title, xlabel, ylabel, _NO_DATA + (_legend(list(series)) if len(series) > 1 else ""), notes)
+        return _frame(title, xlabel, ylabel, _NO_DATA + (_legend(list(series)) if named else ""), said)
     xa, ya = _axis(xs, whole=True), _axis([y for pts in clean.values() for _, y in pts], log_y)
     out = [_axes(xa, ya)]
     for i, pts in enumerate(clean.values()):
-        coords = [(_px(x, xa), _py(y, ya)) for x, y in pts]
+        dots = [(_px(x, xa), _py(y, ya)) for x, y in pts]
+        coords = [(_px(x, xa), _py(y, ya)) for x, y in rolling_median(pts, smooth)] if smooth > 1 else dots
         line = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-        out.append(f'<polyline points="{line}" fill="none" stroke="{color(i)}" stroke-width="1.5"/>')
-        out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color(i)}"/>' for x, y in coords)
-    if len(series) > 1:
+        out.append(
+            f'<polyline points="{line}" fill="none" stroke="{color(i)}" stroke-width="{2 if smooth > 1 else 1.5}"/>'
+        )
+        dot = 'r="2" fill-opacity="0.4"' if smooth > 1 else 'r="2.5"'
+        out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" {dot} fill="{color(i)}"/>' for x, y in dots)
+    if named:
         out.append(_legend(list(series)))
-    return _frame(title, xlabel, ylabel, "".join(out), notes)
+    return _frame(title, xlabel, ylabel, "".join(out), said)
 
 
 def bar_chart(

@@ -120,19 +120,16 @@ def demo_main(args: argparse.Namespace) -> int:
 
 
 def demo_real_main(args: argparse.Namespace) -> int:
-    import tempfile
-    from pathlib import Path
-
     from aurora_store.cli import CommandError
     from trainer import word_problems
-    from trainer.demo import checked, run_demo, smollm2_gguf
+    from trainer.demo import checked, run_demo, smollm2_gguf, workdir
 
     if args.problems < 1:
         raise CommandError(f"--problems must be at least 1, got {args.problems}")
     _has_steps(args)
     checked(build(DemoConfig, args))  # before anything is written
     model = smollm2_gguf()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="aurora-demo-real-"))
+    work = workdir(args.workdir)
     args.workdir = str(work)
     data = word_problems.write(work / "word-problems.jsonl", args.problems, seed=args.seed)
     demo = build(DemoConfig, args)

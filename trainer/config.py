@@ -245,7 +245,8 @@ class DemoConfig:
     json: bool = False
     """End by printing one JSON object."""
     workdir: str | None = None
-    """Where buckets, logs and the report go (default: a new temporary directory)."""
+    """Where buckets, logs and the report go (default: a new directory under ./aurora-demo/, named for the
+    time; a directory that holds an earlier demo's buckets is refused)."""
     redis: str | None = None
     """A real Redis URL (default: an embedded Redis-compatible server)."""
     store: list[str] | None = field(default=None, metadata=option(nargs=3, metavar="URI"))

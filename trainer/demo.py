@@ -10,12 +10,12 @@ only through the buckets and Redis, as on a real deployment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,6 +32,7 @@ from aurora_store.bucket.run import open_run
 from aurora_store.cli import CommandError
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.embedded import EmbeddedRedis
+from aurora_store.redact import RedactingFilter
 from trainer.config import DemoConfig, TrainerConfig
 from trainer.loop import StepReport, Trainer
 from trainer.report import write_report
@@ -98,12 +99,39 @@ def checked(demo: DemoConfig) -> tuple[list[float], list[str]]:
     return slowdowns, actors
 
 
+WORKDIRS = "aurora-demo"
+"""Where a demo without ``--workdir`` goes: a new directory under ``./aurora-demo/``, named for the time it
+started, so its report, logs and buckets can be found again (and deleted) after it ends."""
+
+
+def workdir(given: str | None) -> Path:
+    """The demo's working directory, made: the one given, which must not hold an earlier demo's buckets
+    (two runs in one bucket would collide), or a new one under :data:`WORKDIRS`."""
+    if given:
+        work = Path(given).resolve()
+        if (work / "buckets").exists() and any((work / "buckets").iterdir()):
+            raise CommandError(
+                f"--workdir {given}: it already holds a demo's buckets ({work / 'buckets'}); "
+                "give a new directory, or leave out --workdir for a new one under ./aurora-demo/"
+            )
+        work.mkdir(parents=True, exist_ok=True)
+        return work
+    base = Path(WORKDIRS).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        work = base / (stamp if n == 1 else f"{stamp}-{n}")
+        with contextlib.suppress(FileExistsError):
+            work.mkdir()
+            return work
+    raise CommandError(f"cannot make a new directory under {base} (1000 named {stamp}-N exist)")
+
+
 def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dict[str, Any]:
     """Run the demo; ``make_config(store=, redis=, run_id=)`` gives the trainer's config."""
     console = Console(stderr=True, quiet=demo.json)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the demo's own progress is the display
-    work = Path(demo.workdir or tempfile.mkdtemp(prefix="aurora-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = workdir(demo.workdir)
     stores = demo.store or [(work / "buckets" / r / "run").resolve().as_uri() for r in REGIONS]
     run_id = f"demo-{os.getpid()}-{int(time.time())}"
     slowdowns, actors = checked(demo)
@@ -171,7 +199,10 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
                 )
             reports: list[StepReport] = []
             table = _Progress(coord, cfg.steps, len(actors))
-            with Live(table.render(reports), console=console, refresh_per_second=4, transient=False) as live:
+            with (
+                _Notices.under(table),
+                Live(table.render(reports), console=console, refresh_per_second=4, transient=False) as live,
+            ):
 
                 def on_step(rep: StepReport) -> None:
                     reports.append(rep)
@@ -198,9 +229,11 @@ def run_demo(demo: DemoConfig, make_config: Callable[..., TrainerConfig]) -> dic
         verified = sum(len(audit(open_run(s)).versions) for s in stores)
         applied = [doc for _id, doc in coord.notes("applied")]
         trimmed = None if demo.store else _keep_resume_states(stores[0])  # given buckets are left as they are
-    summary = _finish(console, work, reports, applied, verified, elapsed, engine=demo.engine)
+    speeds = {f"actor-{r}": s for r, s in zip(REGIONS, slowdowns, strict=True) if r in actors}
+    summary = _finish(console, work, reports, applied, verified, elapsed, engine=demo.engine, slowdowns=speeds)
     kept = f" ({trimmed} trainer states deleted, the newest {RESUME_STATES} kept: what a resume needs)"
     console.print(f"buckets: {', '.join(stores)}" + (kept if trimmed is not None else ""))
+    console.print(f"workdir (report, buckets, each role's log): {work}")
     return summary
 
 
@@ -222,6 +255,38 @@ def _keep_resume_states(home: str) -> int:
     return gc.apply(run, gc.plan(run, policy))["states"]
 
 
+class _Notices(logging.Handler):
+    """The warnings logged in this process while the live table runs (``no --fleet-key``, prompts that wait
+    for an actor holding version 0, ...): shown under the table, each once (a repeated warning keeps its
+    newest text and counts its repeats), instead of being printed through it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.addFilter(RedactingFilter())
+        self.seen: dict[tuple[str, str], tuple[str, int]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        _, times = self.seen.get(key, ("", 0))
+        self.seen[key] = (record.getMessage(), times + 1)
+
+    def lines(self) -> list[str]:
+        return [f"{text} ({times} times)" if times > 1 else text for text, times in self.seen.values()]
+
+    @classmethod
+    @contextlib.contextmanager
+    def under(cls, table: _Progress) -> Iterator[_Notices]:
+        """Collect the root logger's warnings into ``table`` for as long as the block runs."""
+        notices = cls()
+        root = logging.getLogger()
+        root.addHandler(notices)
+        table.notices = notices
+        try:
+            yield notices
+        finally:
+            root.removeHandler(notices)
+
+
 class _Progress:
     def __init__(self, coord: Coordinator, steps: int, actors: int) -> None:
         self.coord = coord
@@ -233,6 +298,7 @@ class _Progress:
         """What the trainer is doing before its first step (the warm start), and how far it is."""
         self.held: dict[int, str] = {}
         """step -> the version each region held when the step's row was first shown."""
+        self.notices: _Notices | None = None
 
     def _read_applied(self) -> None:
         """The actors' applied notes since the last read (who applied which version, when)."""
@@ -265,7 +331,14 @@ class _Progress:
         if not reports:
             what, done, total = self.phase or ("starting the trainer, relays and actors", 0, 0)
             title += f"\n{what}: {done}/{total} steps before version 0" if total else f"\n{what} ..."
-        t = Table(title=title, show_lines=False)
+        said = self.notices.lines() if self.notices else []
+        t = Table(
+            title=title,
+            show_lines=False,
+            caption="\n".join(f"! {n}" for n in said) or None,
+            caption_justify="left",
+            caption_style="yellow",
+        )
         for col in ("step", "reward", "kB", "vs full", "changed", "publish s", "sync s", "/".join(REGIONS)):
             t.add_column(col, justify="right")
         if reports and reports[-1].step not in self.held:
@@ -349,6 +422,25 @@ def _apply_percentiles(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]
     return out
 
 
+def _shown(value: Any) -> str | int | float:
+    """A summary value as the report's table shows it: per-region apply times and counts by reason as
+    text a reader takes in at a glance, not as Python's repr of a dict."""
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "-"}[value]
+    if isinstance(value, int | float | str):
+        return value
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        if all(isinstance(v, dict) and {"p50", "p95", "versions"} <= v.keys() for v in value.values()):
+            return "; ".join(
+                f"{k}: {v['p50']:g} s median, {v['p95']:g} s p95 over {v['versions']} versions"
+                for k, v in value.items()
+            )
+        return ", ".join(f"{k}: {_shown(v)}" for k, v in value.items())
+    return str(value)
+
+
 def _finish(
     console: Console,
     work: Path,
@@ -358,6 +450,7 @@ def _finish(
     elapsed: float,
     *,
     engine: str = "torch",
+    slowdowns: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     k = max(1, min(5, len(reports) // 4))
     first, last, stderr = _rise(reports, k)
@@ -406,7 +499,7 @@ def _finish(
     }
     data = {
         "title": "AuroraRL demo run",
-        "summary": {k2: str(v) for k2, v in summary.items() if k2 != "per_step"},
+        "summary": {k2: _shown(v) for k2, v in summary.items() if k2 != "per_step"},
         "steps": [
             {
                 "step": r.step,
@@ -421,6 +514,7 @@ def _finish(
             for r in reports
         ],
         "apply": apply_rows,
+        "slowdowns": slowdowns or {},
         "shares": dict(shares),
         "rollbacks": [
             {"version": r.version, "rolls_back_to": r.rolls_back_to["version"], "abandons": r.rolls_back_to["abandons"]}

@@ -30,7 +30,8 @@ def write_report(data: Mapping[str, Any], path: str) -> str:
     "reward_mean", "delta_bytes", "full_bytes", "density", "publish_s", and optionally "entropy", "kl",
     "clip_frac", "response_len", "mismatch_abs", "mismatch_kl"}]; "apply" [{"version", "region", "actor",
     "seconds"}]; "shares" {actor_id: [{"step", "prompts"}]}; "rollbacks" [{"version", "rolls_back_to",
-    "abandons"}]: versions a restarted trainer published from an older state than their parent's.
+    "abandons"}]: versions a restarted trainer published from an older state than their parent's;
+    "slowdowns" {actor_id: factor >= 1}: how much each actor's generation was slowed (a demo's emulation).
     """
     text = render_report(data)
     tmp = f"{path}.tmp"
@@ -52,6 +53,7 @@ def render_report(data: Mapping[str, Any]) -> str:
     applies = [_apply(r, f"apply[{i}]") for i, r in enumerate(_rows(data.get("apply", []), "apply"))]
     shares = _shares(_mapping(data.get("shares", {}), "shares"))
     rollbacks = [_rollback(r, f"rollbacks[{i}]") for i, r in enumerate(_rows(data.get("rollbacks", []), "rollbacks"))]
+    slowdowns = {a: _num(v, f"slowdowns[{a!r}]") for a, v in _mapping(data.get("slowdowns", {}), "slowdowns").items()}
 
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(show(v, f'summary[{k!r}]'))}</td></tr>" for k, v in summary.items())
     parts = [f"<h1>{esc(title)}</h1>", f"<table>{rows}</table>" if rows else "<p>No summary.</p>"]
@@ -61,9 +63,14 @@ def render_report(data: Mapping[str, Any]) -> str:
     parts.append(line_chart("Bytes per version", "version", "bytes (log scale)", sizes, log_y=True))
     density = {"density": [(s["version"], s["density"]) for s in steps]}
     parts.append(line_chart("Changed fraction per version", "version", "density", density))
-    measured = {k: [(s["step"], s[k]) for s in steps if math.isfinite(s[k])] for k in ("entropy", "kl")}
-    policy = {k: points for k, points in measured.items() if points}  # no KL series without a reference
-    parts.append(line_chart("Entropy and KL per completion token", "step", "nats", policy))
+    policy = {
+        label: [(s["step"], s[k]) for s in steps if math.isfinite(s[k])]
+        for label, k in (("entropy", "entropy"), ("KL to version 0", "kl"))
+    }
+    unmeasured = [] if policy["KL to version 0"] else [_NO_KL]
+    parts.append(
+        line_chart("Entropy and KL per completion token", "step", "nats", policy, legend=True, notes=unmeasured)
+    )
     clipped = {"clip fraction": [(s["step"], s["clip_frac"]) for s in steps if math.isfinite(s["clip_frac"])]}
     parts.append(line_chart("Tokens whose ratio was clipped", "step", "fraction", clipped))
     lengths = {"tokens": [(s["step"], s["response_len"]) for s in steps if math.isfinite(s["response_len"])]}
@@ -75,9 +82,17 @@ def render_report(data: Mapping[str, Any]) -> str:
     if any(gap.values()):  # measured with a rollout correction only
         parts.append(line_chart("Engine vs trainer log-probabilities at the rollout's weights", "step", "nats", gap))
     parts.append(
-        line_chart("Publish to apply, per region (max over actors)", "version", "seconds", _apply_series(applies))
+        line_chart(
+            "Publish to apply, per region (slowest actor)",
+            "version",
+            "seconds",
+            _apply_series(applies),
+            legend=True,
+            smooth=_SMOOTH,
+            notes=[f"Dots: each version; lines: the median of {_SMOOTH} versions around each."],
+        )
     )
-    parts.append(_share_section(shares))
+    parts.append(_share_section(shares, slowdowns))
     parts.append(_rollback_section(rollbacks))
     body = "".join(parts)
     return (
@@ -140,6 +155,10 @@ def _step(row: Mapping[str, Any], where: str) -> dict[str, float]:
     return out
 
 
+_NO_KL = "KL to version 0 is measured only with a reference model (--kl-coef > 0); this run had none."
+_SMOOTH = 9
+"""Versions in the rolling median of the publish-to-apply chart (one version's time is noisy)."""
+
 _POLICY = ("entropy", "kl", "clip_frac", "response_len", "mismatch_abs", "mismatch_kl")
 """Per-step policy metrics (optional: a step that trained nothing has none)."""
 
@@ -198,8 +217,9 @@ def _apply_series(applies: list[tuple[float, str, str, float]]) -> dict[str, lis
     return {region: sorted(per.items()) for region, per in worst.items()}
 
 
-def _share_section(shares: dict[str, dict[float, float]]) -> str:
-    """Chart 5 (each actor's fraction of the prompts in each step) and a table of totals per actor."""
+def _share_section(shares: dict[str, dict[float, float]], slowdowns: dict[str, float]) -> str:
+    """Chart 5 (each actor's fraction of the prompts in each step) and a table of totals per actor, with
+    each actor's emulated slowdown and the share its speed alone would give where ``slowdowns`` has them."""
     good = {
         a: {s: p for s, p in per.items() if math.isfinite(s) and math.isfinite(p) and p >= 0}
         for a, per in shares.items()
@@ -213,9 +233,37 @@ def _share_section(shares: dict[str, dict[float, float]]) -> str:
     chart = bar_chart("Share of work per step", "step", "fraction of prompts", cats, frac, notes)
     totals = {a: sum(per.values()) for a, per in good.items()}
     grand = sum(totals.values())
+    speeds = {a: 1 / d for a, d in slowdowns.items() if a in totals and math.isfinite(d) and d >= 1}
+    fastest = sum(speeds.values())
     rows = "".join(
         f'<tr><td><span style="color:{color(i)}">\u25a0</span> {esc(a)}</td><td>{count(t)}</td>'
-        f"<td>{f'{100 * t / grand:.1f}%' if grand > 0 and math.isfinite(grand) else '-'}</td></tr>"
+        f"<td>{_percent(t, grand)}</td>"
+        + (
+            f"<td>{_slowdown(slowdowns.get(a))}</td><td>{_percent(speeds.get(a, math.nan), fastest)}</td>"
+            if speeds
+            else ""
+        )
+        + "</tr>"
         for i, (a, t) in enumerate(totals.items())
     )
-    return f"{chart}<table><tr><th>actor</th><th>prompts</th><th>share</th></tr>{rows}</table>"
+    head = "<tr><th>actor</th><th>prompts</th><th>share</th>"
+    head += "<th>generation slowed</th><th>share by speed alone</th></tr>" if speeds else "</tr>"
+    return f"{chart}<table>{head}{rows}</table>{_SHARES if speeds else ''}"
+
+
+_SHARES = (
+    '<p class="note">The demo slows each actor\'s generation by the factor shown, as slower hardware would. '
+    "The trainer splits each step's prompts by each actor's measured throughput, and an idle actor takes "
+    "over half of the not-yet-started jobs of the busiest one. The shares come out flatter than the speeds "
+    "alone would give: only generation is slowed, not the rest of a job's time (fetching and applying "
+    "versions between batches, encoding and posting results), the actors share this machine's cores with "
+    "each other and the trainer, and a step's few prompts split into whole jobs.</p>"
+)
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 and math.isfinite(whole) and math.isfinite(part) else "-"
+
+
+def _slowdown(factor: float | None) -> str:
+    return "-" if factor is None or not math.isfinite(factor) else ("none" if factor == 1 else f"{factor:g}x")
