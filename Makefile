@@ -54,15 +54,19 @@ demo: $(VENV)/.installed
 demo-real: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE)
 
-# The vLLM tests run even when the main suite fails (a failure there would otherwise hide theirs);
-# `make test` fails if either did. --durations shows where the time goes. Tests wait for events, never
-# for a time: a deadline only bounds how long a failure takes to report. On a machine loaded past what
-# they allow, AURORA_TEST_PATIENCE=3 triples the waits of aurora_store.testing.processes (wait_for,
-# the servers' start), the multi-process loops' and the CLI helper's.
-test: lint test-servers
-	@status=0; \
+# The vLLM tests run beside the main suite (most of the main suite's time is spent waiting on processes
+# and servers, so the two together take little longer than the main suite alone), their output printed
+# after it; they run even when the main suite fails, and `make test` fails if either did. --durations
+# shows where the time goes. Tests wait for events, never for a time: a deadline only bounds how long a
+# failure takes to report. On a machine loaded past what they allow, AURORA_TEST_PATIENCE=3 triples the
+# waits of aurora_store.testing.processes (wait_for, the servers' start), the multi-process loops' and
+# the CLI helper's.
+test: lint test-servers $(VLLM_VENV)/.installed
+	@status=0; vllm_log=$$(mktemp); \
+	$(MAKE) --no-print-directory test-vllm > $$vllm_log 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 || status=1; \
-	$(MAKE) test-vllm || status=1; \
+	echo "--- the vLLM tests (make test-vllm), run beside the main suite:"; \
+	wait $$vllm || status=1; cat $$vllm_log; rm -f $$vllm_log; \
 	exit $$status
 
 # What a developer runs before every commit (under 3 minutes on 2 cores): lint, and every test not marked
