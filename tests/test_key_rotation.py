@@ -597,3 +597,84 @@ def test_a_publisher_never_rotates_back_to_a_key_the_run_used(rotated: tuple[str
     with pytest.raises(StoreError, match="signed this run before"):
         run.publish(_state(30), rotate_to=keys.private["a"])
     assert run.versions() == list(range(VERSIONS))
+
+
+# ---------------------------------------------------------------- readers that live long (issue 34)
+
+
+def _eventually(read: Any, what: str, timeout: float = 60) -> Any:
+    """``read()``'s answer once it stops raising UnauthenticatedError; fails with the last error after
+    ``timeout`` (scaled by AURORA_TEST_PATIENCE): a reader relists after a backoff, never at once."""
+    import time
+
+    from aurora_store.testing.processes import deadline
+
+    end = time.monotonic() + deadline(timeout)
+    while True:
+        try:
+            return read()
+        except UnauthenticatedError as exc:
+            if time.monotonic() > end:
+                pytest.fail(f"{what}: still refused after {deadline(timeout):.0f} s: {exc}")
+            time.sleep(0.1)
+
+
+def test_a_storage_error_while_a_reader_learns_a_rotation_is_retried(
+    rotated: tuple[str, Any], keys: Keys, tmp_path: Path
+) -> None:
+    """The rotation's manifest is not there as a file while a long-running reader first scans the run (a
+    storage fault: here it is briefly a directory, so the reader's listing finds a marker without its
+    manifest); once it is back, the same reader reads every version."""
+    uri, states = rotated
+    path = tmp_path / "home" / "run" / manifest_key(3)
+    saved = path.read_bytes()
+    path.unlink()
+    path.mkdir()
+    reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
+    assert_bits_equal(reader.materialize(2), states[2])
+    with pytest.raises(UnauthenticatedError):
+        reader.manifest(5)
+    path.rmdir()
+    path.write_bytes(saved)
+    _eventually(lambda: reader.manifest(8), "the same reader after the fault")
+    for v in range(VERSIONS):
+        assert_bits_equal(reader.materialize(v), states[v])
+
+
+def test_a_junk_rotation_planted_then_removed_does_not_stop_a_reader(tmp_path: Path, keys: Keys) -> None:
+    """Junk and a key-rotation marker planted at the next version make a reader refuse it; once removed,
+    the real version published there (here a rotation) is read by the same reader."""
+    uri = f"file://{tmp_path}/run"
+    states = publish_rotated(uri, keys, n=3, rotations={})
+    store = ObjectStore(uri)
+    store.put_if_absent(manifest_key(3), b"{junk")
+    store.put_if_absent(rotation_marker_key(3), b"")
+    reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
+    assert_bits_equal(reader.materialize(2), states[2])
+    with pytest.raises(StoreError):
+        reader.manifest(3)
+    damage.delete(store, manifest_key(3))
+    damage.delete(store, rotation_marker_key(3))
+    run = aurora_store.open_run(uri, signing_key=keys.private["a"])
+    run.resume()
+    run.publish(_state(3), rotate_to=keys.private["b"])
+    run.publish(_state(4))
+    run.close()
+    _eventually(lambda: reader.manifest(4), "the reader once the junk was removed")
+    assert_bits_equal(reader.materialize(4), _state(4))
+
+
+def test_a_reader_given_the_new_key_before_the_rotation_joins_once_it_commits(tmp_path: Path, keys: Keys) -> None:
+    """An actor started with the new key (b) before the trainer rotates to it: refused at first (the run
+    is still signed by a alone), it lists the run again (with a backoff) and reads it once b is rotated in."""
+    uri = f"file://{tmp_path}/run"
+    publish_rotated(uri, keys, n=3, rotations={})
+    reader = aurora_store.open_run(uri, verify_key=keys.public["b"])
+    with pytest.raises(UnauthenticatedError, match=f"the verify key given is {keys.id('b')}"):
+        reader.manifest(2)
+    run = aurora_store.open_run(uri, signing_key=keys.private["a"])
+    run.resume()
+    run.publish(_state(3), rotate_to=keys.private["b"])
+    run.close()
+    _eventually(lambda: reader.manifest(2), "a reader holding the rotated-in key")
+    assert_bits_equal(reader.materialize(3), _state(3))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("aurora.store")
+
+RELEARN_S = (1.0, 10.0)
+"""A reader whose key history fails a signed version learns it again from a new listing: at once the first
+time, then after 1 s, doubling to at most 10 s while it keeps failing (one LIST, and one GET per rotation)."""
 
 
 def _sha256(data: memoryview) -> str:
@@ -114,6 +119,9 @@ class Reader:
         self._bad_rotation: tuple[int, UnauthenticatedError] | None = None
         """The first rotation that failed its checks: no version from it on can be authenticated."""
         self._keys_lock = threading.Lock()
+        self._relearn_at = 0.0
+        """time.monotonic() before which the key history is not learnt again (see :data:`RELEARN_S`)."""
+        self._relearn_wait = 0.0
         self.keys_from = keys_from
         """Another copy of the same run to learn its key history from (a relay's source, for the
         destination it fills in order: a rotation may not be there yet when its key is the one given)."""
@@ -179,6 +187,35 @@ class Reader:
                 f"{what}: the run is signed by key {identity.signed_by}; give its public key "
                 "(--verify-key or AURORA_VERIFY_KEY) to read it"
             )
+        try:
+            self._authenticate_signed(m, identity, what)
+        except UnauthenticatedError:
+            # what this reader learnt of the run's keys may be what failed: a rotation its listing did not
+            # show yet, could not read or read as junk since removed, or not yet made to the key it was given
+            if not self._relearn(identity):
+                raise
+            self._authenticate_signed(m, identity, what)
+            self._relearn_wait = 0.0  # learnt again: the next fault starts the backoff afresh
+
+    def _relearn(self, identity: RunIdentity) -> bool:
+        """Forget the run's key history, to be learnt again from a new listing, unless that was done less
+        than the backoff ago (:data:`RELEARN_S`); whether it was forgotten. Nothing failed is ever held
+        for good: a storage error or a planted junk rotation costs a reader a backoff, not its life."""
+        src = self.keys_from
+        if src is not None and src.identity() == identity:
+            return src._relearn(identity)
+        with self._keys_lock:
+            now = time.monotonic()
+            if now < self._relearn_at:
+                return False
+            first, cap = RELEARN_S
+            self._relearn_wait = min(2 * self._relearn_wait, cap) if self._relearn_wait else first
+            self._relearn_at = now + self._relearn_wait
+            self._keys, self._covered, self._bad_rotation = None, -1, None
+            return True
+
+    def _authenticate_signed(self, m: Manifest, identity: RunIdentity, what: str) -> None:
+        assert self.verify_key is not None
         keys = self.run_keys(m, identity, what)
         era = keys.era(m.version)
         signer = m.run.signed_by if m.run is not None else era.key_id
