@@ -678,3 +678,33 @@ def test_a_reader_given_the_new_key_before_the_rotation_joins_once_it_commits(tm
     run.close()
     _eventually(lambda: reader.manifest(2), "a reader holding the rotated-in key")
     assert_bits_equal(reader.materialize(3), _state(3))
+
+
+def test_a_rotated_out_key_cannot_retire_a_version_a_reader_needs(
+    rotated: tuple[str, Any], keys: Keys, tmp_path: Path
+) -> None:
+    """After a to b to c, whoever still holds key a writes a record retiring version 1, dated in a's era
+    (latest=2). Version 2 is a delta on 1: retiring 1 would hide what a reader must apply to reach 2. The
+    record is not honoured: a relay into a new region copies every version and the audit retires none."""
+    from aurora_store.bucket.audit import audit
+    from aurora_store.bucket.retention import records
+    from aurora_store.format import retention
+    from aurora_store.format.retention import Retired
+
+    uri, states = rotated
+    run = aurora_store.open_run(uri, verify_key=keys.public["c"])
+    origin = run.reader.identity().origin
+    assert origin is not None and run.manifest(2).kind == "delta"
+    old = signing.load_signing_key(keys.private["a"])
+    run.store.put_if_absent(*retention.encode(Retired() | [1, 1], 5, latest=2, origin=origin, key=old))
+    found = records(run.reader)
+    assert 1 not in found.retired and "version 2" in found.bad[0], found.bad
+    dest = f"file://{tmp_path}/new-region/run"
+    relay = Relay(
+        ObjectStore(uri), ObjectStore(dest), None, source_region="home", dest_region="new", verify_key=keys.public["c"]
+    )
+    assert relay.backfill() == list(range(VERSIONS))
+    relay.close()
+    assert_bits_equal(aurora_store.open_run(dest, verify_key=keys.public["b"]).materialize(2), states[2])
+    home = audit(aurora_store.open_run(uri, verify_key=keys.public["a"]))
+    assert home.retired == 0 and len(home.bad_records) == 1

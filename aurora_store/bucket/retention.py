@@ -7,7 +7,9 @@ is ignored); retiring only versions below the latest version committed now (a re
 the latest version, let alone one to come). A record of format 1, written by earlier code, names no
 run and is signed by no one: it is honoured only below the latest full version committed that it
 does not retire, so it can excuse history no one needs and never hide a version a reader must copy
-or apply to reach the latest one. Every record ignored, in whole or in part, is reported.
+or apply to reach the latest one. And no record, however signed, is honoured if it retires the parent of
+a committed delta that no record retires: a key rotated out since could otherwise date a record in its
+own era and hide a version every reader needs. Every record ignored, in whole or in part, is reported.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def records(reader: Reader) -> Records:
         return out
     committed = reader.versions()
     tip = committed[-1] if committed else -1
+    present = set(committed)
     for key, record in found:
         try:
             if record.legacy:
@@ -65,6 +68,7 @@ def records(reader: Reader) -> Records:
             else:
                 _check(reader, key, record, tip)
                 honoured = record.retired
+            _hides_nothing(reader, key, honoured, present)
         except StoreError as exc:
             out.bad.append(f"{key}: {exc}")
             continue
@@ -76,6 +80,24 @@ def records(reader: Reader) -> Records:
             out.keys.append(key)  # retires nothing: honoured, trivially
             out.latest[key] = 0
     return out
+
+
+def _hides_nothing(reader: Reader, key: str, retired: Retired, committed: set[int]) -> None:
+    """UnauthenticatedError if a version ``retired`` holds is the parent of a committed delta it does not
+    retire: that delta could not be read, copied or applied. Whoever signed it (a key rotated out since, a
+    writer of the legacy format), a record only excuses history that no later version needs; each record
+    gc writes does so on its own (what it keeps starts at a full version), so one record is judged alone
+    and a bad one cannot make a good one look bad. One manifest read per retired range."""
+    for _, last in retired.ranges:
+        after = last + 1
+        if after not in committed:
+            continue  # retired by another record, or missing: nothing to read through this one
+        m = reader.manifest(after)
+        if m.kind == "delta" and m.parent is not None and m.parent.version in retired:
+            raise UnauthenticatedError(
+                f"{reader.store.url(key)}: retires version {m.parent.version}, the parent of version {after}, "
+                "a delta it does not retire: a record never hides a version a later one needs"
+            )
 
 
 def _check(reader: Reader, key: str, record: Record, tip: int) -> None:
