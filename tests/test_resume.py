@@ -203,7 +203,7 @@ def test_a_damaged_or_planted_latest_state_is_refused(
             load_state(run, 3, second.model, second.opt, random.Random())
 
 
-def test_a_legacy_state_is_trusted_only_in_a_run_without_bound_states(redis_server: Any, tmp_path: Path) -> None:
+def test_an_unsigned_run_reads_a_legacy_state_as_earlier_code_wrote_it(redis_server: Any, tmp_path: Path) -> None:
     cfg = _config(tmp_path, redis_server.url)
     with Trainer(cfg) as first:
         first.start()
@@ -214,6 +214,32 @@ def test_a_legacy_state_is_trusted_only_in_a_run_without_bound_states(redis_serv
     (d2 / "state.json").write_bytes(json.dumps(legacy).encode())
     with Trainer(cfg) as second:  # an unsigned run: a legacy state is read as earlier code wrote it
         assert second.start() == 2 and second.weights_version == 2
+
+
+def test_a_signed_run_never_trusts_a_planted_unsigned_state(redis_server: Any, tmp_path: Path, key: Path) -> None:
+    """Issue 34, bug 3: every signed state deleted and an unsigned state of the old format planted with weights
+    of the attacker's choosing. The restart refuses it (no state it can trust: it stops, saying why and how a
+    run written by earlier code continues) and publishes nothing; with --trust-unsigned-state, the operator's
+    explicit word for a run written before states were signed, it resumes from it."""
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 2)
+    run = open_run(cfg.store, signing_key=str(key))
+    d2 = _state_dir(tmp_path, run, 2)
+    doc = json.loads((d2 / "state.json").read_bytes())
+    legacy = tmp_path / "run" / StateName(2).dir  # the name earlier code gave a state: its version alone
+    shutil.copytree(d2, legacy)  # (the attacker's own weights would go in its tensors: these are the run's)
+    for v in (0, 1, 2):
+        shutil.rmtree(_state_dir(tmp_path, run, v))
+    planted = {"format": trainer_state.LEGACY, "version": 2, **doc["trainer"]}
+    (legacy / "state.json").write_bytes(json.dumps(planted).encode())
+    with Trainer(cfg) as second, pytest.raises(StoreError, match="--trust-unsigned-state"):
+        second.start()
+    assert open_run(cfg.store).versions() == [0, 1, 2], "nothing published from it"
+    cfg.publish.trust_unsigned_state = True
+    with Trainer(cfg) as third:
+        assert third.start() == 2 and third.weights_version == 2
 
 
 def test_gc_keeps_what_a_restart_needs(redis_server: Any, tmp_path: Path) -> None:

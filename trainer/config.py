@@ -129,6 +129,10 @@ class PublishConfig:
     """Save the resumable trainer state every this many versions (off the training thread, after each
     version's commit). With 1, a restart continues from exactly the latest version; with K > 1 it
     continues from the last saved state and the next version records the versions it abandons."""
+    trust_unsigned_state: bool = False
+    """Resume a signed run from an unsigned trainer state (format aurora-trainer-state/1, written by code
+    from before states were signed). Off, a signed run never trusts one: anyone who can write the bucket
+    can plant it. Give it once, to continue a run written by that code; every state saved after is signed."""
     signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))
     """Sign every version with this Ed25519 private key (a PEM file, or PEM text in the environment;
     ``aurora keygen`` makes one). A run is signed or not from version 0 on: readers then refuse any

@@ -237,7 +237,8 @@ class Trainer:
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
         tip = self.run.manifest(latest)
         self.origin = tip.identity.origin if tip.identity is not None else None
-        resumed = resume_state(self.run, latest, self.model, self.opt, self.rng)
+        trust = self.cfg.publish.trust_unsigned_state
+        resumed = resume_state(self.run, latest, self.model, self.opt, self.rng, trust_unsigned=trust)
         state = resumed.state
         self.weights_version = state.version
         data = state.extra.get("data")

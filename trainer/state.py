@@ -316,12 +316,19 @@ def saved_versions(run: Run) -> list[int]:
 
 
 def load_state(
-    run: Run, version: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
+    run: Run,
+    version: int,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: random.Random,
+    *,
+    trust_unsigned: bool = False,
 ) -> SavedState:
     """Restore the state saved for committed ``version`` into ``model``, ``opt`` and ``rng`` (in place),
-    after checking it belongs to that version of this run (and its signature, in a signed run).
-    Raises CorruptError, ChainError, UnauthenticatedError or MissingError; the model is untouched
-    then."""
+    after checking it belongs to that version of this run (and its signature, in a signed run: there an
+    unsigned state of the old format is refused unless ``trust_unsigned``, the operator's word that the run
+    was written before states were signed). Raises CorruptError, ChainError, UnauthenticatedError or
+    MissingError; the model is untouched then."""
     manifest = run.manifest(version)
     names = [n for n in run.state.names() if n.version == version and n.belongs_to(manifest.version_hash)]
     if not names:
@@ -333,8 +340,12 @@ def load_state(
         run.state.get_commit(name, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
     )
     key = _verify_key(run, manifest, where)
-    if doc.legacy and key is not None and _has_current(run):
-        raise CorruptError(f"{where}: an unsigned state of the old format in a run whose states are signed")
+    if doc.legacy and key is not None and not trust_unsigned:
+        raise UnauthenticatedError(
+            f"{where}: an unsigned state ({trainer_state.LEGACY}) in a signed run, where anyone who can write "
+            "the bucket could have planted it; if this run was written by code from before trainer states "
+            "were signed, resume it once with --trust-unsigned-state"
+        )
     trainer_state.check(doc, manifest, key, where)
     cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
     data = run.state.get(name, TENSORS, max_bytes=cap)
@@ -384,14 +395,20 @@ class Resumed:
 
 
 def resume_state(
-    run: Run, latest: int, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random
+    run: Run,
+    latest: int,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: random.Random,
+    *,
+    trust_unsigned: bool = False,
 ) -> Resumed:
     """Load the newest state at or below committed version ``latest`` that loads and verifies;
     skipped ones are logged. StoreError if none does."""
     refused: dict[int, str] = {}
     for v in reversed([v for v in saved_versions(run) if v <= latest]):
         try:
-            return Resumed(load_state(run, v, model, opt, rng), refused)
+            return Resumed(load_state(run, v, model, opt, rng, trust_unsigned=trust_unsigned), refused)
         except StoreError as exc:
             log.warning("the trainer state of version %d cannot be used: %s", v, exc)
             refused[v] = str(exc)
@@ -411,11 +428,6 @@ def _verify_key(run: Run, manifest: Manifest, where: str) -> Ed25519PublicKey | 
             f"{where}: the public key {era.key_id} that signs version {manifest.version} is not known"
         )
     return era.public
-
-
-def _has_current(run: Run) -> bool:
-    """Whether the run has a state of the current, bound format (then a legacy one is not trusted)."""
-    return any(n.tag is not None for n in run.state.names())
 
 
 def _jsonable(v: object) -> bool:
