@@ -4,7 +4,11 @@ Each result's payload is submitted inline when it is small (up to ``--inline-byt
 in this region's bucket (``results/<sha256>.bin``, immutable) with only its reference in Redis.
 The trainer tells an actor why it dropped a result it can act on; a notice counts only if it names
 a result this actor submitted (anyone who can write Redis can submit in its name, but not under
-its results' stream ids). Results it cannot use, MAX_REFUSED times in a row, stop the actor.
+its results' stream ids), each result once, and only if the actor can trust it: in a signed run,
+signed by the run's key (anyone who can write Redis can add notices); in an unsigned run, where
+nothing in Redis can be verified, only for an actor without a certificate (a certified fleet asked for
+authentication, and an unsigned notice has none). Results it cannot use, MAX_REFUSED times in a row,
+stop the actor.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from actor.identity import Identity
 from aurora_store.bucket.objectstore import ObjectStore
@@ -24,6 +29,9 @@ from aurora_store.coord.notices import Notice
 from aurora_store.coord.results import INLINE_MAX, Ref
 from aurora_store.errors import StoreError
 from aurora_store.format import identity as certs
+
+if TYPE_CHECKING:
+    from aurora_store.bucket.reader import Reader
 
 log = logging.getLogger("aurora.actor")
 REFUSED = frozenset({"bad_payload", "wrong_digest", "wrong_actor", *certs.REASONS})
@@ -47,6 +55,8 @@ class Outbox:
         inline_bytes: int,
         on_refused: Callable[[], None],
         identity: Identity | None = None,
+        reader: Reader | None = None,
+        held: Callable[[], int] = lambda: 0,
     ) -> None:
         self.board, self.store = board, store
         self.wid, self.region = worker_id, region
@@ -57,6 +67,8 @@ class Outbox:
         self.submitted: OrderedDict[str, None] = OrderedDict()
         """Stream ids of the results this actor submitted (the last KEEP)."""
         self._lock = threading.Lock()
+        self.reader, self.held = reader, held
+        """The run's reader and the version this actor holds: what a notice's signature is checked against."""
         self._told: set[str] = set()
         self._refused = 0
         self.refused = False
@@ -103,6 +115,21 @@ class Outbox:
                 mine = n.result in self.submitted
             if not mine:
                 continue  # about a result submitted in this actor's name by someone else: not its own
+            trusted = self._verified(n)
+            if not (trusted or (trusted is None and self.identity is None)):
+                if "unverified" not in self._told:
+                    self._told.add("unverified")
+                    log.warning(
+                        "actor %s: a notice that its result for job %s was dropped (%s) is not signed by the "
+                        "run's key: not acted on (anyone who can write Redis can add one)",
+                        self.wid,
+                        n.job,
+                        n.reason,
+                    )
+                continue
+            with self._lock:
+                if self.submitted.pop(n.result, False) is not None:
+                    continue  # told of already (a replayed notice): each result counts once
             if n.reason not in self._told:
                 self._told.add(n.reason)
                 log.warning("actor %s: the trainer dropped its result for job %s: %s", self.wid, n.job, n.reason)
@@ -117,3 +144,19 @@ class Outbox:
                 )
                 self.refused = True
                 self.on_refused()
+
+    def _verified(self, n: Notice) -> bool | None:
+        """Whether the trainer signed ``n`` with the run's key as of the version this actor holds (None: an
+        unsigned run, where there is nothing to verify it with; False too when the run cannot be read)."""
+        if self.reader is None:
+            return None
+        try:
+            identity = self.reader.identity()
+            if identity.signed_by is None:
+                return None
+            era = self.reader.keys_at(self.held(), f"notice {n.id}").last
+        except StoreError:
+            return False
+        if era.public is None or n.signature is None or n.signature[0] != era.key_id:
+            return False
+        return self.board.notices.verify(self.wid, n, era.public)

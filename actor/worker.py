@@ -89,6 +89,8 @@ class Worker:
             inline_bytes=cfg.rollout.inline_bytes,
             on_refused=self.halt,
             identity=self._identity(),
+            reader=self.run.reader,
+            held=self._held_version,
         )
         """What this actor submitted, and what the trainer said of it."""
         self.wake = Wakeups(
@@ -114,6 +116,10 @@ class Worker:
         if key is None or cert is None:
             return None
         return Identity.load(key, cert, actor=self.wid, run=self.cfg.sync.run_id)
+
+    def _held_version(self) -> int:
+        up = getattr(self, "up", None)  # None until the engine is up
+        return up.held.version if up is not None and up.held is not None else 0
 
     @property
     def refused(self) -> bool:

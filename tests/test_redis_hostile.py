@@ -134,6 +134,23 @@ def test_results_that_are_garbage_or_elsewhere_are_dropped_with_the_reason_and_r
     assert d.board.r.xlen(stream) == 0, "every result read left the stream"
     notices = d.board.notices.read("a", "0-0")
     assert [n.reason for n in notices] == ["bad_payload", "unknown_region", "wrong_digest"], "told what it can fix"
+    assert all(n.signature is None for n in notices), "no signing key: an unsigned run's notices"
+
+
+def test_a_trainer_with_a_signing_key_signs_what_it_tells(redis_server: Any) -> None:
+    from aurora_store.format import signing
+
+    private, public = signing.generate_keypair()
+    d = _dispatcher(redis_server.url)
+    d.signer = lambda: signing.load_signing_key(private)
+    lease = _one_job(d)
+    base = {"job": lease.job, "token": str(lease.token), "actor": "a", "version": "0", "version_hash": "0" * 64}
+    d.board.rb.xadd(d.board._k("results"), {**base, "bin": b"[1, 2]"})
+    d.board.results.submit(lease, actor="a", version=0, version_hash="0" * 64, payload=GOOD_GROUP)
+    assert len(d.collect(1)) == 1
+    (told,) = d.board.notices.read("a", "0-0")
+    assert told.reason == "bad_payload" and d.board.notices.verify("a", told, signing.load_verify_key(public))
+    assert not d.board.notices.verify("b", told, signing.load_verify_key(public)), "bound to the actor it names"
 
 
 # ---------------------------------------------------------------- 10. Redis holds only the steps in flight
@@ -196,13 +213,9 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
     from actor.worker import Worker
 
     def worker(wid: str) -> Worker:
-        sync = SyncConfig(
-            store=f"memory://redis-hostile/{uuid.uuid4().hex}/run",
-            region="home",
-            redis=redis_server.url,
-            run_id="r",
-            worker_id=wid,
-        )
+        store = f"memory://redis-hostile/{uuid.uuid4().hex}/run"
+        aurora_store.open_run(store).publish({"w": torch.zeros(8, dtype=torch.bfloat16)})  # an unsigned run
+        sync = SyncConfig(store=store, region="home", redis=redis_server.url, run_id="r", worker_id=wid)
         return Worker(WorkerConfig(sync=sync))
 
     late, bad, framed = worker("late"), worker("bad"), worker("framed")
@@ -221,6 +234,43 @@ def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late
     assert not late.stop.is_set() and not late.refused
     assert bad.stop.is_set() and bad.refused
     assert not framed.stop.is_set(), "results forged in an actor's name never stop it"
+
+
+def test_in_a_signed_run_only_the_trainers_signed_notices_stop_an_actor(redis_server: Any) -> None:
+    """Issue 34, bug 4: anyone who can write Redis could read an actor's result ids from the results stream
+    and add three ``revoked`` notices naming them: the actor stopped for good while the trainer dropped
+    nothing. In a signed run the trainer signs its notices with the run's key; unsigned ones, ones signed by
+    another key, and a signed one replayed are not acted on; three the trainer signed stop it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from actor.config import SyncConfig, WorkerConfig
+    from actor.outbox import MAX_REFUSED
+    from actor.worker import Worker
+    from aurora_store.format import signing
+
+    private, public = signing.generate_keypair()
+    key = signing.load_signing_key(private)
+    store = f"memory://redis-hostile/{uuid.uuid4().hex}/run"
+    aurora_store.open_run(store, signing_key=private).publish({"w": torch.zeros(8, dtype=torch.bfloat16)})
+    sync = SyncConfig(
+        store=store, region="home", redis=redis_server.url, run_id="r", worker_id="a", verify_key=public.decode()
+    )
+    w = Worker(WorkerConfig(sync=sync))
+    ids = [w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"}) for i in range(2 * MAX_REFUSED + 1)]
+    for rid in ids:
+        w.outbox.submitted[rid] = None
+    tell = w.board.notices.tell
+    for i in range(MAX_REFUSED):
+        tell("a", f"j{i}", "revoked", ids[i])  # unsigned: the forger has no key
+        tell("a", f"j{i}", "revoked", ids[i], key=Ed25519PrivateKey.generate())  # another key
+    tell("a", "jx", "revoked", ids[MAX_REFUSED], key=key)
+    forged = w.board.notices.read("a", "0-0")
+    w.outbox.told(forged + forged[-1:] * MAX_REFUSED)  # the signed one replayed: each result counts once
+    assert not w.stop.is_set() and not w.outbox.refused
+    for i in range(MAX_REFUSED + 1, 2 * MAX_REFUSED):
+        tell("a", f"j{i}", "revoked", ids[i], key=key)
+    w.outbox.told(w.board.notices.read("a", forged[-1].id))
+    assert w.stop.is_set() and w.outbox.refused, "what the trainer signed stops it"
 
 
 def test_redis_memory_stays_flat_over_steps_of_real_sized_groups(redis_server: Any) -> None:

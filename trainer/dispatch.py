@@ -37,7 +37,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.coord.coordinator import Coordinator
@@ -117,8 +117,11 @@ class Dispatcher:
         admissions: IO[str] | None = None,
         stores: Mapping[str, ObjectStore] | None = None,
         identity: ResultGate | None = None,
+        signer: Callable[[], Any] | None = None,
     ) -> None:
         self.coord, self.board = coord, board
+        self.signer = signer
+        """The run's signing key now (after a rotation, the new one): it signs the notices to actors."""
         self.identity = identity
         """Which results come from certified actors (None: no check, as before identities)."""
         self.digests: dict[int, str] = {}
@@ -391,7 +394,8 @@ class Dispatcher:
         self.drops.skip(why, f"result {res.id} for job {res.job!r:.80} from actor {res.actor!r:.80}")
         if why in TELL and res.actor:
             with contextlib.suppress(CoordinationError):  # telling is a courtesy; the drop stands
-                self.board.notices.tell(res.actor, res.job, why, res.id)
+                key = self.signer() if self.signer is not None else None
+                self.board.notices.tell(res.actor, res.job, why, res.id, key=key)
 
     def _record(self, step: int, res: Result, rollouts: Rollouts, deadline_ms: int | None, admitted_ms: int) -> None:
         if self.admissions is None:

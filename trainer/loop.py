@@ -174,6 +174,7 @@ class Trainer:
             admissions=self._admissions,
             stores=self._result_stores(),
             identity=ResultGate.of(self.cfg.fleet_key, self.cfg.run_id, revoked=self.cfg.revoked_actors),
+            signer=self._signer,
         )
         self.dispatch.on_lost = self._announce_again
         self.metrics.watch_dispatch(self.dispatch)
