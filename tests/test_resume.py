@@ -242,6 +242,48 @@ def test_a_signed_run_never_trusts_a_planted_unsigned_state(redis_server: Any, t
         assert third.start() == 2 and third.weights_version == 2
 
 
+def test_a_version_without_a_resumable_state_is_not_committed(redis_server: Any, tmp_path: Path) -> None:
+    """Issue 34, bug 5: the states cannot be written (here ``trainer/`` is a file), the versions can. The
+    trainer used to commit versions 0-6, log each failed state, and leave a run no restart could resume.
+    Version 0 is not committed when its state fails (the run has none), and the trainer stops saying so;
+    once the bucket is writable, a restart starts the run."""
+    cfg = _config(tmp_path, redis_server.url)
+    blocked = tmp_path / "run" / "trainer"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_bytes(b"not a directory")
+    with Trainer(cfg) as first, pytest.raises(StoreError, match="version 0 is not committed"):
+        first.start()
+    assert open_run(cfg.store).versions() == [], "nothing a restart could not resume"
+    blocked.unlink()
+    with Trainer(cfg) as second:
+        assert second.start() == 0
+        _steps(second, 1, 1)
+    assert open_run(cfg.store).versions() == [0, 1]
+
+
+def test_states_that_keep_failing_stop_the_trainer_and_a_restart_rolls_back(redis_server: Any, tmp_path: Path) -> None:
+    """With a state saved (version 0's), versions go on committing while later states fail (a restart rolls
+    back to it), until MAX_FAILED_SAVES in a row stop the trainer, saying why."""
+    from trainer.state import MAX_FAILED_SAVES
+
+    cfg = _config(tmp_path, redis_server.url)
+    states = tmp_path / "run" / "trainer"
+    with Trainer(cfg) as first:
+        assert first.start() == 0
+        states.rename(tmp_path / "aside")
+        states.write_bytes(b"not a directory")
+        with pytest.raises(StoreError, match=f"{MAX_FAILED_SAVES} trainer states in a row could not be saved"):
+            _steps(first, 1, MAX_FAILED_SAVES + 1)
+    committed = open_run(cfg.store).versions()
+    assert committed == list(range(MAX_FAILED_SAVES + 1)), "each version whose state failed still committed"
+    states.unlink()
+    (tmp_path / "aside").rename(states)
+    with Trainer(cfg) as second:
+        assert second.start() == MAX_FAILED_SAVES
+        assert second.weights_version == 0 and second.rollback is not None
+        assert second.rollback.abandons == tuple(range(1, MAX_FAILED_SAVES + 1))
+
+
 def test_gc_keeps_what_a_restart_needs(redis_server: Any, tmp_path: Path) -> None:
     """Retention with the smallest allowed policy, then a restart: no retired manifest is read."""
     cfg = _config(tmp_path, redis_server.url, state_every=2)

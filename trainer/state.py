@@ -149,16 +149,23 @@ def _capture(
     return _Capture(version, version_hash, origin, tensors, trainer)
 
 
+MAX_FAILED_SAVES = 3
+"""Trainer states that may fail to save in a row before the trainer stops."""
+
+
 class StateWriter:
     """Saves the state of committed versions from a thread of its own, one at a time.
 
     :meth:`save` returns once it has captured what the next step would change outside the weights
     (RNG, step counts); :meth:`before_update` must run before the next optimizer update (it waits
     until the writer has copied the weights and moments); :meth:`flush` waits for everything.
-    A failed save is logged and counted, never raised: the run goes on, and a restart rolls back to
-    the newest state that was saved (the next version records it). What follows a save (``then``,
-    the version's commit) runs whether or not the save succeeded, and its failure is raised by the
-    next :meth:`flush` (or :meth:`save`), on the training thread."""
+    A failed save is logged and counted; the run goes on while the bucket holds an older state, and a
+    restart rolls back to it (the next version records it). What follows a save (``then``, the
+    version's commit) runs then whether or not the save succeeded. But a version is not committed when
+    its state failed and the run has no saved state at all (a restart could not resume it), and
+    :data:`MAX_FAILED_SAVES` failures in a row stop the trainer (each version would take a restart
+    further back): both are raised by the next :meth:`flush` (or :meth:`save`) on the training thread,
+    as a failure of what follows a save is."""
 
     def __init__(
         self, run: Run, *, write: bool = True, signer: Callable[[], Ed25519PrivateKey | None] | None = None
@@ -174,6 +181,9 @@ class StateWriter:
         self._pending: tuple[_Capture, Future[None]] | None = None
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
+        self._failed_in_row = 0
+        self._resumable: bool | None = None
+        """Whether the bucket holds a state a restart can resume from (None: not looked yet)."""
 
     def save(
         self,
@@ -233,10 +243,29 @@ class StateWriter:
             self._pool.shutdown(wait=True)
 
     def _write(self, capture: _Capture) -> None:
+        held_back: StoreError | None = None
+        stop: StoreError | None = None
         try:
-            self._save(capture)
+            error = self._save(capture)
+            if error is None:
+                self._failed_in_row, self._resumable = 0, True
+            else:
+                self._failed_in_row += 1
+                v = capture.version
+                if not self._has_state():
+                    held_back = StoreError(
+                        f"the trainer state of version {v} could not be saved ({error}), and the run has no saved "
+                        f"state a restart could resume from: version {v} is not committed. Make the bucket "
+                        "writable again and restart the trainer"
+                    )
+                elif self._failed_in_row >= MAX_FAILED_SAVES:
+                    stop = StoreError(
+                        f"{self._failed_in_row} trainer states in a row could not be saved (the last, version {v}'s: "
+                        f"{error}); stopping, since a restart rolls back to the newest saved state and every "
+                        "version makes that further. Make the bucket writable again and restart the trainer"
+                    )
         finally:
-            if capture.then is not None:
+            if capture.then is not None and held_back is None:
                 try:
                     capture.then()
                 except BaseException as exc:  # raised on the training thread by flush()
@@ -244,8 +273,20 @@ class StateWriter:
                 with self._lock:
                     self.cost.followed += 1
                     self.cost.commit_delay_s += time.perf_counter() - capture.started
+            if self._failure is None:
+                self._failure = held_back or stop
 
-    def _save(self, capture: _Capture) -> None:
+    def _has_state(self) -> bool:
+        """Whether a restart would find a state: one this writer saved, or one in the bucket already."""
+        if self._resumable is None:
+            try:
+                self._resumable = bool(self.run.state.versions())
+            except StoreError:
+                return False  # cannot tell: the version is held back rather than risked
+        return self._resumable
+
+    def _save(self, capture: _Capture) -> str | None:
+        """Save ``capture``; None, or why it failed (logged and counted)."""
         t0 = time.perf_counter()
         v = capture.version
         name = StateName.of(v, capture.version_hash)
@@ -267,9 +308,11 @@ class StateWriter:
             with self._lock:
                 self.cost.failed += 1
                 self.cost.errors = [*self.cost.errors[-9:], f"{v}: {exc}"]
+            return f"{type(exc).__name__}: {exc}"[:300]
         finally:
             with self._lock:
                 self.cost.writer_s += time.perf_counter() - t0
+        return None
 
 
 def save_state(
