@@ -110,10 +110,8 @@ class MetricsServer:
                             self._wake_r.recv(64)
                     else:
                         conn = self._conns.get(key.fileobj)  # type: ignore[call-overload]
-                        if conn is not None and events & selectors.EVENT_WRITE:
-                            self._write(conn)
-                        elif conn is not None:
-                            self._read(conn)
+                        if conn is not None:
+                            self._serve(conn, events)
                 now = time.monotonic()
                 for conn in [c for c in self._conns.values() if c.deadline <= now]:
                     self._drop(conn)
@@ -141,6 +139,17 @@ class MetricsServer:
             self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ)
 
+    def _serve(self, conn: _Conn, events: int) -> None:
+        """One connection's turn. Whatever its bytes make fail costs that connection, never the server."""
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._write(conn)
+            else:
+                self._read(conn)
+        except Exception as exc:
+            log.warning("metrics: a connection failed and was closed: %s: %s", type(exc).__name__, exc)
+            self._drop(conn)
+
     def _read(self, conn: _Conn) -> None:
         try:
             data = conn.sock.recv(4096)
@@ -156,7 +165,13 @@ class MetricsServer:
         if end < 0 and len(conn.request) <= MAX_REQUEST_BYTES:
             return
         too_large: tuple[str, dict[str, str], bytes] = ("431 Request Header Fields Too Large", {}, b"too large\n")
-        status, headers, body = too_large if end < 0 or end > MAX_REQUEST_BYTES else self._answer(conn.request[:end])
+        if end < 0 or end > MAX_REQUEST_BYTES:
+            status, headers, body = too_large
+        else:
+            try:
+                status, headers, body = self._answer(conn.request[:end])
+            except ValueError:  # a target urlsplit refuses ("http://[::1"), an Accept header that names no version
+                status, headers, body = "400 Bad Request", {}, b"bad request\n"
         head = [f"HTTP/1.1 {status}", "Connection: close", f"Content-Length: {len(body)}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         if conn.request.startswith(b"HEAD "):

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from actor.metrics import SPECS as ACTOR
@@ -98,6 +100,43 @@ def test_idle_connections_hold_no_thread_and_metrics_still_answer() -> None:
             assert bad.recv(64).startswith(b"HTTP/1.1 405")
     finally:
         server.close()
+
+
+def _ask(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+        return got
+
+
+HOSTILE_REQUESTS = [
+    b"GET http://[::1 HTTP/1.1\r\n\r\n",  # urlsplit: Invalid IPv6 URL
+    b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=a.b\r\n\r\n",
+    b"GET /metrics?name[]=%ff%fe HTTP/1.1\r\n\r\n",
+    b"\xff\xfe\x00 / HTTP/1.1\r\n\r\n",
+    b"GET /metrics HTTP/1.1\r\nAccept\r\n: :: \r\n\r\n",
+]
+
+
+@pytest.fixture(scope="module")
+def hostile_server() -> Iterator[MetricsServer]:
+    """One server for every example: one request that kills it fails every example after."""
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0)
+    yield server
+    server.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(junk=st.one_of(st.sampled_from(HOSTILE_REQUESTS), st.binary(max_size=300).map(lambda b: b + b"\r\n\r\n")))
+def test_any_bytes_get_an_answer_and_the_server_keeps_serving(hostile_server: MetricsServer, junk: bytes) -> None:
+    """Issue 34, bug 6: ``GET http://[::1 HTTP/1.1`` or an OpenMetrics Accept header with a version that is
+    not a number raised outside the handler's try: the server's thread ended and every later scrape hung."""
+    got = _ask(hostile_server.port, junk)
+    assert got == b"" or got.startswith(b"HTTP/1.1 "), got[:80]
+    assert _ask(hostile_server.port, b"GET /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200"), "and serves on"
 
 
 def test_rejection_reasons_name_the_refusal() -> None:
