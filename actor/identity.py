@@ -19,6 +19,7 @@ from aurora_store.coord.lease import Lease
 from aurora_store.errors import ConfigError, StoreError
 from aurora_store.format import identity as ident
 from aurora_store.format.signing import key_id, load_signing_key, raw_public
+from aurora_store.localfile import read_regular
 
 log = logging.getLogger("aurora.actor")
 
@@ -28,8 +29,7 @@ def read_cert(material: str) -> bytes:
     if material.lstrip().startswith("{"):
         return material.strip().encode()
     try:
-        with open(material, "rb") as f:
-            return f.read(ident.MAX_CERT_BYTES + 1).strip()
+        return read_regular(material, ident.MAX_CERT_BYTES + 1).strip()
     except OSError as exc:
         raise ConfigError(f"cannot read the actor certificate {os.fspath(material)!r}: {exc.strerror or exc}") from None
 

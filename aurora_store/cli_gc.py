@@ -143,7 +143,7 @@ def _show(
         print(f"  finish retiring {_spans(list(p.leftovers))} (objects an interrupted gc left)")
     if holds is None:
         print("  Redis not asked (no --redis): what live actors hold was not considered")
-    for bad in [*p.bad_records, *unreadable, *p.unreadable]:
+    for bad in [*p.bad_records, *unreadable, *p.unreadable, *p.bad_states]:
         print(f"aurora: warning: {bad}", file=sys.stderr)
     _show_results(results, results_deleted)
     if counts is None:

@@ -52,9 +52,10 @@ def cmd_issue(args: argparse.Namespace) -> int:
     else:
         private, _ = signing.generate_keypair()
         actor_key = signing.load_signing_key(private).public_key()
-    if not args.days > 0:
-        raise ConfigError(f"--days must be positive, got {args.days}")
     now = int(time.time())
+    most = (ident.MAX_TIME_S - now) / 86400
+    if not 0 < args.days <= most:  # NaN fails both; inf, and what would overflow the format, the second
+        raise ConfigError(f"--days must be a number of days above 0 and at most {most:,.0f}, got {args.days}")
     serial = args.serial if args.serial is not None else secrets.randbits(52)
     try:
         cert = ident.issue(

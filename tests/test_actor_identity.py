@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -510,16 +511,68 @@ def test_the_identity_benchmark_measures_both_in_one_run() -> None:
     )
 
 
-def test_identity_options_come_from_the_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_identity_options_come_from_the_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from aurora_store.cli import main
 
+    monkeypatch.chdir(tmp_path)  # where a role started here finds the files the config names
     path = tmp_path / "aurora.toml"
     path.write_text(
         'run_id = "exp1"\nhome = "us"\n[regions.us]\nuri = "file:///b/us/exp1"\n'
         '[trainer]\nfleet_key = "fleet.pub"\nrevoked_actors = "revoked.txt"\n'
         '[actor]\nidentity_key = "eu-0.key"\nidentity_cert = "eu-0.cert"\n'
     )
+    assert main(["config", "check", str(path)]) == 1, "issue 34: the files it names do not exist"
+    err = capsys.readouterr().err
+    for name in ("fleet.pub", "revoked.txt", "eu-0.key", "eu-0.cert"):
+        assert f"{name} does not exist" in err, err
+    os.mkfifo(tmp_path / "revoked.txt")
+    assert main(["config", "check", str(path)]) == 1 and "revoked.txt is not a regular file" in capsys.readouterr().err
+    (tmp_path / "revoked.txt").unlink()
+    for name in ("fleet.pub", "revoked.txt", "eu-0.key", "eu-0.cert"):
+        (tmp_path / name).write_text("x")
     assert main(["config", "check", str(path), "--json"]) == 0
     roles = {r["command"]: r["options"] for r in json.loads(capsys.readouterr().out)["roles"]}
     assert (roles["train"]["fleet_key"], roles["train"]["revoked_actors"]) == ("fleet.pub", "revoked.txt")
     assert (roles["actor"]["identity_key"], roles["actor"]["identity_cert"]) == ("eu-0.key", "eu-0.cert")
+
+
+@pytest.mark.parametrize("days", ["inf", "nan", "0", "-1", "1e12"])
+def test_a_validity_that_cannot_be_written_is_refused_with_a_clear_error(
+    days: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34: ``aurora actor-cert issue --days inf`` ended in an OverflowError traceback."""
+    from aurora_store.cli import main
+
+    assert main(["keygen", "--out", str(tmp_path / "fleet")]) == 0
+    argv = [
+        "actor-cert",
+        "issue",
+        "--fleet-key",
+        str(tmp_path / "fleet.key"),
+        "--actor",
+        "a",
+        "--out",
+        str(tmp_path / "c"),
+    ]
+    rc = main([*argv, "--days", days])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--days must be a number of days above 0" in err and "Traceback" not in err, err
+    assert not (tmp_path / "c").exists(), "nothing written"
+
+
+def test_files_named_for_identities_are_refused_when_they_are_not_regular_files(tmp_path: Path) -> None:
+    """Issue 34: a revocation list that is a FIFO hung the trainer at start (open() waits for a writer);
+    a certificate or a model file that is one would hang an actor or feed it forever."""
+    from actor.identity import read_cert
+    from aurora_store.rl.gguf import _sha256
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        ResultGate(Ed25519PrivateKey.generate().public_key(), "r", revoked=str(fifo))
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_cert(str(fifo))
+    with pytest.raises(OSError, match="not a regular file"):
+        _sha256(str(fifo))

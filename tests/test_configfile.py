@@ -61,8 +61,11 @@ concurrency = 5
 
 
 def _file(tmp_path: Path, text: str = GOOD, name: str = "aurora.toml") -> str:
+    """The config file, and the verify key GOOD names beside it (config check wants the files it names)."""
     path = tmp_path / name
     path.write_text(text)
+    (tmp_path / "keys").mkdir(exist_ok=True)
+    (tmp_path / "keys" / "run.pub").write_text("x")
     return str(path)
 
 
@@ -125,6 +128,10 @@ def test_no_config_changes_nothing() -> None:
 
 def test_check_accepts_a_good_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _file(tmp_path)
+    (tmp_path / "keys" / "run.pub").unlink()
+    assert main(["config", "check", path]) == 1, "the verify key it names is not there"
+    assert "keys/run.pub does not exist" in capsys.readouterr().err
+    (tmp_path / "keys" / "run.pub").write_text("x")
     assert main(["config", "check", path]) == 0
     out = capsys.readouterr().out
     assert "ok: run exp1, home region us, 3 region(s)" in out and "(relayed from eu)" in out

@@ -34,7 +34,7 @@ from aurora_store.cli import main
 from aurora_store.cli_gc import RESULTS_MAX_AGE_S, add_results_arguments
 from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.errors import CorruptError
-from aurora_store.format import retention, signing
+from aurora_store.format import retention, signing, trainer_state
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.retention import Retired
 from aurora_store.testing import damage
@@ -81,9 +81,13 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
     run = aurora_store.open_run((tmp_path / "r").as_uri(), full_every=4)
     weights = _publish(run, 14)  # fulls at 0, 4, 8, 12
     assert [v for v, k in _kinds(run).items() if k == "full"] == [0, 4, 8, 12]
-    for s in (5, 9, 13):  # three saved trainer states
-        run.state.put(StateName(s), "tensors.safetensors", b"x" * 10)
-        run.state.commit(StateName(s), json.dumps({"version": s}).encode())
+    for s in (5, 9, 13):  # three saved trainer states (gc reads their documents, not their tensors)
+        m = run.manifest(s)
+        name = StateName.of(s, m.version_hash)
+        run.state.put(name, "tensors.safetensors", b"x" * 10)
+        tensors = trainer_state.TensorFile.of("tensors.safetensors", b"x" * 10)
+        doc = trainer_state.new(s, m.version_hash, run.reader.identity().origin, tensors, {"opt_steps": {}}, None)
+        run.state.commit(name, doc.to_bytes())
     p = gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
     # 0: identity; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
     # 9, 13: kept states; chains: 10 and 11 and 9 need 8

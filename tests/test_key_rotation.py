@@ -708,3 +708,12 @@ def test_a_rotated_out_key_cannot_retire_a_version_a_reader_needs(
     assert_bits_equal(aurora_store.open_run(dest, verify_key=keys.public["b"]).materialize(2), states[2])
     home = audit(aurora_store.open_run(uri, verify_key=keys.public["a"]))
     assert home.retired == 0 and len(home.bad_records) == 1
+
+
+def test_a_restart_with_the_retired_key_alone_is_told_it_was_retired(rotated: tuple[str, Any], keys: Keys) -> None:
+    """Issue 34: restarting with the key rotated away from suggested to "rotate"; it says when it was retired."""
+    uri, _ = rotated
+    run = aurora_store.open_run(uri, signing_key=keys.private["a"])
+    with pytest.raises(UnauthenticatedError, match=f"key {keys.id('a')} was retired at version 3") as err:
+        run.publisher.check_signer()
+    assert f"signed by key {keys.id('c')} now" in str(err.value) and "--rotate-signing-key" not in str(err.value)

@@ -100,6 +100,23 @@ def test_a_protocol_that_cannot_create_atomically_is_refused_when_opened(emulate
     assert err.value.url == emulated
 
 
+@pytest.mark.parametrize(
+    "uri", ["ftp://127.0.0.1:{port}/x", "zip://x", "zip://x::file:///tmp", "http://127.0.0.1:{port}/r"]
+)
+def test_an_unsupported_protocol_is_refused_before_anything_is_contacted(uri: str, tmp_path: Path) -> None:
+    """Issue 34, bug 8: ``ftp://127.0.0.1:P/x`` connected to the server and then failed with EOFError; ``zip://x``
+    opened the working directory ("Is a directory"). The protocol is refused first, by name."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.5)
+        uri = uri.format(port=server.getsockname()[1])
+        with pytest.raises(UnsupportedError, match="not known to create objects atomically"):
+            ObjectStore(uri)
+        with pytest.raises(TimeoutError):
+            server.accept()  # nobody connected
+
+
 def test_a_protocol_declared_atomic_is_opened_and_says_why(emulated: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage._fsspec, "ATOMIC_CREATE", dict(storage.ATOMIC_CREATE))
     with pytest.raises(ValueError, match="say why"):

@@ -470,3 +470,14 @@ def test_a_failing_result_takes_the_lease_only_from_its_own_holder(redis_server:
     assert own.job in d.leases.pending or d.leases.tokens.get(own.job) not in (None, own.token), (
         "the holder's own unusable result gives its lease up"
     )
+
+
+@pytest.mark.parametrize("run_id", ["exp:notices", "a b", "{x}", "", "line\nbreak"])
+def test_a_run_id_that_could_share_another_runs_keys_is_refused(run_id: str) -> None:
+    """Issue 34: run ``exp:notices`` got ``aurora:exp:notices:results``, which is run ``exp``'s notice stream
+    of an actor named ``results``. A run id cannot hold the separator of a key's parts."""
+    from aurora_store.coord.errors import CoordinationError
+    from aurora_store.coord.keyspace import Keyspace
+
+    with pytest.raises(CoordinationError, match="run id must be a non-empty name without spaces, braces or colons"):
+        Keyspace("redis://127.0.0.1:1/0", run_id)

@@ -30,7 +30,7 @@ from aurora_store.format.manifest import Rollback
 from aurora_store.format.manifest_parser import parse_manifest
 from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
 from trainer.loop import Trainer
-from trainer.state import TENSORS, load_state
+from trainer.state import TENSORS, load_state, saved_versions
 
 ROWS = [[[3, 4, 5], [6, 7], [-1.0, -2.0], 1.0], [[3, 4, 5], [8, 9], [-1.5, -0.5], 0.0]]
 BATCH: dict[str, Any] = {"rows": ROWS, "adv": [1.0, -1.0], "version": None}
@@ -282,6 +282,42 @@ def test_states_that_keep_failing_stop_the_trainer_and_a_restart_rolls_back(redi
         assert second.start() == MAX_FAILED_SAVES
         assert second.weights_version == 0 and second.rollback is not None
         assert second.rollback.abandons == tuple(range(1, MAX_FAILED_SAVES + 1))
+
+
+def test_gc_keeps_only_states_that_verify(redis_server: Any, tmp_path: Path, key: Path) -> None:
+    """Issue 34, bug 7: a create-only writer without any key plants ``state.json`` = junk under the correctly
+    tagged names of versions 5 and 6, which have no state (the tags are public manifest hashes). gc kept the
+    junk as the newest two states and deleted the real ones; the restart failed. A state counts as kept only
+    once it verifies: the real ones stay and the restart resumes from version 4's."""
+    cfg = _config(tmp_path, redis_server.url, state_every=4, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 6)
+    run = open_run(cfg.store, signing_key=str(key))
+    assert saved_versions(run) == [0, 4]
+    for v in (5, 6):
+        run.store.put_if_absent(f"{StateName.of(v, run.manifest(v).version_hash).dir}/state.json", b'{"junk": 1}')
+    p = gc.plan(run, gc.RetentionPolicy(keep_last=1, keep_fulls=1, keep_states=2, holds={}))
+    assert p.states_kept == [0, 4] and len(p.bad_states) == 2, p.bad_states
+    gc.apply(run, p)
+    assert 4 in saved_versions(run)
+    with Trainer(cfg) as second:
+        assert second.start() == 6 and second.weights_version == 4
+
+
+def test_a_rollback_says_which_states_were_missing(
+    redis_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34: after a deleted state the warning blamed "--state-every is above 1" with --state-every 1."""
+    cfg = _config(tmp_path, redis_server.url)
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 3)
+    shutil.rmtree(_state_dir(tmp_path, open_run(cfg.store), 3))
+    with Trainer(cfg) as second:
+        assert second.start() == 3 and second.weights_version == 2
+    said = "\n".join(r.getMessage() for r in caplog.records if "abandons" in r.getMessage())
+    assert "version(s) 3 missing: not saved, or deleted" in said and "--state-every" not in said, said
 
 
 def test_gc_keeps_what_a_restart_needs(redis_server: Any, tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from aurora_store.coord.results import Result
 from aurora_store.errors import ConfigError
 from aurora_store.format import identity as ident
 from aurora_store.format.signing import key_id, load_verify_key
+from aurora_store.localfile import read_regular
 
 log = logging.getLogger("aurora.trainer")
 RELOAD_S = 5.0
@@ -166,8 +167,7 @@ class ResultGate:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
-        with open(self.revoked_path, "rb") as f:
-            raw = f.read(ident.MAX_REVOCATIONS_BYTES + 1)
+        raw = read_regular(self.revoked_path, ident.MAX_REVOCATIONS_BYTES + 1)  # a FIFO is refused, not waited on
         self.revocations = ident.parse_revocations(raw, self.revoked_path)
         self._stamp = stamp
         log.info(

@@ -221,6 +221,18 @@ class Trainer:
             version, version_hash, self.origin, self.model, self.opt, self.rng, extra, sharded=sharded, then=then
         )
 
+    def _why_rolled_back(self, state: int, latest: int, refused: dict[int, str]) -> str:
+        """What a restart found of the states of versions ``state`` + 1 to ``latest``: refused ones (why),
+        ones --state-every skipped, and ones missing (never saved, or deleted)."""
+        every = self.cfg.publish.state_every
+        said = [f"version {v}'s refused ({why})" for v, why in sorted(refused.items())]
+        due = [v for v in range(state + 1, latest + 1) if v not in refused and v % every == 0]
+        if len(due) < latest - state - len(refused):
+            said.append(f"the others not due (--state-every {every})")
+        if due:
+            said.append(f"version(s) {', '.join(map(str, due))} missing: not saved, or deleted")
+        return "; ".join(said)
+
     def _result_stores(self) -> dict[str, ObjectStore]:
         """Where actors put result payloads too large for Redis: each region's bucket (run prefix)."""
         stores = {self.cfg.region: self.run.store}
@@ -258,13 +270,13 @@ class Trainer:
             self.rollback = Rollback.of(state.version, self.run.manifest(state.version).version_hash, latest)
             log.warning(
                 "the newest usable trainer state is version %d's: version %d will continue from version %d's "
-                "weights and optimizer state and record that it abandons versions %d..%d (their states %s)",
+                "weights and optimizer state and record that it abandons versions %d..%d (their states: %s)",
                 state.version,
                 latest + 1,
                 state.version,
                 state.version + 1,
                 latest,
-                "were not saved: --state-every is above 1" if not resumed.refused else "are unusable",
+                self._why_rolled_back(state.version, latest, resumed.refused),
             )
         self._load_reference()
         if self.dist.main:

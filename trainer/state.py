@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import load as st_load
 
 from aurora_store.bucket.run import Run
-from aurora_store.bucket.state import StateName
-from aurora_store.errors import CorruptError, MissingError, StoreError, UnauthenticatedError
+from aurora_store.bucket.state import StateName, checked
+from aurora_store.errors import CorruptError, MissingError, StoreError
 from aurora_store.format import safetensors_file, trainer_state
-from aurora_store.format.manifest import Manifest
 
 log = logging.getLogger("aurora.trainer")
 
@@ -379,17 +378,7 @@ def load_state(
         raise MissingError(f"{run.state.store.uri}: no trainer state of version {version} ({tag})")
     name = max(names, key=lambda n: n.tag is not None)  # the one named by the hash, before a legacy one
     where = run.state.url(name)
-    doc = trainer_state.parse(
-        run.state.get_commit(name, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=version, what=where
-    )
-    key = _verify_key(run, manifest, where)
-    if doc.legacy and key is not None and not trust_unsigned:
-        raise UnauthenticatedError(
-            f"{where}: an unsigned state ({trainer_state.LEGACY}) in a signed run, where anyone who can write "
-            "the bucket could have planted it; if this run was written by code from before trainer states "
-            "were signed, resume it once with --trust-unsigned-state"
-        )
-    trainer_state.check(doc, manifest, key, where)
+    doc = checked(run.state, run.reader, name, manifest, trust_unsigned=trust_unsigned)
     cap = 12 * sum(p.numel() for p in model.parameters()) + (1 << 20)  # masters + two moments, + header
     data = run.state.get(name, TENSORS, max_bytes=cap)
     if doc.tensors is not None:
@@ -457,20 +446,6 @@ def resume_state(
             refused[v] = str(exc)
     why = f" ({len(refused)} refused: {next(iter(refused.values()))})" if refused else ""
     raise StoreError(f"{run.uri}: version {latest} is published but no usable trainer state was saved{why}")
-
-
-def _verify_key(run: Run, manifest: Manifest, where: str) -> Ed25519PublicKey | None:
-    """The key a signed run's state of ``manifest``'s version must be signed by: the one that signs
-    that version (after a key rotation, the new key); None in an unsigned run."""
-    identity = manifest.identity
-    if identity is None or identity.signed_by is None:
-        return None
-    era = run.reader.keys_at(manifest.version, where).era(manifest.version)
-    if era.public is None:
-        raise UnauthenticatedError(
-            f"{where}: the public key {era.key_id} that signs version {manifest.version} is not known"
-        )
-    return era.public
 
 
 def _jsonable(v: object) -> bool:

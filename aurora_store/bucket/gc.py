@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.retention import records
 from aurora_store.bucket.run import Run
-from aurora_store.bucket.state import StateName
+from aurora_store.bucket.state import StateName, checked
 from aurora_store.errors import CorruptError, RetentionError, StoreError
 from aurora_store.format import retention, signing
 from aurora_store.format.keys import (
@@ -88,6 +88,9 @@ class RetentionPlan:
     """The keys under each version retired now, its manifest last."""
     states_kept: list[int] = field(default_factory=list)
     states_deleted: dict[StateName, list[str]] = field(default_factory=dict)
+    bad_states: list[str] = field(default_factory=list)
+    """States that do not verify as a restart would (junk under a state's name, another key's, an unsigned
+    one in a signed run), and why: never counted as kept; deleted once older than the newest kept one."""
     records: list[str] = field(default_factory=list)
     bad_records: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
@@ -105,6 +108,7 @@ class RetentionPlan:
             "leftover_objects": sum(map(len, self.leftovers.values())),
             "states_kept": self.states_kept,
             "states_deleted": sorted({n.version for n in self.states_deleted}),
+            "bad_states": self.bad_states,
             "freed_bytes": self.freed_bytes,
             "bad_records": self.bad_records,
             "unreadable": self.unreadable,
@@ -161,8 +165,21 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         m = manifests.get(n.version)
         return n.version <= latest_committed and (m is None or n.belongs_to(m.version_hash))
 
-    states = [n for n in run.state.names() if usable(n)]
-    states_kept = states[-policy.keep_states :]
+    # a state counts as kept only once it verifies as a restart would verify it: junk planted under a
+    # state's name (the tags are public manifest hashes) would otherwise be kept in place of real states
+    states_kept: list[StateName] = []
+    bad_states: list[str] = []
+    for n in reversed([n for n in run.state.names() if usable(n)]):
+        if len(states_kept) == policy.keep_states:
+            break
+        try:
+            checked(
+                run.state, run.reader, n, manifests[n.version] if n.version in manifests else run.manifest(n.version)
+            )
+        except StoreError as exc:
+            bad_states.append(str(exc))
+            continue
+        states_kept.insert(0, n)
     for s in states_kept:
         if s.version in committed:
             keep(s.version, "a kept trainer state's version")
@@ -186,6 +203,7 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         p.objects[v] = [*(k for k in by_version.get(v, []) if k != mkey), mkey]
         p.freed_bytes += manifests[v].stats.bytes if v in manifests else 0
     p.states_kept = [n.version for n in states_kept]
+    p.bad_states = bad_states
     newest = states_kept[-1].version if states_kept else None
     for name, keys in _states(store).items():
         if name in states_kept or newest is None or name.version > newest:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -178,6 +179,7 @@ class Publisher:
         trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
         tip = self._read_tip(None)
         rotation = self._rotation_for(tip)  # first: it may move this publisher to its new key
+        self._check_not_retired(tip)
         plan_next(
             tip,
             tip.specs if tip is not None else (),
@@ -188,6 +190,22 @@ class Publisher:
             rotation=rotation,
         )
         return tip
+
+    def _check_not_retired(self, tip: Tip | None) -> None:
+        """UnauthenticatedError, saying so, if this publisher's key is one the run rotated away from (a
+        trainer restarted with the old key alone): rotating again is not the way on, its current key is."""
+        current = tip.identity.signed_by if tip is not None else None
+        if current is None or self.signer is None or self.signer == current:
+            return
+        assert tip is not None
+        eras = self.reader.keys_at(tip.version, self.store.uri).eras
+        for era, after in itertools.pairwise(eras):
+            if era.key_id == self.signer:
+                raise UnauthenticatedError(
+                    f"{self.store.uri}: key {self.signer} was retired at version {after.since}, when the run was "
+                    f"rotated to key {after.key_id}; the run is signed by key {current} now: publish with it "
+                    "(--signing-key, AURORA_SIGNING_KEY)"
+                )
 
     def _rotation_for(self, tip: Tip | None) -> Rotation | None:
         """The rotation the next version after ``tip`` carries: None without one pending, or when

@@ -11,10 +11,18 @@ Bytes only: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aurora_store.bucket.objectstore import ObjectStore
-from aurora_store.errors import StoreError
+from aurora_store.errors import StoreError, UnauthenticatedError
+from aurora_store.format import trainer_state
 from aurora_store.format.keys import STATE_COMMIT, STATE_DIR, committed_state, is_file_name, state_dir
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from aurora_store.bucket.reader import Reader
+    from aurora_store.format.manifest import Manifest
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -77,3 +85,40 @@ def _key(name: StateName, obj: str) -> str:
     if not is_file_name(obj) or obj == STATE_COMMIT:
         raise StoreError(f"trainer state object name {obj!r} must be a plain file name other than {STATE_COMMIT}")
     return f"{name.dir}/{obj}"
+
+
+def checked(
+    states: StateStore, reader: Reader, name: StateName, manifest: Manifest, *, trust_unsigned: bool = False
+) -> trainer_state.StateDoc:
+    """The committed document of state ``name``, checked as a restart checks it before trusting the state:
+    parsed, bound to ``manifest`` (its committed version) and the run, and in a signed run signed by the
+    key of that version. In a signed run an unsigned state of the old format is refused unless
+    ``trust_unsigned`` (the operator's word that the run was written before states were signed).
+    StoreError (CorruptError, ChainError, UnauthenticatedError, MissingError) if it is not to be trusted."""
+    where = states.url(name)
+    doc = trainer_state.parse(
+        states.get_commit(name, max_bytes=trainer_state.MAX_DOC_BYTES), expect_version=name.version, what=where
+    )
+    key = _key_of(reader, manifest, where)
+    if doc.legacy and key is not None and not trust_unsigned:
+        raise UnauthenticatedError(
+            f"{where}: an unsigned state ({trainer_state.LEGACY}) in a signed run, where anyone who can write "
+            "the bucket could have planted it; if this run was written by code from before trainer states "
+            "were signed, resume it once with --trust-unsigned-state"
+        )
+    trainer_state.check(doc, manifest, key, where)
+    return doc
+
+
+def _key_of(reader: Reader, manifest: Manifest, where: str) -> Ed25519PublicKey | None:
+    """The key a signed run's state of ``manifest``'s version must be signed by: the one that signs
+    that version (after a key rotation, the new key); None in an unsigned run."""
+    identity = manifest.identity
+    if identity is None or identity.signed_by is None:
+        return None
+    era = reader.keys_at(manifest.version, where).era(manifest.version)
+    if era.public is None:
+        raise UnauthenticatedError(
+            f"{where}: the public key {era.key_id} that signs version {manifest.version} is not known"
+        )
+    return era.public

@@ -4,6 +4,7 @@ every region it runs in."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,32 @@ def check(path: str) -> tuple[RunFile, list[RoleCheck]]:
                     errors.append(
                         f"aurora {schema.command}{where}: option {dest} is neither in the file nor has a default"
                     )
+            errors += [f"aurora {schema.command}: {e}" for e in _missing_files(given)]
             build(schema.cls, values)  # the role's own dataclass takes them
             shown = {k: redact_value(v) for k, v in values.items() if k not in from_env}
             out.append(RoleCheck(schema.command, region.name if region is not None else None, shown, from_env))
     if errors:
-        raise ConfigError(f"{path}: " + "; ".join(errors))
+        raise ConfigError(f"{path}: " + "; ".join(dict.fromkeys(errors)))
     return f, out
+
+
+FILE_OPTIONS = frozenset(
+    {"signing_key", "rotate_signing_key", "verify_key", "fleet_key", "revoked_actors", "identity_key", "identity_cert"}
+)
+"""Options that name a file (a key, a certificate, the revocation list), or hold PEM or JSON text itself."""
+
+
+def _missing_files(given: dict[str, Any]) -> list[str]:
+    """The file options in ``given`` that name no regular file (relative to this directory, as a role
+    started here reads them); PEM text or a certificate's JSON in the value itself is not a path."""
+    out = []
+    for dest, value in given.items():
+        if dest.rsplit(".", 1)[-1] not in FILE_OPTIONS or not isinstance(value, str):
+            continue
+        if "-----BEGIN" in value or value.lstrip().startswith("{"):
+            continue
+        if not os.path.isfile(value):
+            why = "is not a regular file" if os.path.exists(value) else "does not exist"
+            where = "" if os.path.isabs(value) else f" (in {os.getcwd()}, where a role started here looks)"
+            out.append(f"option {dest}: {value} {why}{where}")
+    return out

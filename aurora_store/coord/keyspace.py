@@ -25,8 +25,9 @@ class Keyspace:
     """The keys of one run (``{prefix}:{run_id}:...``) on one Redis."""
 
     def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
-        if not run_id or any(c in run_id for c in " {}\n"):
-            raise CoordinationError(f"run id must be a non-empty name without spaces or braces, got {run_id!r}")
+        if not run_id or any(c in run_id for c in " {}\n:"):  # ':' separates a key's parts: a run 'exp:notices'
+            # would share keys with run 'exp' (its notice stream of an actor named 'results')
+            raise CoordinationError(f"run id must be a non-empty name without spaces, braces or colons, got {run_id!r}")
         self.url = url
         self.run_id = run_id
         self.base = f"{prefix}:{run_id}"

@@ -20,6 +20,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from aurora_store.localfile import open_regular
 from aurora_store.rl.errors import ModelError
 
 SUFFIX = ".gguf"
@@ -69,7 +70,7 @@ def hf_directory(path: str) -> str:
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:  # a FIFO named as a model is refused, not read forever
         while chunk := f.read(8 << 20):
             h.update(chunk)
     return h.hexdigest()

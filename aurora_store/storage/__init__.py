@@ -21,6 +21,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from aurora_store.errors import UnsupportedError
 from aurora_store.redact import redact
+from aurora_store.storage import _fsspec
 from aurora_store.storage._fsspec import ATOMIC_CREATE, FsspecBackend, trust_atomic_create
 from aurora_store.storage._gcs import GcsBackend, is_gcsfs
 from aurora_store.storage._local import LocalBackend, StagedWrite
@@ -48,6 +49,10 @@ _BY_FILESYSTEM: dict[type, type[Backend]] = {LocalFileSystem: LocalBackend, Memo
 what ``exists`` or ``pipe_file`` mean, so it is an fsspec backend like any other."""
 
 
+OWN_PROTOCOLS = frozenset({"file", "local", "memory"})
+"""Protocols whose backends this package writes itself; every other must be in :data:`ATOMIC_CREATE`,
+checked before fsspec creates a filesystem (which for ftp:// already connects to its host)."""
+
 NO_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "file", "local", "memory"})
 """Protocols whose URIs never carry credentials: their backends read ``user:password@`` as part of
 the bucket's name or path, and echo it in their errors."""
@@ -63,6 +68,17 @@ def open_backend(uri: str, storage_options: dict[str, Any] | None = None, *, met
         raise UnsupportedError(
             f"cannot open store {shown!r}: a {protocol}:// URI takes no credentials (they would be read as part "
             "of the bucket's name); give them in the storage options' credential keys or the environment"
+        )
+    atomic = _fsspec.ATOMIC_CREATE  # looked up now: trust_atomic_create() may have added to it
+    if "::" in uri or (sep and protocol.lower() not in OWN_PROTOCOLS and protocol.lower() not in atomic):
+        what = "a chained URI (::) is not one bucket" if "::" in uri else f"fsspec protocol {protocol!r}"
+        raise UnsupportedError(
+            f"cannot open store {shown!r}: {what} is not known to create objects atomically (an exists-then-"
+            "write emulation would let a racing writer replace an immutable object); known: "
+            f"{', '.join(sorted({*OWN_PROTOCOLS, *atomic}))}. Refused before anything is contacted. If a "
+            "protocol's mode='create' is one conditional request, declare it with "
+            "aurora_store.storage.trust_atomic_create()",
+            url=shown,
         )
     if sep and protocol.lower() == "file":
         uri = local_uri(rest, shown)
