@@ -81,8 +81,27 @@ def _config(run: Run, files: Mapping[str, bytes]) -> dict[str, Any]:
         raise ModelError(f"{run.uri}/files/config.json: not JSON ({exc})") from None
 
 
+def _check_ties(run: Run, config: Mapping[str, Any]) -> None:
+    """A config that ties the word embeddings (one tensor as input embedding and output head) over a run
+    that publishes both as two tensors: they may differ, and an engine keeps one (vLLM maps both onto one
+    parameter, which would hold whichever came last). Refused before any engine is built."""
+    latest = run.latest()
+    if not config.get("tie_word_embeddings") or latest is None:
+        return
+    names = [t.name for t in run.manifest(latest).tensors]
+    head = [n for n in names if n.endswith("lm_head.weight")]
+    embed = [n for n in names if n.endswith("embed_tokens.weight")]
+    if head and embed:
+        raise ModelError(
+            f"{run.uri}: its config.json ties the word embeddings (tie_word_embeddings), but version {latest} "
+            f"publishes {head[0]} and {embed[0]} as two tensors, which may differ: an actor cannot hold both. "
+            "Publish the embedding once (a trainer does: tied tensors are one), or untie them in config.json"
+        )
+
+
 def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfig, worker_id: str) -> Engine:
     config = _config(run, files)
+    _check_ties(run, config)
     if cfg.engine == "torch":
         model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)

@@ -179,8 +179,11 @@ class Worker:
         )
         rejoined = self._retrying("join", lambda: self.board.throughputs.joined(self.wid))
         if not rejoined:
-            self._calibrate()
-        self.coord.workers.update(self.wid, version=held.version, version_hash=held.version_hash)
+            self._retrying("calibrate", self._calibrate)
+        self._retrying(
+            "say its version",
+            lambda: self.coord.workers.update(self.wid, version=held.version, version_hash=held.version_hash),
+        )
         self._applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 

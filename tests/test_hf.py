@@ -132,3 +132,23 @@ def test_models_that_cannot_load_are_clear_errors(tmp_path: Path) -> None:
         new_policy(_cfg(tmp_path / "empty"))
     with pytest.raises(ModelError, match="cannot load a causal LM"):
         new_policy(_cfg(tmp_path / "missing"))
+
+
+def test_a_tied_config_over_two_published_embeddings_is_refused_before_an_engine_is_built(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 34: a run whose config ties the embeddings but publishes ``lm_head`` and ``embed_tokens`` as
+    two tensors that differ reached the actor as two tensors on one parameter and failed at decode."""
+    from aurora_store.rl.errors import ModelError
+
+    cfg = _cfg(hf_models["qwen3"])
+    policy = new_policy(cfg)
+    run = open_run(f"file://{tmp_path}/run")
+    spec = run_spec(cfg, policy)
+    record(run, policy, spec)
+    state = {k: v.detach().to(torch.bfloat16).clone() for k, v in policy.model.state_dict().items()}
+    state["lm_head.weight"] += 1  # the head diverged from the embedding it is tied to
+    run.publish(state)
+    files = assemble.run_files(run, 0)
+    with pytest.raises(ModelError, match="ties the word embeddings"):
+        assemble.engine(run, assemble.run_spec(run, files), files, EngineConfig(), "a0")

@@ -315,9 +315,9 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     """Hole 7: FLUSHALL loses every job, lease, registration and region version without closing a
     connection. The trainer notices by the epoch and leases its unadmitted jobs again, the actor
     registers again. Then Redis goes away for two seconds and comes back empty: the trainer retries
-    with backoff instead of exiting. Every prompt of every step is still admitted exactly once."""
+    with backoff instead of exiting, and an actor started while it is away waits for it (issue 34: it
+    exited). Every prompt of every step is still admitted exactly once."""
     import json
-    import time
 
     log = loop.tmp / "admissions.jsonl"
     trainer = loop.trainer("--steps", "8", "--admissions-log", str(log))
@@ -327,8 +327,11 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     loop.coord.r.flushall()
     loop.wait(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 480)
     loop.redis_server.kill()
-    time.sleep(2)
+    late = loop.actor("late")
+    loop.wait(lambda: "retrying with backoff" in loop.log("late") or late.poll() is not None, "the late actor", 300)
     loop.redis_server.start()
+    loop.wait(lambda: "actor late joined" in loop.log("late") or late.poll() is not None, "the late one to join", 300)
+    assert late.poll() is None, loop.log("late")
     loop.finish(trainer, "trainer")
     assert run.versions() == list(range(9))
     rows = [json.loads(line) for line in log.read_text().splitlines()]
