@@ -602,21 +602,19 @@ def test_a_publisher_never_rotates_back_to_a_key_the_run_used(rotated: tuple[str
 # ---------------------------------------------------------------- readers that live long (issue 34)
 
 
-def _eventually(read: Any, what: str, timeout: float = 60) -> Any:
-    """``read()``'s answer once it stops raising UnauthenticatedError; fails with the last error after
-    ``timeout`` (scaled by AURORA_TEST_PATIENCE): a reader relists after a backoff, never at once."""
-    import time
+def _eventually(read: Any, what: str) -> None:
+    """Poll (wait_for) until ``read()`` stops raising UnauthenticatedError: a reader relists after a
+    backoff, never at once."""
+    from aurora_store.testing.processes import wait_for
 
-    from aurora_store.testing.processes import deadline
-
-    end = time.monotonic() + deadline(timeout)
-    while True:
+    def reads() -> bool:
         try:
-            return read()
-        except UnauthenticatedError as exc:
-            if time.monotonic() > end:
-                pytest.fail(f"{what}: still refused after {deadline(timeout):.0f} s: {exc}")
-            time.sleep(0.1)
+            read()
+        except UnauthenticatedError:
+            return False
+        return True
+
+    wait_for(reads, what)
 
 
 def test_a_storage_error_while_a_reader_learns_a_rotation_is_retried(
