@@ -141,6 +141,8 @@ def _show(
     print(f"  retire {_spans(p.retire)}")
     if p.leftovers:
         print(f"  finish retiring {_spans(list(p.leftovers))} (objects an interrupted gc left)")
+    if p.stray_markers:
+        print(f"  remove the key-rotation markers of {_spans(p.stray_markers)} (their versions rotate no key)")
     if holds is None:
         print("  Redis not asked (no --redis): what live actors hold was not considered")
     for bad in [*p.bad_records, *unreadable, *p.unreadable, *p.bad_states]:
@@ -151,7 +153,8 @@ def _show(
     else:
         print(
             f"deleted {counts['versions']} versions ({counts['objects']} objects), {counts['states']} trainer states, "
-            f"{counts['records']} superseded retention records, {counts['temporaries']} temporary files"
+            f"{counts['records']} superseded retention records, {counts['markers']} stray key-rotation markers, "
+            f"{counts['temporaries']} temporary files"
         )
 
 

@@ -715,3 +715,68 @@ def test_a_restart_with_the_retired_key_alone_is_told_it_was_retired(rotated: tu
     with pytest.raises(UnauthenticatedError, match=f"key {keys.id('a')} was retired at version 3") as err:
         run.publisher.check_signer()
     assert f"signed by key {keys.id('c')} now" in str(err.value) and "--rotate-signing-key" not in str(err.value)
+
+
+# ---------------------------------------------------------------- stray key-rotation markers (issue 34)
+
+
+def _marker_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "key-rotation marker" in r.getMessage()]
+
+
+def test_planted_markers_cost_a_reader_one_warning_and_gc_removes_them(
+    rotated: tuple[str, Any], keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Markers planted beside versions that rotate no key: a new reader reads every version, with one
+    warning naming them (not one per marker, nor again when it learns the keys afresh); ``gc --apply``
+    removes them and keeps the real rotations' markers and every version."""
+    from aurora_store.bucket import gc
+
+    uri, states = rotated
+    store = ObjectStore(uri)
+    planted = [v for v in range(VERSIONS) if v not in ROTATIONS]
+    for v in planted:
+        store.put_if_absent(rotation_marker_key(v), b"")
+    store.put_if_absent(rotation_marker_key(VERSIONS + 5), b"")  # above the tip: a publish in progress
+    reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
+    for v in range(VERSIONS):
+        assert_bits_equal(reader.materialize(v), states[v])
+    (warning,) = _marker_warnings(caplog)  # version 0's is not even read: no rotation can be there
+    assert f"{len(planted) - 1} key-rotation marker(s)" in warning and "aurora gc --apply" in warning
+    assert reader.reader._not_rotations == set(planted) - {0}
+    assert reader.reader._relearn(reader.reader.identity())  # learn the keys again: nothing re-read or re-warned
+    reader.manifest(VERSIONS - 1)
+    assert len(_marker_warnings(caplog)) == 1
+
+    run = aurora_store.open_run(uri, signing_key=keys.private["c"])
+    plan = gc.plan(run, gc.RetentionPolicy(keep_last=VERSIONS, keep_fulls=3, keep_states=1))
+    assert plan.stray_markers == planted and plan.to_dict()["stray_markers"] == planted
+    assert gc.apply(run, plan)["markers"] == len(planted)
+    left = sorted(k for k in store.list_keys("versions") if k.endswith("/key-rotation"))
+    assert left == [rotation_marker_key(v) for v in (*sorted(ROTATIONS), VERSIONS + 5)]
+    caplog.clear()
+    fresh = aurora_store.open_run(uri, verify_key=keys.public["b"])
+    assert_bits_equal(fresh.materialize(VERSIONS - 1), states[-1])
+    assert _marker_warnings(caplog) == []
+
+
+def test_a_marker_left_by_a_killed_rotation_is_removed_by_the_next_publish(
+    tmp_path: Path, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer killed mid-rotation left version 3's marker but not its manifest; restarted without the
+    rotation, it publishes version 3 with the same key and removes the marker first, saying so."""
+    uri = f"file://{tmp_path}/run"
+    publish_rotated(uri, keys, n=3, rotations={})
+    store = ObjectStore(uri)
+    store.put_if_absent(rotation_marker_key(3), b"")
+    run = aurora_store.open_run(uri, signing_key=keys.private["a"])
+    run.resume()
+    run.publish(_state(3))
+    run.publish(_state(4))
+    run.close()
+    assert not store.exists(rotation_marker_key(3))
+    assert any("removed the key-rotation marker" in m and "version 3" in m for m in _marker_warnings(caplog))
+    caplog.clear()
+    reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
+    assert_bits_equal(reader.materialize(4), _state(4))
+    assert _marker_warnings(caplog) == []

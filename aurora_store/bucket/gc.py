@@ -44,6 +44,7 @@ from aurora_store.format.keys import (
     check_result_key,
     manifest_key,
     parse_state_dir,
+    rotation_marker_key,
 )
 from aurora_store.format.manifest import Manifest
 from aurora_store.format.retention import Retired
@@ -91,6 +92,10 @@ class RetentionPlan:
     bad_states: list[str] = field(default_factory=list)
     """States that do not verify as a restart would (junk under a state's name, another key's, an unsigned
     one in a signed run), and why: never counted as kept; deleted once older than the newest kept one."""
+    stray_markers: list[int] = field(default_factory=list)
+    """Kept versions with a ``key-rotation`` marker beside a manifest that rotates no key (planted, or left
+    by a trainer killed mid-rotation that then published the version without one): each costs every new
+    reader a manifest read, so the markers go (the versions stay)."""
     records: list[str] = field(default_factory=list)
     bad_records: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
@@ -109,6 +114,7 @@ class RetentionPlan:
             "states_kept": self.states_kept,
             "states_deleted": sorted({n.version for n in self.states_deleted}),
             "bad_states": self.bad_states,
+            "stray_markers": self.stray_markers,
             "freed_bytes": self.freed_bytes,
             "bad_records": self.bad_records,
             "unreadable": self.unreadable,
@@ -202,6 +208,8 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         mkey = manifest_key(v)
         p.objects[v] = [*(k for k in by_version.get(v, []) if k != mkey), mkey]
         p.freed_bytes += manifests[v].stats.bytes if v in manifests else 0
+    marker_keys = {rotation_marker_key(v) for v in committed if v in manifests and manifests[v].rotation is None}
+    p.stray_markers = sorted(v for v, keys in by_version.items() if v not in p.objects and marker_keys & set(keys))
     p.states_kept = [n.version for n in states_kept]
     p.bad_states = bad_states
     newest = states_kept[-1].version if states_kept else None
@@ -229,7 +237,7 @@ def apply(run: Run, p: RetentionPlan, *, now_ms: int | None = None) -> dict[str,
         origin, key = _record_signer(run, latest)
         wrote, data = retention.encode(retired, created, latest=latest, origin=origin, key=key)
         store.put_if_absent(wrote, data)  # the intent, before the first deletion
-    counts = {"versions": 0, "objects": 0, "states": 0, "records": 0, "temporaries": 0}
+    counts = {"versions": 0, "objects": 0, "states": 0, "records": 0, "markers": 0, "temporaries": 0}
     for v in p.retire:
         keys = p.objects[v]
         counts["objects"] += store.delete([keys[-1]])  # the manifest first: no reader starts on it now
@@ -239,6 +247,7 @@ def apply(run: Run, p: RetentionPlan, *, now_ms: int | None = None) -> dict[str,
     for keys in p.leftovers.values():
         counts["objects"] += store.delete([k for k in keys if k.endswith("/" + MANIFEST)])
         counts["objects"] += store.delete([k for k in keys if not k.endswith("/" + MANIFEST)])
+    counts["markers"] = store.delete([rotation_marker_key(v) for v in p.stray_markers])
     for keys in p.states_deleted.values():
         store.delete(keys[-1:])  # state.json first: a trainer never resumes from a state half-deleted
         store.delete(keys[:-1])

@@ -139,6 +139,9 @@ class Publisher:
         """Bytes of the last delta this publisher committed: what decides whether the next one streams."""
         self._held: _Held | None = None
         """A version published with ``hold=True``: everything written but its manifest."""
+        self._markers_checked = False
+        """Whether a key-rotation marker a killed predecessor left at the version this publisher commits
+        without a rotation was looked for (once: this publisher writes a marker only with its rotation)."""
 
     def on(self, collective: Collective) -> Publisher:
         """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
@@ -644,11 +647,32 @@ class Publisher:
         )
         if plan.rotation is not None:  # before the commit: a reader listing the run finds every rotation
             self.store.put_if_absent(rotation_marker_key(plan.version), b"")
+        elif not self._markers_checked:
+            self._remove_leftover_marker(plan.version)
         if hold:
             self._held = _Held(key, data, m)
         else:
             self._put_manifest(key, data, m)
         return VersionInfo.of(m, time.perf_counter() - t0)
+
+    def _remove_leftover_marker(self, version: int) -> None:
+        """Before committing ``version`` without a rotation, remove the key-rotation marker a trainer
+        killed mid-rotation left there (written before its manifest, which never committed): it would
+        cost every new reader a read and a warning for the life of the run."""
+        key = rotation_marker_key(version)
+        try:
+            if self.store.delete([key]):
+                log.warning(
+                    "%s: removed the key-rotation marker a publish that did not commit left at version %d "
+                    "(this version rotates no key)",
+                    self.store.uri,
+                    version,
+                )
+        except StoreError as exc:  # a bucket that refuses deletes: readers warn of it; gc removes it
+            log.warning(
+                "%s: could not remove the stray key-rotation marker at version %d: %s", self.store.uri, version, exc
+            )
+        self._markers_checked = True
 
     def _put_manifest(self, key: str, data: bytes, m: Manifest) -> None:
         # These very bytes already there are this publisher's commit: its create-only request was

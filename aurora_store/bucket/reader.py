@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -50,6 +51,10 @@ log = logging.getLogger("aurora.store")
 RELEARN_S = (1.0, 10.0)
 """A reader whose key history fails a signed version learns it again from a new listing: at once the first
 time, then after 1 s, doubling to at most 10 s while it keeps failing (one LIST, and one GET per rotation)."""
+
+MARKER_READS = 16
+"""Manifests beside key-rotation markers a scan reads at once: however many markers a bucket holds (planted
+ones included), a reader's start waits for about one round trip per 16 of them, not one per marker."""
 
 
 def _sha256(data: memoryview) -> str:
@@ -122,6 +127,10 @@ class Reader:
         self._relearn_at = 0.0
         """time.monotonic() before which the key history is not learnt again (see :data:`RELEARN_S`)."""
         self._relearn_wait = 0.0
+        self._not_rotations: set[int] = set()
+        """Versions whose key-rotation marker marks no rotation (their manifests are immutable: kept
+        across relearning, never read again)."""
+        self._warned_markers: set[int] = set()
         self.keys_from = keys_from
         """Another copy of the same run to learn its key history from (a relay's source, for the
         destination it fills in order: a rotation may not be there yet when its key is the one given)."""
@@ -307,32 +316,69 @@ class Reader:
         self._covered = m.version
 
     def _scan(self, keys: RunKeys, identity: RunIdentity) -> None:
-        """Learn every rotation after :attr:`_covered` from the run's listing (one LIST)."""
+        """Learn every rotation after :attr:`_covered` from the run's listing (one LIST, then the marked
+        manifests read together: a reader's start costs one round trip however many markers there are).
+        A marker beside a version that rotates no key (planted, or left by a trainer killed mid-rotation
+        before it published that version without one) is remembered and warned of once per process;
+        ``aurora gc --apply`` removes them."""
         listed = self.store.list_keys(VERSIONS_DIR)
         committed = {v for v in map(committed_version, listed) if v is not None}
         marked = sorted(v for v in map(rotation_marker_version, listed) if v is not None)
         top = max(committed, default=-1)
-        for r in marked:
-            if r <= max(self._covered, keys.last.since) or r not in committed:
-                continue  # known, or a rotation whose publish did not commit
-            url = self.store.url(manifest_key(r))
-            try:
-                m, _ = self._parse(r, url)
-                if m.run is None or m.run.origin != identity.origin:
-                    raise ChainError(f"{url}: version {r} is not of this run ({identity.origin})")
-                if m.rotation is None:
-                    log.warning("%s: a key-rotation marker beside a version that rotates no key: ignored", url)
-                    continue
-                keys.add(m, url)
-            except StoreError as exc:
-                err = (
-                    exc
-                    if isinstance(exc, UnauthenticatedError)
-                    else UnauthenticatedError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
-                )
-                self._bad_rotation, self._covered = (r, err), r - 1
-                return
+        floor = max(self._covered, keys.last.since)
+        # known, a rotation whose publish did not commit, or a marker already found to mark no rotation
+        todo = [r for r in marked if r > floor and r in committed and r not in self._not_rotations]
+        try:
+            for r, read in zip(todo, self._read_marked(todo), strict=True):
+                url = self.store.url(manifest_key(r))
+                try:
+                    if isinstance(read, StoreError):
+                        raise read
+                    if read.run is None or read.run.origin != identity.origin:
+                        raise ChainError(f"{url}: version {r} is not of this run ({identity.origin})")
+                    if read.rotation is None:
+                        self._not_rotations.add(r)
+                        continue
+                    keys.add(read, url)
+                except StoreError as exc:
+                    err = (
+                        exc
+                        if isinstance(exc, UnauthenticatedError)
+                        else UnauthenticatedError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
+                    )
+                    self._bad_rotation, self._covered = (r, err), r - 1
+                    return
+        finally:
+            self._warn_markers()
         self._covered = max(self._covered, top)
+
+    def _read_marked(self, versions: list[int]) -> list[Manifest | StoreError]:
+        """The manifests of ``versions`` (or why each could not be read), read concurrently on a pool of
+        the scan's own: the scan holds the key lock, and may run on a task of the store's pool."""
+
+        def read(v: int) -> Manifest | StoreError:
+            try:
+                return self._parse(v, self.store.url(manifest_key(v)))[0]
+            except StoreError as exc:
+                return exc
+
+        if len(versions) <= 1:
+            return [read(v) for v in versions]
+        with ThreadPoolExecutor(min(MARKER_READS, len(versions)), thread_name_prefix="aurora-markers") as pool:
+            return list(pool.map(read, versions))
+
+    def _warn_markers(self) -> None:
+        new = sorted(self._not_rotations - self._warned_markers)
+        if new:
+            self._warned_markers.update(new)
+            shown = ", ".join(map(str, new[:5])) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
+            log.warning(
+                "%s: %d key-rotation marker(s) beside versions that rotate no key (%s): ignored; "
+                "aurora gc --apply removes them",
+                self.store.uri,
+                len(new),
+                shown,
+            )
 
     def identity(self) -> RunIdentity:
         """The run's identity, as its version 0 fixed it (read once, then held: a version 0
