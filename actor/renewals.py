@@ -127,6 +127,8 @@ class Renewer:
             try:
                 self.renew()
             except CoordinationError as exc:  # Redis is away: the heartbeat re-registers; try again next round
+                if stop.is_set():
+                    return  # stopping: its client may be closed under it
                 log.warning("actor %s: renewing leases: %s", self.actor, exc)
 
     def stop(self) -> None:

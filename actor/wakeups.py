@@ -90,6 +90,8 @@ class Wakeups:
                 got = self.coord.read_streams(dict(self._after), block_ms=self.block_ms, count=256)
                 self.round_trips += 1
             except CoordinationError as exc:
+                if stop.is_set():
+                    return  # stopping: the client was closed under its blocked read ("Bad file descriptor")
                 log.debug("actor %s: listener: %s", self.worker_id, exc)
                 stop.wait(1.0)
                 continue

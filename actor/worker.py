@@ -63,6 +63,9 @@ from aurora_store.rl.tasks import Prompt, TaskError
 log = logging.getLogger("aurora.actor")
 T = TypeVar("T")
 CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
+CLOSE_WAIT_S = 10.0
+"""How long a stopping actor waits for its stager, heartbeat and renewer to finish before it closes the
+clients they use."""
 
 
 class Worker:
@@ -294,6 +297,8 @@ class Worker:
                         self.wake.kick.set()  # an idle main loop applies it now
                         continue
             except AuroraError as exc:
+                if self.stop.is_set():
+                    return  # stopping: its clients may be closed under it
                 log.warning("actor %s: staging failed: %s", self.wid, exc)
                 if self.stop.wait(0.5):
                     return
@@ -430,10 +435,14 @@ class Worker:
         self.wake.rewind()
 
     def loop(self) -> None:
-        threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True).start()
-        threading.Thread(target=self._stager, name="stager", daemon=True).start()
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-        threading.Thread(target=self.renewer.run, args=(self.stop,), name="renewer", daemon=True).start()
+        self._threads = [
+            threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True),
+            threading.Thread(target=self._stager, name="stager", daemon=True),
+            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
+            threading.Thread(target=self.renewer.run, args=(self.stop,), name="renewer", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
         self.wake.kick.set()  # take whatever is waiting already
         while not self.stop.is_set():
             try:
@@ -462,7 +471,13 @@ class Worker:
             self.coord.workers.unregister(self.wid)
 
     def close(self) -> None:
-        """End what this actor started: the reward process, and its Redis clients."""
+        """End what this actor started: its threads (given :data:`CLOSE_WAIT_S` to finish what they do,
+        so none is left reading from a client closed under it), the reward process, its Redis clients."""
+        self.halt()
+        end = time.monotonic() + CLOSE_WAIT_S
+        for t in getattr(self, "_threads", []):
+            if t.name != "listener":  # it blocks up to --check-s on Redis; it ends quietly when stopped
+                t.join(max(0.0, end - time.monotonic()))
         if self.rewards is not None:
             self.rewards.close()
             self.rewards = None

@@ -64,6 +64,7 @@ def measure(cfg: Config) -> dict[str, Any]:
             for _ in range(cfg.actors):
                 sup.spawn_actor(r)
         faults = Faults(rng, sup, world.buckets, world.gates, world.redis, RUN, cfg.group, record)
+        faults.trainer_env, faults.metrics_port = world.sign_env, world.metrics_port
         first = max(1, cfg.calm_steps)
         started = _wait(sup, faults, lambda: sup.finished or _step_done(work, first), cfg.start_timeout_s)
         notes += [] if started else [f"the trainer committed no step {first} in {cfg.start_timeout_s:.0f} s"]

@@ -34,6 +34,8 @@ INVARIANTS = (
     "versions_consecutive",
     "descent",
 )
+OPTIONAL_INVARIANTS = ("forged_notices_ignored", "metrics_kept_serving", "steps_at_pace")
+"""Judged only when their faults came (or, for the pace, when fault-free steps measured it)."""
 MAX_PROBLEMS = 20
 """Problems listed per invariant (all are counted)."""
 
@@ -230,6 +232,8 @@ PATTERNS = {
     "damage_detected": r"sha256|is truncated|declares version|signed by key|does not verify|missing fields|unsigned",
     "tracebacks": r"^Traceback \(most recent call last\)",
     "fatal_errors": r"^aurora: error:",
+    "actor_stopped_by_notices": r"refused \d+ results in a row",
+    "unverified_notices": r"is not signed by the run's key: not acted on",
 }
 _COMPILED = {k: re.compile(p) for k, p in PATTERNS.items()}
 
@@ -260,6 +264,24 @@ def scan_logs(workdir: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the end of a run
+
+
+def _writers_stop_no_one(verdict: Verdict, faults: Faults, said: Counter[str], home: RegionState) -> None:
+    """Issue 34's faults: no actor stops on a notice the trainer did not sign (the chaos run drops none
+    of an honest actor's results), and the trainer's /metrics answers a real scrape after every
+    garbage one (None: the trainer was restarting, which says nothing of the endpoint)."""
+    if faults.injected["forged_notice"]:
+        verdict.invariants["forged_notices_ignored"] = True
+        if said["actor_stopped_by_notices"]:
+            verdict.fail("forged_notices_ignored", f"{said['actor_stopped_by_notices']} actor(s) stopped on notices")
+    if faults.injected["garbage_scrape"]:
+        verdict.invariants["metrics_kept_serving"] = True
+        for s in faults.scrapes:
+            if s.get("answered") is False:
+                verdict.fail("metrics_kept_serving", f"no answer to a scrape after garbage variant {s['variant']}")
+    verdict.details["garbage_scrapes"] = Counter(str(s.get("answered", "not sent")) for s in faults.scrapes)
+    signers = {(d.get("run") or {}).get("signed_by") for d in _docs(home).values()}
+    verdict.details["key_rotations"] = [{**r, "committed": r["to"] in signers} for r in faults.rotations]
 
 
 def summarize(
@@ -301,6 +323,7 @@ def summarize(
     said: Counter[str] = Counter()
     for by_role in logs["by_role"].values():
         said.update(by_role)
+    _writers_stop_no_one(verdict, faults, said, regions["home"])
     zero: Counter[str] = Counter()
     return {
         "bench": "chaos",

@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -24,7 +25,24 @@ from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import canonical
 from bench.chaos_bucket import Bucket
-from bench.chaos_gates import Gates
+from bench.chaos_gates import TRAINER_GATE, Gates
+
+
+def _scrape(port: int) -> bool | None:
+    """Whether a real scrape of ``port`` is answered 200 within 10 s; None: refused (the trainer is
+    restarting), which says nothing about the endpoint."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return bool(resp.status == 200)
+    except ConnectionRefusedError:
+        return None
+    except urllib.error.URLError as exc:
+        return None if isinstance(exc.reason, ConnectionRefusedError) else False
+    except OSError:
+        return False
 
 
 class Roles(Protocol):
@@ -64,6 +82,14 @@ class Faults:
     kills: list[dict[str, Any]] = field(default_factory=list)
     """Every kill that a moment was waited for, as it landed (target, moment, what it saw, committed...)."""
     timers: list[Timer] = field(default_factory=list)
+    trainer_env: dict[str, str] = field(default_factory=dict)
+    """The trainer's environment (its `bench.chaos_supervisor.Proc`'s, read at every restart): a rotation
+    puts the key to rotate to there, and the key it rotated to once that committed."""
+    metrics_port: int | None = None
+    """The trainer's /metrics port."""
+    scrapes: list[dict[str, Any]] = field(default_factory=list)
+    """Each garbage scrape and whether the endpoint answered a real scrape after it."""
+    rotations: list[dict[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
@@ -253,7 +279,7 @@ class Faults:
         return {}
 
     def partition(self) -> dict[str, Any]:
-        free = sorted(r for r, mode in self.gates.mode.items() if mode is None)
+        free = sorted(r for r, mode in self.gates.mode.items() if mode is None and r != TRAINER_GATE)
         if not free:
             return {"skipped": "every region is partitioned"}
         region, mode = self.rng.choice(free), self.rng.choice(["refuse", "hang"])
@@ -398,6 +424,100 @@ class Faults:
             else:
                 r.hset(self._k("region", self.rng.choice(sorted(self.buckets))), "version", "xyz")
         return {"variant": variant}
+
+    def forged_notice(self) -> dict[str, Any]:
+        """Three notices that an actor's own latest results were refused (``revoked``), added to its notice
+        stream by someone who can write Redis: unsigned, or with a signature of the right shape by no key
+        of the run (issue 34, bug 4: the actor stopped for good, rc 3). It acts only on notices it verifies."""
+        actors = self.roles.names("actor")
+        if not actors:
+            return {"skipped": "no actor is running"}
+        actor = self.rng.choice(actors)
+        with self._r() as r:
+            mine = [eid for eid, f in r.xrevrange(self._k("results"), count=200) if f.get("actor") == actor][:3]
+            results = mine + [f"{int(time.time() * 1000)}-{i}" for i in range(3 - len(mine))]
+            signed = self.rng.random() < 0.5
+            for result in results:
+                fields = {"job": f"forged:{self.rng.randrange(10**6)}:0", "reason": "revoked", "result": result}
+                if signed:
+                    fields.update(key_id=self.rng.randbytes(8).hex(), sig="A" * 86 + "==")
+                r.xadd(self._k("notices", actor), fields)
+        return {"target": actor, "results": results, "of_its_own": len(mine), "junk_signature": signed}
+
+    def garbage_scrape(self) -> dict[str, Any]:
+        """Bytes no HTTP client sends, to the trainer's /metrics (issue 34, bug 6: one request ended the
+        server thread and every later scrape hung); a real scrape follows, on a thread of its own."""
+        variants = [
+            b"GET http://[::1 HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=a.b\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
+            b"GET /" + b"A" * 70000 + b" HTTP/1.1\r\n\r\n",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+        ]
+        i = self.rng.randrange(len(variants))
+        port = self.metrics_port
+        if port is None:
+            return {"skipped": "the trainer serves no /metrics"}
+
+        def go() -> None:
+            out: dict[str, Any] = {"variant": i}
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(variants[i])
+                    with contextlib.suppress(OSError):
+                        sock.recv(256)
+            except OSError as exc:  # refused: the trainer is restarting, nothing was sent
+                out["sent"] = f"not sent: {exc}"[:120]
+                self.scrapes.append(out)
+                return
+            out["answered"] = _scrape(port)
+            self.scrapes.append(out)
+            self.record({"event": "scrape", **out})
+
+        threading.Thread(target=go, name="garbage scrape", daemon=True).start()
+        return {"target": f"127.0.0.1:{port}", "variant": i}
+
+    # ------------------------------------------------------------ the trainer's storage and key
+
+    def trainer_storage_outage(self) -> dict[str, Any]:
+        """The trainer alone loses home's bucket for some seconds (new connections refused or held, open
+        ones dropped): its publishes and state saves fail, it holds back what it cannot save, and it
+        stops with a clear error only if saves keep failing (a restart resumes)."""
+        if self.gates.mode.get(TRAINER_GATE) is not None:
+            return {"skipped": "the trainer's storage is already cut"}
+        mode, hold = self.rng.choice(["refuse", "hang"]), self.rng.uniform(2, 8)
+        self._cut_trainer(mode, hold)
+        return {"mode": mode, "seconds": round(hold, 1)}
+
+    def _cut_trainer(self, mode: str, hold: float) -> None:
+        self.gates.partition(TRAINER_GATE, mode)
+        self.later(hold, "heal the trainer's storage", lambda: self.gates.partition(TRAINER_GATE, None))
+
+    def rotate_key(self) -> dict[str, Any]:
+        """A key rotation under storage errors: the trainer is restarted with a new key to rotate to while
+        its storage is cut for a few seconds; readers holding the run's first key follow it (issue 34). A
+        second rotation waits for the first to commit (the trainer is then told the new key alone)."""
+        if self.rotations and not self._rotated(self.rotations[-1]["to"]):
+            return {"skipped": "the last rotation has not committed yet"}
+        if self.rotations:
+            self.trainer_env["AURORA_SIGNING_KEY"] = self.trainer_env.pop("AURORA_ROTATE_SIGNING_KEY")
+        private, public = signing.generate_keypair()
+        to = signing.key_id(signing.load_verify_key(public))
+        self.trainer_env["AURORA_ROTATE_SIGNING_KEY"] = private.decode()
+        self.rotations.append({"to": to})
+        mode, hold = self.rng.choice(["refuse", "hang"]), self.rng.uniform(1, 4)
+        if self.gates.mode.get(TRAINER_GATE) is None:
+            self._cut_trainer(mode, hold)
+        killed = self.roles.kill("trainer", signal.SIGKILL, restart=True)
+        return {"to": to, "storage": mode, "seconds": round(hold, 1), "trainer_killed": killed}
+
+    def _rotated(self, key_id: str) -> bool:
+        """Whether home's latest version is signed by ``key_id`` (the rotation to it committed)."""
+        versions = self.buckets["home"].versions()
+        if not versions:
+            return False
+        doc = json.loads(self.buckets["home"].get(manifest_key(versions[-1])))
+        return bool((doc.get("run") or {}).get("signed_by") == key_id)
 
     # ------------------------------------------------------------ storage
 

@@ -14,6 +14,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+TRAINER_GATE = "trainer-storage"
+"""The gate group of the trainer's connections to home's bucket (`bench.chaos_world.World`): a region's
+partition never takes it; `bench.chaos_faults.Faults.trainer_storage_outage` and ``rotate_key`` do."""
+
 
 class Gates:
     """Partitionable TCP forwarders, grouped by region, on an event-loop thread of their own."""

@@ -10,14 +10,15 @@ KINDS = {
     "slow_actor": 1, "actor_join": 1, "actor_leave": 1, "corrupt_segment": 1, "truncate_segment": 1,
     "delete_segment": 1, "replay_manifest": 1, "forge_manifest": 1, "forged_result": 2, "malformed_event": 2,
     "hostile_entry": 1, "pause_actor": 1, "trainer_kill_before_state": 2, "forged_flood": 1,
-    "inflated_registration": 1, "forged_retention": 1,
+    "inflated_registration": 1, "forged_retention": 1, "forged_notice": 1, "garbage_scrape": 1,
+    "trainer_storage_outage": 1, "rotate_key": 1,
 }
 # fmt: on
 """Every fault kind and its weight in the draw after each kind has come once."""
 
 WRITERS = (
     "forged_result", "forged_flood", "inflated_registration", "slow_actor", "forged_retention", "malformed_event",
-    "hostile_entry",
+    "hostile_entry", "forged_notice", "garbage_scrape",
 )  # fmt: skip
 """The faults anyone who can write to Redis or a bucket causes, killing and cutting nothing (``slow_actor``
 is a hung actor whose heartbeat goes on): under these alone training must not slow down."""

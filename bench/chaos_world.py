@@ -11,10 +11,11 @@ from typing import Any
 
 from aurora_store.format import signing
 from aurora_store.testing.moto import S3Server, start_moto
+from aurora_store.testing.processes import free_port
 from aurora_store.testing.redis_server import RedisServer
 from bench.chaos_bucket import Bucket
 from bench.chaos_config import Config
-from bench.chaos_gates import Gates
+from bench.chaos_gates import TRAINER_GATE, Gates
 from bench.chaos_supervisor import Proc
 from bench.wan import Link
 from bench.world import ProxyProcess
@@ -64,8 +65,14 @@ class World:
             stack.callback(self.proxies[r].stop)
             here = ("127.0.0.1", self.proxies[r].port), ("127.0.0.1", self.redis.port)
             self.ports[r] = (self.gates.add(r, here[0]), self.gates.add(r, here[1]))
+        self.trainer_storage = self.gates.add(TRAINER_GATE, ("127.0.0.1", servers["home"].port))
+        """The gate the trainer reaches home's bucket through: a storage outage of the trainer alone (its
+        publishes and state saves fail) partitions it (`bench.chaos_faults.Faults.trainer_storage_outage`)."""
+        self.metrics_port = free_port()
+        """The trainer's /metrics port (scraped with garbage by `bench.chaos_faults.Faults.garbage_scrape`)."""
         private, self.public = signing.generate_keypair()
         self.sign_env = {"AURORA_SIGNING_KEY": private.decode()}
+        """The trainer's environment: its signing key, and the key it rotates to once a rotation is injected."""
         self.verify_env = {"AURORA_VERIFY_KEY": self.public.decode()}
         self.admissions = work / "admissions.jsonl"
 
@@ -86,7 +93,8 @@ class World:
         c = self.cfg
         argv = _command(
             "train",
-            store=self.uri("home"), storage_options=self.options("home"), redis=self.redis.url, run_id=RUN,
+            store=self.uri("home"), storage_options=s3_options(self.buckets["home"].server, self.trainer_storage),
+            redis=self.redis.url, run_id=RUN, metrics_port=self.metrics_port,
             seed=c.seed, steps=c.total_steps, prompts=c.prompts, group=c.group, max_new_tokens=c.max_new_tokens,
             sft_steps=c.sft_steps, lr=5e-4, state_every=c.state_every, lease_s=c.lease_s,
             admissions_log=self.admissions,

@@ -426,3 +426,37 @@ def test_a_trainer_killed_between_its_state_and_its_commit_resumes_exactly(
     assert [n.tag for n in run.state.names() if n.version == 3] == [v3.version_hash[:16]]
     with Trainer(cfg) as third:
         assert third.start() == 3 and third.weights_version == 3 and third.rollback is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["other_key", "replayed"])
+def test_a_forged_latest_manifest_stops_the_restart_with_how_to_repair(
+    redis_server: Any, tmp_path: Path, key: Path, how: str
+) -> None:
+    """Issue 34: the latest manifest replaced (signed by another key, or an older version's bytes replayed).
+    The restart stops before it publishes anything or touches a state, naming the version and how to repair
+    it; with the manifest put back, it resumes exactly where it was."""
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 2)
+        masters = _masters(first)
+    path = tmp_path / "run" / "versions" / f"{2:010d}" / "manifest.json"
+    real = path.read_bytes()
+    if how == "other_key":
+        other, _ = signing.generate_keypair()
+        m = parse_manifest(real, expect_version=2)
+        path.write_bytes(signing.seal(m, signing.load_signing_key(other)).to_bytes())
+    else:
+        path.write_bytes((path.parent.parent / f"{1:010d}" / "manifest.json").read_bytes())
+    states = sorted(p.name for p in (tmp_path / "run" / "trainer").iterdir())
+    with Trainer(cfg) as second, pytest.raises((UnauthenticatedError, CorruptError)) as err:
+        second.start()
+    said = str(err.value)
+    assert "latest version, 2, does not verify" in said and "copy its verified manifest" in said and str(path) in said
+    assert open_run(cfg.store, signing_key=str(key)).versions() == [0, 1, 2]
+    assert sorted(p.name for p in (tmp_path / "run" / "trainer").iterdir()) == states, "no state touched"
+    path.write_bytes(real)
+    with Trainer(cfg) as third:
+        assert third.start() == 2 and third.weights_version == 2
+        assert _same(_masters(third), masters)

@@ -253,7 +253,7 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
 
     private, public = signing.generate_keypair()
     loop.env = {"AURORA_SIGNING_KEY": private.decode(), "AURORA_VERIFY_KEY": public.decode()}
-    loop.actor("a")
+    actor = loop.actor("a")
     first = loop.trainer("--steps", "7", "--rollout-correction", "tis")
     run = open_run(loop.store, verify_key=public)
     loop.wait(lambda: (run.latest() or 0) >= 3, "version 3", 480)
@@ -284,6 +284,11 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     resumed = run.manifest(at_kill + 1).rolls_back_to
     assert f"resumes from the state of version {at_kill if resumed is None else resumed.version}" in loop.log("trainer")
     assert resumed is None or resumed.abandons == tuple(range(resumed.version + 1, at_kill + 1))
+    # a SIGTERM stops the actor cleanly: no thread left reading from a client closed under it (issue 34)
+    actor.send_signal(signal.SIGTERM)
+    loop.finish(actor, "actor a after SIGTERM", timeout=120)
+    said = loop.log("a")
+    assert "Bad file descriptor" not in said and "Traceback" not in said, said
 
 
 def test_a_trainer_killed_between_states_publishes_its_rollback(loop: Loop) -> None:

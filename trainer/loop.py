@@ -31,7 +31,8 @@ from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import now_ms
-from aurora_store.errors import ConfigError, MissingError
+from aurora_store.errors import ConfigError, CorruptError, MissingError, StoreError, UnauthenticatedError
+from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Rollback
 from aurora_store.rl.data import DataError, PromptPool, read_records
 from aurora_store.rl.tasks import PromptSource, TaskPrompts, load_task
@@ -154,6 +155,7 @@ class Trainer:
         """Build or restore the policy on every rank; returns the version it is at."""
         if self.dist.main:
             self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
+            self._check_tip()
             if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
                 self.run.publisher.check_signer()  # this trainer's keys can sign the run's next version, or say why not
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
@@ -207,6 +209,35 @@ class Trainer:
         self.metrics.published(0)
         self._load_reference()
         return 0
+
+    def _check_tip(self) -> None:
+        """The run's latest version verifies, or the trainer stops before anything, saying how to repair
+        the bucket: a trainer never builds on a version it cannot verify, and that version's name is
+        taken (objects are create-only), so there is no safe way on until someone repairs it. Where the
+        version before it does not verify either, the keys are what is wrong: the start goes on to say so."""
+        latest = self.run.latest()
+        if latest is None:
+            return
+        try:
+            self.run.manifest(latest)
+        except (UnauthenticatedError, CorruptError) as exc:
+            if latest == 0 or not self._verifies(latest - 1):
+                return
+            url = exc.url or self.run.store.url(manifest_key(latest))
+            raise type(exc)(
+                f"{exc}. The run's latest version, {latest}, does not verify, and a trainer builds only on verified "
+                f"versions. If it was committed, copy its verified manifest from a region that holds it (`aurora audit "
+                f"REGION_URI` says which do) over {url}; if it was never published by this run (planted), delete it. "
+                "Then start the trainer again",
+                url=url,
+            ) from None
+
+    def _verifies(self, version: int) -> bool:
+        try:
+            self.run.manifest(version)
+        except StoreError:
+            return False
+        return True
 
     def _signer(self) -> Any:
         """The key the version just published is signed with (after a key rotation, the new one)."""
