@@ -57,14 +57,23 @@ demo-real: $(VLLM_VENV)/.installed
 # The vLLM tests run after the main suite (run beside it, each slowed the other more than it saved: 27
 # min against 22), even when it fails, and `make test` fails if either did; their three modules share
 # two workers (--dist loadscope keeps a module's engines in one). --durations shows where the time goes.
+# Lint (53 s of one core on a fresh clone) and the vLLM environment's first build (minutes, mostly
+# downloads) run beside the main suite, which waits on processes often enough to leave room for them;
+# their logs are printed after it.
 # Tests wait for events, never for a time: a deadline only bounds how long a failure takes to report. On
 # a machine loaded past what they allow, AURORA_TEST_PATIENCE=3 triples the waits of
 # aurora_store.testing.processes (wait_for, the servers' start), the multi-process loops' and the CLI
 # helper's.
-test: lint test-servers
+test: test-servers $(VENV)/.installed
+	@echo "make test: lint and the vLLM environment's build run beside the main suite; their output follows it"
 	@status=0; \
+	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory vllm-env > $(VENV)/vllm-env.log 2>&1 & env=$$!; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 || status=1; \
-	$(MAKE) --no-print-directory test-vllm || status=1; \
+	if wait $$lint; then echo "lint: passed (ruff check, ruff format --check, mypy)"; \
+	else cat $(VENV)/lint.log; echo "lint: FAILED (above)"; status=1; fi; \
+	if wait $$env; then $(MAKE) --no-print-directory test-vllm || status=1; \
+	else cat $(VENV)/vllm-env.log; echo "the vLLM environment could not be built (above): its tests did not run"; status=1; fi; \
 	exit $$status
 
 # What a developer runs before every commit (under 3 minutes on 2 cores): lint, and every test not marked
