@@ -183,7 +183,7 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
     # the rogue takes what it is given and answers with a forged version hash, then leaves
     leases = []
     loop.wait(
-        lambda: bool(leases.extend(board.take(rogue, max_jobs=64, block_s=0.2)) or leases), "the rogue's jobs", 300
+        lambda: bool(leases.extend(board.take(rogue, max_jobs=64, block_s=0.2)) or leases), "the rogue's jobs", 900
     )
     forged = payloads.encode([([3], [-0.1], "stop", 1.0)] * GROUP, failures={}, weights_digest=None)
     for lease in leases:
@@ -198,7 +198,7 @@ def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:
             if h.get("actor") == "slow" and h.get("state") == "leased" and h.get("taken_token") == h.get("token")
         }
 
-    loop.wait(lambda: bool(slow_busy()), "the slow actor to be mid-batch", 300)
+    loop.wait(lambda: bool(slow_busy()), "the slow actor to be mid-batch", 600)
     slow.kill()
     held = slow_busy()
     loop.actor("fast")
@@ -256,7 +256,7 @@ def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) ->
     actor = loop.actor("a")
     first = loop.trainer("--steps", "7", "--rollout-correction", "tis")
     run = open_run(loop.store, verify_key=public)
-    loop.wait(lambda: (run.latest() or 0) >= 3, "version 3", 480)
+    loop.wait(lambda: (run.latest() or 0) >= 3, "version 3", 600)
     first.kill()
     first.wait(10)
     at_kill = open_run(loop.store, verify_key=public).latest()
@@ -297,7 +297,7 @@ def test_a_trainer_killed_between_states_publishes_its_rollback(loop: Loop) -> N
     loop.actor("a")
     first = loop.trainer("--steps", "9", "--state-every", "4")
     run = open_run(loop.store)
-    loop.wait(lambda: (run.latest() or 0) >= 6, "version 6", 480)
+    loop.wait(lambda: (run.latest() or 0) >= 6, "version 6", 600)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     at_kill = open_run(loop.store).latest()
@@ -329,9 +329,9 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     trainer = loop.trainer("--steps", "8", "--admissions-log", str(log))
     loop.actor("a", "--slowdown", "5")
     run = open_run(loop.store)
-    loop.wait(lambda: (run.latest() or 0) >= 2, "version 2", 480)
+    loop.wait(lambda: (run.latest() or 0) >= 2, "version 2", 600)
     loop.coord.r.flushall()
-    loop.wait(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 480)
+    loop.wait(lambda: (run.latest() or 0) >= 4, "version 4 after the flush", 600)
     loop.redis_server.kill()
     time.sleep(2)
     loop.redis_server.start()
@@ -360,10 +360,10 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     def lag_joined() -> bool:  # it must hold a version before it is paused, or it only bootstraps late
         return any(d["actor"] == "lag" for _id, d in loop.coord.notes("applied"))
 
-    loop.wait(lambda: lag_joined() and (run.latest() or 0) >= 2, "the lagging actor to join, and version 2", 480)
+    loop.wait(lambda: lag_joined() and (run.latest() or 0) >= 2, "the lagging actor to join, and version 2", 600)
     lag.send_signal(signal.SIGSTOP)  # a preempted host: no heartbeat, no progress
     paused_at = run.latest() or 0
-    loop.wait(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 480)
+    loop.wait(lambda: (run.latest() or 0) >= paused_at + 4, "the run to move on without it", 600)
     lag.send_signal(signal.SIGCONT)
     loop.finish(trainer, "trainer")
     applied = [d["version"] for _id, d in loop.coord.notes("applied") if d["actor"] == "lag"]
