@@ -12,6 +12,9 @@ are translated into this family by :func:`aurora_store.storage.base.translated` 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class AuroraError(Exception):
     """Base of every error raised by AuroraRL's library code."""
@@ -24,6 +27,17 @@ class StoreError(AuroraError, ValueError):
         super().__init__(message)
         self.url = url
         """The object (its full URL) the error is about, for reports and audits; None if none."""
+
+
+@contextmanager
+def about(url: str) -> Iterator[None]:
+    """Errors raised while handling the object at ``url`` name it in :attr:`StoreError.url`."""
+    try:
+        yield
+    except StoreError as exc:
+        if exc.url is None:
+            exc.url = url
+        raise
 
 
 class CorruptError(StoreError):

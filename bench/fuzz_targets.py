@@ -34,7 +34,7 @@ ManifestCase = tuple[Published, bytes, int | None]
 
 
 def manifest(seed: int) -> Target[ManifestCase]:
-    from aurora_store.bucket.reader import check_member, identity_of
+    from aurora_store.bucket.keychain import check_member, identity_of
     from aurora_store.format.manifest_parser import parse_manifest
     from aurora_store.format.signing import verify
 

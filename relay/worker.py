@@ -32,12 +32,12 @@ from typing import TypeVar
 from aurora_store.bucket.limits import Limits
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.reader import Reader
-from aurora_store.bucket.reader import about as about_url
 from aurora_store.bucket.retention import records as retention_records
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError, UnauthenticatedError
+from aurora_store.errors import about as about_url
 from aurora_store.format import retention, signing
 from aurora_store.format.keys import manifest_key, object_version, rotation_marker_key
 from aurora_store.format.manifest import Manifest, Segment, check_link

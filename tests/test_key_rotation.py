@@ -743,8 +743,8 @@ def test_planted_markers_cost_a_reader_one_warning_and_gc_removes_them(
         assert_bits_equal(reader.materialize(v), states[v])
     (warning,) = _marker_warnings(caplog)  # version 0's is not even read: no rotation can be there
     assert f"{len(planted) - 1} key-rotation marker(s)" in warning and "aurora gc --apply" in warning
-    assert reader.reader._not_rotations == set(planted) - {0}
-    assert reader.reader._relearn(reader.reader.identity())  # learn the keys again: nothing re-read or re-warned
+    assert reader.reader.trust._not_rotations == set(planted) - {0}
+    assert reader.reader.trust.relearn(reader.reader.identity())  # learn the keys again: nothing re-read or re-warned
     reader.manifest(VERSIONS - 1)
     assert len(_marker_warnings(caplog)) == 1
 

@@ -8,22 +8,19 @@ at the old version. An error about an object carries that object's URL. No torch
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from aurora_store.bucket.keychain import KeyChain, read_manifest
 from aurora_store.bucket.limits import Limits
 from aurora_store.codec.words import HostWords
-from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError, UnauthenticatedError
-from aurora_store.format import signing
+from aurora_store.errors import ChainError, CorruptError, LimitError, MissingError, StoreError, about
 from aurora_store.format.blocks import DecodedBlock, apply_blocks, decode_block
 from aurora_store.format.digest import Digest
 from aurora_store.format.full import check_index, read_shard
@@ -32,10 +29,8 @@ from aurora_store.format.keys import (
     VERSIONS_DIR,
     committed_version,
     manifest_key,
-    rotation_marker_version,
 )
-from aurora_store.format.manifest import LEGACY, Manifest, RunIdentity, Segment, check_link
-from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.format.manifest import Manifest, RunIdentity, Segment, check_link
 from aurora_store.format.run_keys import RunKeys
 from aurora_store.format.weights import WeightState, full_digest
 
@@ -48,51 +43,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("aurora.store")
 
-RELEARN_S = (1.0, 10.0)
-"""A reader whose key history fails a signed version learns it again from a new listing: at once the first
-time, then after 1 s, doubling to at most 10 s while it keeps failing (one LIST, and one GET per rotation)."""
-
-MARKER_READS = 16
-"""Manifests beside key-rotation markers a scan reads at once: however many markers a bucket holds (planted
-ones included), a reader's start waits for about one round trip per 16 of them, not one per marker."""
-
 
 def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@contextmanager
-def about(url: str) -> Iterator[None]:
-    """Errors raised while handling the object at ``url`` name it in :attr:`StoreError.url`."""
-    try:
-        yield
-    except StoreError as exc:
-        if exc.url is None:
-            exc.url = url
-        raise
-
-
-def identity_of(origin: Manifest) -> RunIdentity:
-    """The identity of the run whose version 0 is ``origin``. A run of the legacy format (aurora/1)
-    names none: its origin is version 0's hash and its signer version 0's key, so versions written
-    by this code on top of it carry them from then on."""
-    signed_by = origin.run.signed_by if origin.run is not None else None
-    if origin.run is None and origin.signature is not None:
-        signed_by = origin.signature.key_id
-    return RunIdentity(origin.version_hash, signed_by)
-
-
-def check_member(m: Manifest, identity: RunIdentity, origin_format: str) -> None:
-    """``m`` (a version after 0) belongs to the run ``identity`` names: fulls too, which name no parent.
-    (Which key signs it is :meth:`Reader.authenticate`'s to check: a signed run's key may rotate.)"""
-    if m.run is None:
-        if origin_format != LEGACY:
-            raise ChainError(
-                f"version {m.version} is in the legacy format {LEGACY} in a run started in {origin_format}"
-            )
-        return
-    if m.run.origin != identity.origin or (identity.signed_by is None) != (m.run.signed_by is None):
-        raise ChainError(f"version {m.version} belongs to run {m.run}, not to this run ({identity})")
 
 
 class Reader:
@@ -109,31 +62,16 @@ class Reader:
     ) -> None:
         self.store = store
         self.limits = limits
-        self.verify_key = verify_key
-        self.insist = insist
-        """Verify every version with ``verify_key``, even in an unsigned run (False: only in a signed
-        run, for a publisher whose key is its own signing key)."""
+        source = keys_from.trust if keys_from is not None else None
+        self.trust: KeyChain = KeyChain(store, limits, verify_key, insist=insist, source=source)
+        """Whom this run trusts: its identity, its key history, the checks every manifest passes."""
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
         """Verified manifests, most recently used last (at most ``limits.cached_manifests``)."""
         self._verified_files: set[tuple[str, str]] = set()
-        self._identity: RunIdentity | None = None
-        self._origin_format = LEGACY
-        self._keys: RunKeys | None = None
-        """A signed run's key history, as far as :attr:`_covered` (every rotation up to it is known)."""
-        self._covered = -1
-        self._bad_rotation: tuple[int, UnauthenticatedError] | None = None
-        """The first rotation that failed its checks: no version from it on can be authenticated."""
-        self._keys_lock = threading.Lock()
-        self._relearn_at = 0.0
-        """time.monotonic() before which the key history is not learnt again (see :data:`RELEARN_S`)."""
-        self._relearn_wait = 0.0
-        self._not_rotations: set[int] = set()
-        """Versions whose key-rotation marker marks no rotation (their manifests are immutable: kept
-        across relearning, never read again)."""
-        self._warned_markers: set[int] = set()
-        self.keys_from = keys_from
-        """Another copy of the same run to learn its key history from (a relay's source, for the
-        destination it fills in order: a rotation may not be there yet when its key is the one given)."""
+
+    @property
+    def verify_key(self) -> Ed25519PublicKey | None:
+        return self.trust.verify_key
 
     # ------------------------------------------------------------ manifests
 
@@ -158,247 +96,23 @@ class Reader:
         public keys) or when this reader holds a verify key."""
         url = self.store.url(manifest_key(version))
         with about(url):
-            m, data = self._parse(version, url)
-            identity = identity_of(m) if version == 0 else self.identity()
-            if version > 0:
-                check_member(m, identity, self._origin_format)
-            self.authenticate(m, identity, url)
-        if version == 0:
-            self._hold_identity(identity, m.format, url)
+            m, data = read_manifest(self.store, self.limits, version)
+            self.trust.verify(m, url)
         self._manifests[version] = m
         while len(self._manifests) > self.limits.cached_manifests:
             self._manifests.popitem(last=False)
         return m, data
 
-    def _parse(self, version: int, url: str) -> tuple[Manifest, bytes]:
-        data = self.store.get(manifest_key(version), max_bytes=self.limits.max_manifest_bytes)
-        m = parse_manifest(
-            data,
-            expect_version=version,
-            max_bytes=self.limits.max_manifest_bytes,
-            max_segment_bytes=self.limits.max_segment_bytes,
-            what=url,
-        )
-        return m, data
-
-    def authenticate(self, m: Manifest, identity: RunIdentity, what: str) -> None:
-        """Check ``m``'s signature as its run requires (see :meth:`manifest_with_bytes`): in a signed
-        run, by the key its run's key history says signs its version (the outgoing and incoming
-        keys both, for a key rotation), with a verify key that is one of the run's keys."""
-        if identity.signed_by is None:
-            if m.rotation is not None:
-                raise UnauthenticatedError(f"{what}: version {m.version} rotates a key in an unsigned run")
-            if self.verify_key is not None and self.insist:
-                signing.verify(m, self.verify_key, what)
-            return
-        if self.verify_key is None:
-            raise UnauthenticatedError(
-                f"{what}: the run is signed by key {identity.signed_by}; give its public key "
-                "(--verify-key or AURORA_VERIFY_KEY) to read it"
-            )
-        try:
-            self._authenticate_signed(m, identity, what)
-        except UnauthenticatedError:
-            # what this reader learnt of the run's keys may be what failed: a rotation its listing did not
-            # show yet, could not read or read as junk since removed, or not yet made to the key it was given
-            if not self._relearn(identity):
-                raise
-            self._authenticate_signed(m, identity, what)
-            self._relearn_wait = 0.0  # learnt again: the next fault starts the backoff afresh
-
-    def _relearn(self, identity: RunIdentity) -> bool:
-        """Forget the run's key history, to be learnt again from a new listing, unless that was done less
-        than the backoff ago (:data:`RELEARN_S`); whether it was forgotten. Nothing failed is ever held
-        for good: a storage error or a planted junk rotation costs a reader a backoff, not its life."""
-        src = self.keys_from
-        if src is not None and src.identity() == identity:
-            return src._relearn(identity)
-        with self._keys_lock:
-            now = time.monotonic()
-            if now < self._relearn_at:
-                return False
-            first, cap = RELEARN_S
-            self._relearn_wait = min(2 * self._relearn_wait, cap) if self._relearn_wait else first
-            self._relearn_at = now + self._relearn_wait
-            self._keys, self._covered, self._bad_rotation = None, -1, None
-            return True
-
-    def _authenticate_signed(self, m: Manifest, identity: RunIdentity, what: str) -> None:
-        assert self.verify_key is not None
-        keys = self.run_keys(m, identity, what)
-        era = keys.era(m.version)
-        signer = m.run.signed_by if m.run is not None else era.key_id
-        if signer != era.key_id:
-            raise UnauthenticatedError(
-                f"{what}: version {m.version} says it is signed by key {signer}, but the run's key at "
-                f"version {m.version} is {era.key_id} (keys: {keys.describe()})"
-            )
-        if (m.rotation is not None) != (m.version > 0 and era.since == m.version):
-            raise UnauthenticatedError(
-                f"{what}: version {m.version} is a key rotation the run's key history does not hold "
-                f"(keys: {keys.describe()}; is its {m.version:010d}/key-rotation marker missing?)"
-            )
-        if not keys.trusts(self.verify_key):
-            raise UnauthenticatedError(
-                f"{what}: the run is signed by key {era.key_id} (keys: {keys.describe()}), the verify key "
-                f"given is {signing.key_id(self.verify_key)}"
-            )
-        if m.rotation is None:
-            assert era.public is not None
-            signing.verify(m, era.public, what)
-            return
-        old, new = signing.verify_rotation(m, what)
-        before = keys.previous(era)
-        if era.public is None or before is None or before.public is None:
-            raise UnauthenticatedError(f"{what}: version {m.version}'s rotation is not in the run's key history")
-        if not (signing.same_key(new, era.public) and signing.same_key(old, before.public)):
-            raise UnauthenticatedError(f"{what}: version {m.version} names keys other than the run's key history")
-
-    def run_keys(self, m: Manifest, identity: RunIdentity, what: str) -> RunKeys:
-        """The signed run's key history, known at least as far as ``m``'s version.
-
-        Learned step by step as versions are read in order (a reader that holds version v and
-        reads v + 1 learns a rotation there from v + 1 itself), and otherwise from one listing of
-        the run: every rotation has a ``key-rotation`` marker beside its manifest, and each marked
-        manifest is verified as a rotation from the key before it. UnauthenticatedError for a
-        version at or after a rotation that fails those checks."""
-        assert identity.signed_by is not None and self.verify_key is not None
-        src = self.keys_from
-        if src is not None and src.identity() == identity:
-            return src.keys_at(m.version, what)
-        with self._keys_lock:
-            keys = self._held_keys(identity)
-            v = m.version
-            if v > self._covered:
-                if v == self._covered + 1 and v > 0 and self._bad_rotation is None:
-                    self._step(keys, m, what)
-                else:
-                    self._scan(keys, identity)
-                    if v == self._covered + 1 and self._bad_rotation is None:
-                        self._step(keys, m, what)
-            return self._known(keys, v, what)
+    def identity(self) -> RunIdentity:
+        """The run's identity, as its version 0 fixed it (see :meth:`KeyChain.identity`)."""
+        if not self.trust.known:
+            with contextlib.suppress(MissingError):  # read through this reader: version 0 is cached
+                self.manifest_with_bytes(0)
+        return self.trust.identity()
 
     def keys_at(self, version: int, what: str) -> RunKeys:
         """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""
-        identity = self.identity()
-        assert identity.signed_by is not None and self.verify_key is not None
-        with self._keys_lock:
-            keys = self._held_keys(identity)
-            if version > self._covered and self._bad_rotation is None:
-                self._scan(keys, identity)
-            return self._known(keys, version, what)
-
-    def _held_keys(self, identity: RunIdentity) -> RunKeys:
-        assert identity.signed_by is not None
-        if self._keys is None or self._keys.first != identity.signed_by:
-            self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
-        return self._keys
-
-    def _known(self, keys: RunKeys, version: int, what: str) -> RunKeys:
-        """``keys``, once they are known to cover ``version`` (UnauthenticatedError otherwise)."""
-        if self._bad_rotation is not None and version >= self._bad_rotation[0]:
-            raise self._bad_rotation[1]
-        if version > self._covered:
-            raise UnauthenticatedError(
-                f"{what}: version {version} is not in the listing of the run; its key is unknown"
-            )
-        assert self.verify_key is not None
-        keys.bind(self.verify_key)
-        return keys
-
-    def _step(self, keys: RunKeys, m: Manifest, what: str) -> None:
-        if m.rotation is not None:
-            try:
-                keys.add(m, what)
-            except UnauthenticatedError as exc:
-                self._bad_rotation = (m.version, exc)
-                raise
-        self._covered = m.version
-
-    def _scan(self, keys: RunKeys, identity: RunIdentity) -> None:
-        """Learn every rotation after :attr:`_covered` from the run's listing (one LIST, then the marked
-        manifests read together: a reader's start costs one round trip however many markers there are).
-        A marker beside a version that rotates no key (planted, or left by a trainer killed mid-rotation
-        before it published that version without one) is remembered and warned of once per process;
-        ``aurora gc --apply`` removes them."""
-        listed = self.store.list_keys(VERSIONS_DIR)
-        committed = {v for v in map(committed_version, listed) if v is not None}
-        marked = sorted(v for v in map(rotation_marker_version, listed) if v is not None)
-        top = max(committed, default=-1)
-        floor = max(self._covered, keys.last.since)
-        # known, a rotation whose publish did not commit, or a marker already found to mark no rotation
-        todo = [r for r in marked if r > floor and r in committed and r not in self._not_rotations]
-        try:
-            for r, read in zip(todo, self._read_marked(todo), strict=True):
-                url = self.store.url(manifest_key(r))
-                try:
-                    if isinstance(read, StoreError):
-                        raise read
-                    if read.run is None or read.run.origin != identity.origin:
-                        raise ChainError(f"{url}: version {r} is not of this run ({identity.origin})")
-                    if read.rotation is None:
-                        self._not_rotations.add(r)
-                        continue
-                    keys.add(read, url)
-                except StoreError as exc:
-                    err = (
-                        exc
-                        if isinstance(exc, UnauthenticatedError)
-                        else UnauthenticatedError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
-                    )
-                    self._bad_rotation, self._covered = (r, err), r - 1
-                    return
-        finally:
-            self._warn_markers()
-        self._covered = max(self._covered, top)
-
-    def _read_marked(self, versions: list[int]) -> list[Manifest | StoreError]:
-        """The manifests of ``versions`` (or why each could not be read), read concurrently on a pool of
-        the scan's own: the scan holds the key lock, and may run on a task of the store's pool."""
-
-        def read(v: int) -> Manifest | StoreError:
-            try:
-                return self._parse(v, self.store.url(manifest_key(v)))[0]
-            except StoreError as exc:
-                return exc
-
-        if len(versions) <= 1:
-            return [read(v) for v in versions]
-        with ThreadPoolExecutor(min(MARKER_READS, len(versions)), thread_name_prefix="aurora-markers") as pool:
-            return list(pool.map(read, versions))
-
-    def _warn_markers(self) -> None:
-        new = sorted(self._not_rotations - self._warned_markers)
-        if new:
-            self._warned_markers.update(new)
-            shown = ", ".join(map(str, new[:5])) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
-            log.warning(
-                "%s: %d key-rotation marker(s) beside versions that rotate no key (%s): ignored; "
-                "aurora gc --apply removes them",
-                self.store.uri,
-                len(new),
-                shown,
-            )
-
-    def identity(self) -> RunIdentity:
-        """The run's identity, as its version 0 fixed it (read once, then held: a version 0
-        replaced under a long-running reader is a foreign run, not a new identity)."""
-        if self._identity is None:
-            try:
-                self.manifest_with_bytes(0)
-            except MissingError as exc:
-                raise ChainError(
-                    f"version 0 of {self.store.uri} is missing: it fixes the run's identity, and no "
-                    "version can be checked against it",
-                    url=exc.url,
-                ) from None
-        assert self._identity is not None
-        return self._identity
-
-    def _hold_identity(self, identity: RunIdentity, fmt: str, url: str) -> None:
-        if self._identity is not None and self._identity != identity:
-            raise ChainError(f"{url}: version 0 changed under this reader (run {identity}, was {self._identity})")
-        self._identity, self._origin_format = identity, fmt
+        return self.trust.keys_at(version, what)
 
     def chain(self, version: int) -> list[Manifest]:
         """Manifests from the nearest full version up to ``version``, parent hashes checked."""
