@@ -266,10 +266,11 @@ def scan_logs(workdir: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- the end of a run
 
 
-def _writers_stop_no_one(verdict: Verdict, faults: Faults, said: Counter[str], home: RegionState) -> None:
+def _judge_notices_scrapes_rotations(verdict: Verdict, faults: Faults, said: Counter[str], home: RegionState) -> None:
     """Issue 34's faults: no actor stops on a notice the trainer did not sign (the chaos run drops none
-    of an honest actor's results), and the trainer's /metrics answers a real scrape after every
-    garbage one (None: the trainer was restarting, which says nothing of the endpoint)."""
+    of an honest actor's results), the trainer's /metrics answers a real scrape after every garbage
+    one (None: the trainer was restarting, which says nothing of the endpoint), and whether each
+    injected key rotation committed (a version at home is signed by its key)."""
     if faults.injected["forged_notice"]:
         verdict.invariants["forged_notices_ignored"] = True
         if said["actor_stopped_by_notices"]:
@@ -323,7 +324,7 @@ def summarize(
     said: Counter[str] = Counter()
     for by_role in logs["by_role"].values():
         said.update(by_role)
-    _writers_stop_no_one(verdict, faults, said, regions["home"])
+    _judge_notices_scrapes_rotations(verdict, faults, said, regions["home"])
     zero: Counter[str] = Counter()
     return {
         "bench": "chaos",
