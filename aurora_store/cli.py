@@ -229,15 +229,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     rows = []
     for m in manifests:
         s = m.stats
+        changed = s.changed if s.counted else None  # a full version published without its parent's bits
         rows.append(
             {
                 "version": m.version,
                 "kind": m.kind,
                 "bytes": s.bytes,
-                "changed": s.changed,
+                "changed": changed,
+                "counted": s.counted,
                 "elements": s.elements,
-                "density": s.changed / s.elements if s.elements else 0.0,
-                "bytes_per_changed": s.bytes / s.changed if s.changed else None,
+                "density": None if changed is None else changed / s.elements if s.elements else 0.0,
+                "bytes_per_changed": s.bytes / changed if changed else None,
                 "ratio": s.full_bytes / s.bytes if s.bytes else None,
                 "step": m.step,
                 "created": m.created,
@@ -263,8 +265,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             str(r["version"]),
             r["kind"],
             _size(r["bytes"]),
-            f"{r['changed']:,}",
-            f"{r['density']:.4%}",
+            NOT_COUNTED if r["changed"] is None else f"{r['changed']:,}",
+            _num(r["density"], ".4%"),
             _num(r["bytes_per_changed"], ".3f"),
             _num(r["ratio"], ".1f", "x"),
             _num(r["step"], "d"),
@@ -273,6 +275,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
         )
     _stdout().print(table)
     return 0
+
+
+NOT_COUNTED = "not counted"
+"""What ``ls`` and ``audit`` show as a version's changed elements when its manifest says they were not
+counted (a full version published without its parent's bits)."""
 
 
 def _rollback(back: dict[str, Any] | None) -> str:
@@ -379,7 +386,7 @@ def _audit_table(result: Any) -> None:
             r.kind or "?",
             _num(r.segments, "d"),
             "-" if r.bytes is None else _size(r.bytes),
-            _num(r.changed, ","),
+            NOT_COUNTED if r.counted is False else _num(r.changed, ","),
             status,
         )
     _stdout().print(table)

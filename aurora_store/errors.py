@@ -60,6 +60,11 @@ class UnauthenticatedError(StoreError):
     """A manifest is unsigned, signed by another key, or its signature is wrong."""
 
 
+DAMAGE = (CorruptError, MissingError, UnauthenticatedError)
+"""What an object or manifest that failed verification raises (damaged, missing, forged or replayed):
+someone else's doing, never built on, and not cured by retrying the read (unlike a plain StoreError)."""
+
+
 class ConflictError(StoreError):
     """A write lost a race: the object or version already exists with other content."""
 

@@ -114,6 +114,7 @@ def test_each_alert_fires_when_it_should_and_not_when_the_run_is_healthy(prometh
         "AuroraTrainerNotPublishing",
         "AuroraResultsDropped",
         "AuroraTargetDown",
+        "AuroraArtifactsRejected",
     }
     for alert in alerts:  # each one proven both ways: expected firing somewhere, and expected silent
         fired = re.findall(rf"alertname: {alert}\n\s+exp_alerts:\n\s+- exp_labels", tests)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -11,7 +13,11 @@ import pytest
 import torch
 
 import aurora_store
+from aurora_store.bucket.audit import audit
+from aurora_store.bucket.parts import Baseline, elements_part
+from aurora_store.bucket.plan import Tip
 from aurora_store.errors import CorruptError, StoreError
+from aurora_store.format.manifest import canonical
 from aurora_store.format.manifest_parser import parse_manifest
 from tests.helpers import bits_equal
 
@@ -158,3 +164,112 @@ def test_a_restarted_publisher_whose_parent_chain_is_damaged_publishes_full(tmp_
     info = restarted.publish(w)
     assert info.version == 2 and info.kind == "full"
     assert bits_equal(restarted.materialize(2), w)
+
+
+def _damage_segment(root: Any, version: int) -> tuple[Any, bytes]:
+    """Truncate one delta segment of ``version`` in a local run: (its path, its true bytes)."""
+    seg = next(p for p in (root / "versions" / f"{version:010d}").iterdir() if p.suffix == ".seg")
+    good = seg.read_bytes()
+    seg.write_bytes(good[:-3])
+    return seg, good
+
+
+def test_a_full_version_published_without_its_parents_bits_audits_clean_once_the_parent_is_repaired(
+    tmp_path: Any,
+) -> None:
+    """Issue 39: a restarted publisher that cannot read its parent (an object of it damaged, or a
+    read that failed on the way) publishes a full version. It cannot count what changed against bits
+    it does not have, so its manifest says the count is unknown (format aurora/5), and audit checks
+    what the manifest declares: once the parent is repaired, the run audits clean, and ``ls`` says
+    that the count is unknown rather than showing every element as changed."""
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri)
+    w = _weights()
+    run.publish(w)
+    w["w"][0] += 1
+    run.publish(w, kind="delta")
+    seg, good = _damage_segment(tmp_path / "run", 1)
+    w["w"][1] += 1
+    info = aurora_store.open_run(uri).publish(w)  # restarted: no baseline, the parent unreadable
+    assert info.kind == "full"
+    seg.write_bytes(good)  # repaired (or the read fault was on the way only)
+    reopened = aurora_store.open_run(uri)
+    m = reopened.manifest(2)
+    assert m.format == "aurora/5" and m.stats.counted is False and m.stats.changed == m.stats.elements
+    assert reopened.manifest(1).format != "aurora/5", "a counted version keeps the older format"
+    result = audit(reopened)
+    assert result.ok, result.first
+    rows = [r.to_dict() for r in result.versions]
+    assert rows[2]["counted"] is False and rows[1]["counted"] is True
+
+
+def test_a_full_version_is_never_counted_against_a_baseline_of_another_version() -> None:
+    """What a full version counts against: the parent's very bits, or nothing. A baseline of another
+    version with the same tensor table (one left over from before a rollback or a commit elsewhere)
+    is not the parent: the count is unknown then, not taken against the wrong version."""
+    run = _run()
+    w = _weights()
+    for i in range(3):
+        w["w"][i] += 1
+        run.publish(w)
+    identity = run.reader.identity()
+    tips = [Tip.of(run.manifest(v), identity) for v in range(3)]
+    ranges = {"w": (0, 8)}
+    words = {"w": run.reader.materialize(2).words["w"]}
+    old = Baseline(tips[1], dict(ranges), {"w": run.reader.materialize(1).words["w"]})
+    specs = tips[2].specs
+    assert elements_part(specs, ranges, words, old, tips[2])[::2] == (8, False)
+    same = Baseline(tips[2], dict(ranges), {"w": words["w"].copy()})
+    assert elements_part(specs, ranges, words, same, tips[2])[::2] == (0, True)
+    assert elements_part(specs, ranges, words, None, None)[::2] == (8, True), "a new chain counts every element"
+
+
+def test_a_full_version_with_its_parents_bits_counts_against_them(tmp_path: Any) -> None:
+    """The usual case keeps its count: a full version published with the parent's bits held says how
+    many elements differ from the parent, in the older format, and audit checks that count."""
+    run = aurora_store.open_run((tmp_path / "run").as_uri())
+    w = _weights()
+    run.publish(w)
+    w["w"][:3] += 1
+    info = run.publish(w, kind="full")
+    m = run.manifest(1)
+    assert info.changed == 3 and m.stats.counted is True and m.format != "aurora/5"
+    assert audit(run).ok
+
+
+def _rehashed(doc: dict[str, Any]) -> bytes:
+    """``doc`` with a version hash that matches it: only the rule under test can refuse it."""
+    body = {k: v for k, v in doc.items() if k not in ("version_hash", "signature", "rotation_signature")}
+    return json.dumps({**doc, "version_hash": hashlib.sha256(canonical(body)).hexdigest()}).encode()
+
+
+@pytest.mark.parametrize(
+    ("version", "change"),
+    [
+        (2, {"counted": True}),
+        (2, {"counted": 0}),
+        (2, {"counted": None}),
+        (2, {"changed": 1}),
+        (2, {"format": "aurora/4"}),
+        (1, {"counted": False, "format": "aurora/5"}),
+        (0, {"counted": False, "format": "aurora/5"}),
+    ],
+    ids=["true", "zero", "null", "changed-not-elements", "in-aurora/4", "in-a-delta", "in-version-0"],
+)
+def test_the_uncounted_field_is_checked_by_the_parser(tmp_path: Any, version: int, change: dict[str, Any]) -> None:
+    """``stats.counted`` (aurora/5) has one spelling, false, only in a full version with a parent,
+    with ``changed`` equal to ``elements``; the parser refuses anything else with a CorruptError."""
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri)
+    w = _weights()
+    run.publish(w)
+    w["w"][0] += 1
+    run.publish(w, kind="delta")
+    _damage_segment(tmp_path / "run", 1)
+    aurora_store.open_run(uri).publish(w)
+    doc = json.loads((tmp_path / "run" / "versions" / f"{version:010d}" / "manifest.json").read_bytes())
+    parse_manifest(_rehashed(doc), expect_version=version)  # as written: accepted
+    fmt = change.pop("format", None)
+    doc = {**doc, "stats": {**doc["stats"], **change}} | ({"format": fmt} if fmt else {})
+    with pytest.raises(CorruptError):
+        parse_manifest(_rehashed(doc), expect_version=version)

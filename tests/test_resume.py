@@ -10,7 +10,9 @@ dispatcher needs a real Redis); the kill of a real trainer process is in ``test_
 from __future__ import annotations
 
 import json
+import logging
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -460,3 +462,42 @@ def test_a_forged_latest_manifest_stops_the_restart_with_how_to_repair(
     with Trainer(cfg) as third:
         assert third.start() == 2 and third.weights_version == 2
         assert _same(_masters(third), masters)
+
+
+@pytest.mark.slow
+def test_a_forged_or_replayed_older_manifest_does_not_stop_a_restart(
+    redis_server: Any, tmp_path: Path, key: Path, caplog: Any
+) -> None:
+    """Issue 39: while a restarted trainer resumes, it reads older manifests (the versions whose jobs'
+    results may still come in, the parent's chain it diffs against). One forged (another key) and one
+    replayed (an older version's bytes) are damage, as a corrupt segment is: never built on, said
+    loudly (an error in the log, ``aurora_artifacts_rejected_total``), and the next version is full.
+    Once the manifests are put back, the run audits clean: the full version says its count is unknown."""
+    cfg = _config(tmp_path, redis_server.url, key=str(key))
+    with Trainer(cfg) as first:
+        first.start()
+        _steps(first, 1, 5)
+    run = open_run(cfg.store, signing_key=str(key))
+    assert [run.manifest(v).kind for v in (4, 5)] == ["full", "delta"], "the premise: version 5's chain holds 4"
+    versions = tmp_path / "run" / "versions"
+    real = {v: (versions / f"{v:010d}" / "manifest.json").read_bytes() for v in (3, 4)}
+    other, _ = signing.generate_keypair()
+    forged = signing.seal(parse_manifest(real[4], expect_version=4), signing.load_signing_key(other))
+    (versions / f"{4:010d}" / "manifest.json").write_bytes(forged.to_bytes())
+    (versions / f"{3:010d}" / "manifest.json").write_bytes((versions / f"{1:010d}" / "manifest.json").read_bytes())
+    with caplog.at_level(logging.WARNING), Trainer(cfg) as second:
+        assert second.start() == 5 and second.weights_version == 5 and second.rollback is None
+        _steps(second, 6, 7)
+        metrics = generate_latest(second.metrics.m.registry).decode()
+    said = caplog.text
+    assert "publishing version 6 as a full version instead" in said
+    assert "results of version 3's jobs will not be admitted" in said and "failed verification" in said
+    rejected = re.findall(r'aurora_artifacts_rejected_total\{[^}]*role="trainer"[^}]*\} (\S+)', metrics)
+    assert sum(float(n) for n in rejected) >= 3, metrics
+    for v, data in real.items():
+        (versions / f"{v:010d}" / "manifest.json").write_bytes(data)
+    run = open_run(cfg.store, signing_key=str(key))
+    m6 = run.manifest(6)
+    assert (m6.kind, m6.stats.counted, m6.format) == ("full", False, "aurora/5")
+    assert run.manifest(7).format != "aurora/5"
+    assert audit(run).ok

@@ -31,7 +31,7 @@ from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import now_ms
-from aurora_store.errors import ConfigError, CorruptError, MissingError, StoreError, UnauthenticatedError
+from aurora_store.errors import DAMAGE, ConfigError, CorruptError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Rollback
 from aurora_store.rl.data import DataError, PromptPool, read_records
@@ -120,6 +120,7 @@ class Trainer:
         """This trainer's Prometheus metrics (served by ``aurora train --metrics-port``)."""
         self.metrics.watch(self.coord)
         self.run.store.meter = self.metrics.m.meter(cfg.region)
+        self.run.publisher.on_refused = self.metrics.m.rejected  # a parent's chain that fails verification
         self.on_step = on_step
         self.on_phase = on_phase
         """Told ``(what, done, total)`` as the work before the first RL step goes on (the warm start)."""
@@ -318,9 +319,25 @@ class Trainer:
                     m = tip if v == latest else self.run.manifest(v)
                 except MissingError:
                     continue
+                except DAMAGE as exc:  # forged or replayed since: never built on, nothing of it admitted
+                    self._refused(exc, f"results of version {v}'s jobs will not be admitted")
+                    continue
                 self.dispatch.published_version(v, m.version_hash, m.weights_digest)
             self.dispatch.forget_predecessor()
         self.metrics.published(latest)
+
+    def _refused(self, exc: BaseException, consequence: str) -> None:
+        """Say loudly that an object of the run failed verification (log, and
+        ``aurora_artifacts_rejected_total{role="trainer"}`` for the alert) and what the trainer does
+        instead; the run goes on."""
+        self.metrics.m.rejected(exc)
+        log.error(
+            "%s: it failed verification (damaged, forged or replayed) and is not used: %s. `aurora audit %s` "
+            "names every such object; copy the good one from a region that holds it",
+            exc,
+            consequence,
+            self.run.uri,
+        )
 
     def _prompt_source(self) -> PromptSource:
         d = self.cfg.data

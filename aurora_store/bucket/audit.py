@@ -50,6 +50,9 @@ class VersionAudit:
     """Objects the manifest names (segments or shards, plus a full version's index)."""
     bytes: int | None = None
     changed: int | None = None
+    """Elements that differ from the parent; None where the manifest says it did not count them."""
+    counted: bool | None = None
+    """False for a full version published without its parent's bits (``stats.counted``, aurora/5)."""
     elements: int | None = None
     signed: bool | None = None
     key_id: str | None = None
@@ -187,7 +190,8 @@ def _manifest(reader: Reader, v: int, row: VersionAudit) -> Manifest:
     row.kind, row.version_hash, row.weights_digest = m.kind, m.version_hash, m.weights_digest
     row.parent_hash = m.parent.version_hash if m.parent else None
     row.created, row.step, row.segments = m.created, m.step, len(m.objects)
-    row.bytes, row.changed, row.elements = m.stats.bytes, m.stats.changed, m.stats.elements
+    row.bytes, row.elements, row.counted = m.stats.bytes, m.stats.elements, m.stats.counted
+    row.changed = m.stats.changed if m.stats.counted else None
     row.signed = m.signature is not None
     row.key_id = m.signature.key_id if m.signature else None
     if m.rolls_back_to is not None:
@@ -248,8 +252,8 @@ def _check_contents(
         reader.verify_files(m)
         if m.kind == "full":
             new = reader.load_full(m)
-            if state is not None and state.version == v - 1:
-                _check_full_changed(m, state, new)
+            if state is not None and state.version == v - 1 and m.stats.counted:
+                _check_full_changed(m, state, new)  # an uncounted version declares no count to check
             return new
         if state is None or state.version != v - 1:
             # the weights it applies to are unknown, and symbol streams cannot be decoded without them:
@@ -314,6 +318,7 @@ LEDGER_COLUMNS = (
     "segments",
     "bytes",
     "changed",
+    "counted",
     "elements",
     "signed",
     "key_id",
@@ -336,6 +341,7 @@ def write_ledger(result: AuditResult, path: str) -> None:
         "changed": pa.int64(),
         "elements": pa.int64(),
         "signed": pa.bool_(),
+        "counted": pa.bool_(),
     }
     schema = pa.schema([pa.field(c, types.get(c, pa.string())) for c in LEDGER_COLUMNS])
     rows = [{c: getattr(r, c) for c in LEDGER_COLUMNS} for r in result.versions]

@@ -72,9 +72,11 @@ class Part:
     entries: list[Segment]
     """The objects it uploaded: delta segments, or a full version's shards."""
     changed: int
-    """Elements of its ranges that differ from the parent (all of them without a comparable parent)."""
+    """Elements of its ranges that differ from the parent (all of them for a new chain)."""
     digest: Digest
     """Its share of the weights digest: a delta's change to the parent's, a full version's sum over its elements."""
+    counted: bool = True
+    """False when ``changed`` is unknown: a full version's part built without the parent's bits."""
 
     @property
     def bytes(self) -> int:
@@ -87,6 +89,7 @@ class Part:
             "entries": [e.to_dict(kind) for e in self.entries],
             "changed": self.changed,
             "digest": self.digest.hex(),
+            "counted": self.counted,
         }
 
     @classmethod
@@ -98,7 +101,7 @@ class Part:
             entries.append(
                 Segment(e["key"], e["size"], e["sha256"], blocks=blocks, tensors=tuple(e.get("tensors", ())))
             )
-        return cls(entries, int(d["changed"]), Digest.from_hex(d["digest"]))
+        return cls(entries, int(d["changed"]), Digest.from_hex(d["digest"]), bool(d["counted"]))
 
 
 def _block(b: Mapping[str, Any], specs: tuple[TensorSpec, ...]) -> Block:
@@ -299,13 +302,26 @@ def _add(builder: DeltaBuilder, spec: TensorSpec, old: Any, new: Any, start: int
 
 
 def elements_part(
-    specs: tuple[TensorSpec, ...], ranges: Ranges, words: Mapping[str, np.ndarray], base: Baseline | None
-) -> tuple[int, Digest]:
-    """For a full version: how many elements of the ranges changed since ``base`` (all of them
-    when it is not comparable) and the ranges' share of the weights digest (O(elements))."""
+    specs: tuple[TensorSpec, ...],
+    ranges: Ranges,
+    words: Mapping[str, np.ndarray],
+    base: Baseline | None,
+    parent: Tip | None,
+) -> tuple[int, Digest, bool]:
+    """For a full version: how many elements of the ranges changed since ``parent`` (all of them for
+    a new chain: no parent, or another tensor table), the ranges' share of the weights digest
+    (O(elements)), and whether that count is known: it is counted only against ``base`` holding the
+    parent's very bits, never against a baseline of another version."""
     digest = Digest()
     changed = 0
-    comparable = base is not None and base.fits(specs, ranges)
+    new_chain = parent is None or parent.specs != specs
+    comparable = (
+        parent is not None
+        and not new_chain
+        and base is not None
+        and base.fits(specs, ranges)
+        and base.tip.version_hash == parent.version_hash
+    )
     for s in specs:
         if s.name not in ranges:
             continue
@@ -319,4 +335,4 @@ def elements_part(
                 b = min(a + _DIGEST_CHUNK, new.size)
                 digest.add_elements(keys, np.arange(lo + a, lo + b, dtype=np.uint64), new[a:b])
         changed += int(np.count_nonzero(host(base.words[s.name]) != new)) if comparable and base else hi - lo
-    return changed, digest
+    return changed, digest, comparable or new_chain

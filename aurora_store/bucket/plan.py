@@ -51,6 +51,8 @@ class VersionInfo:
     weights_digest: str
     segments: int
     seconds: float
+    counted: bool = True
+    """False when ``changed`` is unknown (then ``elements``): see :class:`~aurora_store.format.manifest.Stats`."""
 
     @classmethod
     def of(cls, m: Manifest, seconds: float) -> VersionInfo:
@@ -64,6 +66,7 @@ class VersionInfo:
             m.weights_digest,
             len(m.objects),
             seconds,
+            m.stats.counted,
         )
 
     @property
@@ -184,16 +187,23 @@ class PublishPlan:
         step: int | None,
         meta: Mapping[str, str] | None,
         rolls_back_to: Rollback | None = None,
+        counted: bool = True,
     ) -> Manifest:
-        """The version's manifest, not yet sealed (hashed and signed), from the objects it names."""
+        """The version's manifest, not yet sealed (hashed and signed), from the objects it names.
+        ``counted`` False: a full version whose ``changed`` is unknown (published without the parent's
+        bits), written as every element with ``stats.counted`` false."""
         if (index is not None) != self.full:
             raise StoreError(f"version {self.version}: a full version names an index, a delta none")
         nbytes = sum(e.size for e in segments) + (index.size if index is not None else 0)
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + nbytes
         classed = any(b.codec == CLASSED for s in segments for b in s.blocks)
+        counted = counted or not self.same_layout  # a new chain counts every element: that is known
+        if not counted and not self.full:
+            raise StoreError(f"version {self.version}: a delta's changes are always counted")
+        elements = sum(s.numel for s in self.specs)
         return Manifest(
             # the oldest format that holds the version
-            format=format_for(classed=classed, rotation=self.rotation, rolls_back_to=rolls_back_to),
+            format=format_for(classed=classed, rotation=self.rotation, rolls_back_to=rolls_back_to, counted=counted),
             version=self.version,
             kind="full" if self.full else "delta",
             parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),
@@ -202,7 +212,7 @@ class PublishPlan:
             tensors=self.specs,
             segments=segments,
             index=index,
-            stats=Stats(sum(s.numel for s in self.specs), changed, nbytes, chain, self.full_bytes),
+            stats=Stats(elements, changed if counted else elements, nbytes, chain, self.full_bytes, counted=counted),
             weights_digest=weights_digest,
             meta=dict(meta or {}),
             files=files,

@@ -70,10 +70,10 @@ from aurora_store.bucket.plan import (
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
 from aurora_store.errors import (
+    DAMAGE,
     ConflictError,
     CorruptError,
     LimitError,
-    MissingError,
     StoreError,
     UnauthenticatedError,
     UnsupportedError,
@@ -142,6 +142,9 @@ class Publisher:
         self._markers_checked = False
         """Whether a key-rotation marker a killed predecessor left at the version this publisher commits
         without a rotation was looked for (once: this publisher writes a marker only with its rotation)."""
+        self.on_refused: Callable[[BaseException], None] | None = None
+        """Told of each object of the parent's chain that failed verification (rank 0), e.g. to count it
+        in ``aurora_artifacts_rejected_total``: the publish went on as a full version."""
 
     def on(self, collective: Collective) -> Publisher:
         """A publisher of the same run in ``collective``'s group, with a baseline of its own."""
@@ -154,7 +157,7 @@ class Publisher:
             signing_key=self.signing_key,
             collective=collective,
         )
-        p.rotating = self.rotating
+        p.rotating, p.on_refused = self.rotating, self.on_refused
         return p
 
     @property
@@ -408,15 +411,18 @@ class Publisher:
 
     def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> str | None:
         """Rank 0 loads the parent version once and sends every rank the bits of its ranges. When an
-        object of the parent's chain is damaged or missing (someone else's doing: the chain's
-        manifests verified), returns what is wrong instead, on every rank, and nothing is loaded."""
+        object or manifest of the parent's chain is damaged, missing or fails verification (a forged or
+        replayed manifest of an older version: someone else's doing, and never built on), returns what
+        is wrong instead, on every rank, and nothing is loaded."""
         comm = self.collective
         state, failure = None, None
         if comm.rank == 0:
             state, failure = _attempt(lambda: self.reader.materialize(parent.version))
             if state is not None and state.version_hash != parent.version_hash:
                 state, failure = None, ConflictError(f"{self.store.uri}: version {parent.version} changed hash")
-        damaged = isinstance(failure, (CorruptError, MissingError)) and not isinstance(failure, ConflictError)
+        damaged = isinstance(failure, DAMAGE) and not isinstance(failure, ConflictError)
+        if damaged and self.on_refused is not None:
+            self.on_refused(failure)  # type: ignore[arg-type]
         verdict = comm.broadcast_json({"damage": str(failure)} if damaged else (_report(failure) or {}))
         if "damage" in verdict:
             return str(verdict["damage"])
@@ -535,7 +541,7 @@ class Publisher:
         failure: BaseException | None = None
         uploads = self._uploads(plan.version, max_pending=self.config.concurrency)  # bounds the shards in memory
         held = {k: host(v) for k, v in share.words.items()}  # a full version is built on the host
-        counting = self.store.pool.submit(elements_part, plan.specs, share.ranges, held, self._base)
+        counting = self.store.pool.submit(elements_part, plan.specs, share.ranges, held, self._base, plan.parent)
         built: dict[str, np.ndarray] = {}
         for g, members in enumerate(plan_shards(plan.specs, self.config.shard_bytes)):
             owner = g % comm.size
@@ -567,8 +573,8 @@ class Publisher:
         counted, failed = _attempt(counting.result)
         if counted is None:
             return None, {}, failed
-        changed, digest = counted
-        return Part(entries or [], changed, digest), built, None
+        changed, digest, known = counted
+        return Part(entries or [], changed, digest, known), built, None
 
     def _put_shard(
         self, uploads: Uploads, plan: PublishPlan, ordinal: int, members: list[TensorSpec], words: Mapping[str, Any]
@@ -628,6 +634,7 @@ class Publisher:
             segments=tuple(entries),
             index=index,
             changed=sum(p.changed for p in parts),
+            counted=all(p.counted for p in parts),
             weights_digest=digest.hex(),
             files=self.files.refs(),
             step=step,

@@ -27,9 +27,15 @@ FORMAT_V4 = "aurora/4"
 """What it writes for a version that carries a field aurora/3 lacks (a key ``rotation``: see
 :class:`Rotation`; or ``rolls_back_to``: see :class:`Rollback`); any other version is written as
 before, so older readers keep reading it."""
-FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4)
+FORMAT_V5 = "aurora/5"
+"""What it writes for a full version whose ``stats.changed`` was not counted (``stats.counted`` false:
+see :class:`Stats`); aurora/5 is aurora/4 with that one field, so any other version keeps its older
+format."""
+FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4, FORMAT_V5)
 """What it reads: runs written by earlier code stay readable."""
-CLASSED_FORMATS = (FORMAT, FORMAT_V4)
+CLASSED_FORMATS = (FORMAT, FORMAT_V4, FORMAT_V5)
+ROTATING_FORMATS = (FORMAT_V4, FORMAT_V5)
+"""The formats whose manifests may carry a key rotation or a rollback."""
 """The formats whose manifests may name classed blocks."""
 LEGACY = "aurora/1"
 
@@ -124,18 +130,27 @@ class Parent:
 class Stats:
     elements: int
     changed: int
+    """Elements whose bits differ from the parent's (every element for version 0 or a layout change);
+    ``elements`` when not ``counted``."""
     bytes: int
     chain_bytes: int
     full_bytes: int
+    counted: bool = True
+    """False for a full version published without its parent's bits (a restarted publisher whose
+    parent could not be read): what changed is unknown, and ``changed`` is ``elements``. Written as
+    ``"counted": false`` (format aurora/5) and absent otherwise."""
 
-    def to_dict(self) -> dict[str, int]:
-        return {
+    def to_dict(self) -> dict[str, int | bool]:
+        d: dict[str, int | bool] = {
             "elements": self.elements,
             "changed": self.changed,
             "bytes": self.bytes,
             "chain_bytes": self.chain_bytes,
             "full_bytes": self.full_bytes,
         }
+        if not self.counted:
+            d["counted"] = False
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +231,13 @@ def raw_key_id(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def format_for(*, classed: bool, rotation: Rotation | None = None, rolls_back_to: Rollback | None = None) -> str:
-    """The oldest format that holds a version: aurora/4 only with a field aurora/3 lacks."""
+def format_for(
+    *, classed: bool, rotation: Rotation | None = None, rolls_back_to: Rollback | None = None, counted: bool = True
+) -> str:
+    """The oldest format that holds a version: aurora/4 only with a field aurora/3 lacks, aurora/5
+    only with an uncounted ``stats.changed``."""
+    if not counted:
+        return FORMAT_V5
     if rotation is not None or rolls_back_to is not None:
         return FORMAT_V4
     return FORMAT if classed else WITHOUT_CLASSED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import itertools
 import json
 import re
@@ -23,9 +24,10 @@ from aurora_store.format.keys import FILES_DIR, MAX_VERSION, check_file_name, ch
 from aurora_store.format.manifest import (
     CLASSED_FORMATS,
     FORMAT,
-    FORMAT_V4,
+    FORMAT_V5,
     FORMATS,
     LEGACY,
+    ROTATING_FORMATS,
     Block,
     Manifest,
     Parent,
@@ -212,7 +214,7 @@ def parse_manifest(
         doc,
         "manifest",
         top if fmt == LEGACY else top | {"run"},
-        ROTATION_FIELDS | {"rolls_back_to"} if fmt == FORMAT_V4 else frozenset(),
+        ROTATION_FIELDS | {"rolls_back_to"} if fmt in ROTATING_FORMATS else frozenset(),
     )
     version = r.int_(doc["version"], "version", 0, MAX_VERSION)
     if expect_version is not None and version != expect_version:
@@ -261,8 +263,7 @@ def parse_manifest(
     keys = [s.key for s in segments] + ([index.key] if index else [])
     if len(set(keys)) != len(keys) or manifest_key(version) in keys:
         raise r.fail("names an object twice (or names the manifest itself)")
-    st = r.obj(doc["stats"], "stats", {"elements", "changed", "bytes", "chain_bytes", "full_bytes"})
-    stats = Stats(*(r.int_(st[k], f"stats.{k}") for k in ("elements", "changed", "bytes", "chain_bytes", "full_bytes")))
+    stats = _parse_stats(r, doc["stats"], fmt, kind, version)
     if stats.elements != sum(t.numel for t in tensors):
         raise r.fail(f"stats.elements {stats.elements} does not match the tensor table")
     digest = r.str_(doc["weights_digest"], "weights_digest", HEX32)
@@ -300,6 +301,24 @@ def parse_manifest(
     if m.compute_hash() != m.version_hash:
         raise r.fail(f"version_hash {m.version_hash} does not match its contents ({m.compute_hash()})")
     return m
+
+
+def _parse_stats(r: _Reader, raw: Any, fmt: str, kind: str, version: int) -> Stats:
+    """``stats``; in aurora/5 also ``counted``, only ever false, only in a full version with a parent,
+    whose ``changed`` is then ``elements`` (one spelling per meaning: the hash covers the bytes)."""
+    names = ("elements", "changed", "bytes", "chain_bytes", "full_bytes")
+    st = r.obj(raw, "stats", set(names), {"counted"} if fmt == FORMAT_V5 else frozenset())
+    elements, changed, nbytes, chain, full = (r.int_(st[k], f"stats.{k}") for k in names)
+    stats = Stats(elements, changed, nbytes, chain, full)
+    if "counted" not in st:
+        return stats
+    if st["counted"] is not False:
+        raise r.fail("stats.counted may only be false (a counted version omits it)")
+    if kind != "full" or version == 0:
+        raise r.fail("stats.counted is false only in a full version with a parent")
+    if stats.changed != stats.elements:
+        raise r.fail(f"stats.changed must be stats.elements ({stats.elements}) when stats.counted is false")
+    return dataclasses.replace(stats, counted=False)
 
 
 def _parse_rollback(r: _Reader, raw: Any, parent: Parent | None) -> Rollback:
