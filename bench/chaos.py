@@ -17,6 +17,7 @@ directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -28,13 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aurora_store.errors import ConfigError
 from aurora_store.format.keys import manifest_key
 from aurora_store.options import option
+from bench import chaos_schedule
 from bench.chaos_check import summarize
-from bench.chaos_config import Config
+from bench.chaos_config import Config, from_replayable, replayable
+from bench.chaos_evidence import leave_evidence
 from bench.chaos_faults import Faults
-from bench.chaos_schedule import kinds_of, schedule
+from bench.chaos_schedule import kinds_of, plan
 from bench.chaos_supervisor import Supervisor
+from bench.chaos_sweep import parse_seeds, passed, render_sweep, sweep
 from bench.chaos_world import REGIONS, RUN, World
 from bench.output import Output, comma_list, emit, overridden
 
@@ -45,6 +50,10 @@ def measure(cfg: Config) -> dict[str, Any]:
     work = Path(cfg.workdir or tempfile.mkdtemp(prefix="aurora-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(cfg.seed)
+    planned = cfg.planned
+    if planned is None:
+        planned = plan(cfg.seed, cfg.faults, kinds_of(cfg.kinds), cfg.interval_s)
+    chaos_schedule.write(work / SCHEDULE_FILE, replayable(cfg), planned)  # first: a run that dies leaves it too
     notes: list[str] = []
     phases: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
@@ -69,13 +78,12 @@ def measure(cfg: Config) -> dict[str, Any]:
         started = _wait(sup, faults, lambda: sup.finished or _step_done(work, first), cfg.start_timeout_s)
         notes += [] if started else [f"the trainer committed no step {first} in {cfg.start_timeout_s:.0f} s"]
         phases["start_s"] = time.monotonic() - t0
-        kinds = schedule(rng, cfg.faults, kinds_of(cfg.kinds))
-        for i, kind in enumerate(kinds):
-            _wait(sup, faults, lambda: sup.finished, rng.uniform(0.5, 1.5) * cfg.interval_s)
+        for i, fault in enumerate(planned):
+            _wait(sup, faults, lambda: sup.finished, fault.gap_s)
             if sup.finished:
-                notes.append(f"the trainer finished before the schedule: {len(kinds) - i} faults not injected")
+                notes.append(f"the trainer finished before the schedule: {len(planned) - i} faults not injected")
                 break
-            faults.inject(kind)
+            faults.inject(fault.kind, fault.rng())
         phases["schedule_s"] = time.monotonic() - t0 - sum(phases.values())
         faults.tick(everything=True)  # heal every partition, restore every object, let slow actors go
         if n := faults.restore_all():
@@ -99,11 +107,28 @@ def measure(cfg: Config) -> dict[str, Any]:
     left = [g for g in sup.pgids if _lives(os.killpg, g)] + [pid for pid in servers if _lives(os.kill, pid)]
     notes += [f"processes outlived the run: {left}"] if left else []
     extra = {"phases": phases, "links": links, "gates": dict(world.gates.counts), "orphans": len(left)}
-    return summarize(
-        seed=cfg.seed, requested=cfg.faults, steps=last, prompts=cfg.prompts, faults=faults, counts=sup.counts,
+    result = summarize(
+        seed=cfg.seed, requested=len(planned), steps=last, prompts=cfg.prompts, faults=faults, counts=sup.counts,
         crashes=sup.crashes, admissions=world.admissions, regions=regions, work=work, t0=t0,
         calm_steps=cfg.calm_steps, notes=notes, extra=extra,
     )  # fmt: skip
+    result["schedule"] = str(work / SCHEDULE_FILE)
+    result["evidence"] = leave_evidence(result, work)
+    (work / RESULT_FILE).write_text(json.dumps(result) + "\n")
+    return result
+
+
+SCHEDULE_FILE = "schedule.json"
+"""What every run leaves in its work directory: its config and faults (``--replay`` runs it again)."""
+RESULT_FILE = "result.json"
+"""The run's JSON, as ``--json`` prints it, beside its logs."""
+
+
+def replay_config(path: str, workdir: str | None) -> Config:
+    """The config of a run from the schedule file it left (``--replay``), writing into ``workdir``."""
+    config, planned = chaos_schedule.read(path)
+    cfg = from_replayable(config, path)
+    return dataclasses.replace(cfg, planned=planned, faults=len(planned), workdir=workdir)
 
 
 def _wait(sup: Supervisor, faults: Faults, cond: Callable[[], bool], timeout: float) -> bool:
@@ -166,13 +191,27 @@ class Flags(Output):
     under which every step must be admitted within 2x the fault-free pace)."""
     calm_steps: int = _DEFAULT.calm_steps
     """Fault-free steps before the first fault (the pace baseline)."""
+    seeds: str | None = None
+    """Sweep seeds instead of one: a range (1-10) or a list (3,7,9); one run each, one after the
+    other, each in WORKDIR/seed-N; one JSON object with a row per seed and a summary."""
+    replay: str | None = None
+    """Run the schedule a run left (WORKDIR/schedule.json) again: its config and faults, in the same
+    order after the same waits, each drawing its targets from the same seed (other flags but --workdir
+    and --json are ignored)."""
 
 
 def run(args: Flags) -> int:
+    if args.seeds is not None and args.replay is not None:
+        raise ConfigError("--seeds and --replay: give one (a sweep draws each seed's schedule, a replay one file's)")
     with _sigterm_interrupts():
-        result = measure(overridden(_DEFAULT, args))
+        if args.seeds is not None:
+            swept = sweep(overridden(_DEFAULT, args), parse_seeds(args.seeds), measure)
+            emit(swept, args, render_sweep)
+            return 1 if swept["summary"]["failed"] else 0
+        cfg = replay_config(args.replay, args.workdir) if args.replay is not None else overridden(_DEFAULT, args)
+        result = measure(cfg)
     emit(result, args, _render)
-    return 1 if result["lost"] or not all(result["invariants"].values()) else 0
+    return 0 if passed(result) else 1
 
 
 @contextlib.contextmanager
@@ -197,4 +236,6 @@ def _render(result: dict[str, Any]) -> None:
     out.print({"faults": result["faults_injected"], "recoveries": result["recoveries"]})
     for name, ok in result["invariants"].items():
         out.print(f"  {name}: {'holds' if ok else '[red]FAILS[/]'}", *result["problems"].get(name, [])[:3])
-    out.print(f"logs: {result['workdir']}")
+    out.print(f"logs: {result['workdir']}; the schedule, to run again: --replay {result['schedule']}")
+    if result["evidence"]:
+        out.print(f"evidence of the first violated invariant: {result['evidence']}")

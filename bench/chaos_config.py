@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from aurora_store.errors import ConfigError
+from bench.chaos_schedule import Planned
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,6 +48,8 @@ class Config:
     workdir: str | None = None
     kinds: tuple[str, ...] | None = None
     """The fault kinds to draw from (`bench.chaos_schedule.KINDS`); None: all of them."""
+    planned: tuple[Planned, ...] | None = None
+    """The schedule to inject (a schedule file's, ``--replay``); None: the one ``seed`` draws."""
     calm_steps: int = 0
     """Steps the trainer completes before the first fault: their admission times are the fault-free
     baseline that steps under faults of the writer family are held to (`bench.chaos_check.pace`)."""
@@ -50,3 +57,40 @@ class Config:
     @property
     def total_steps(self) -> int:
         return self.steps or max(6, math.ceil(self.faults * self.interval_s / 2))
+
+
+_NOT_REPLAYED = ("workdir", "planned")
+"""What a schedule file does not carry: where the logs go (each run its own) and the faults (beside)."""
+
+
+def replayable(cfg: Config) -> dict[str, Any]:
+    """``cfg`` as a schedule file carries it (JSON-ready)."""
+    d = dataclasses.asdict(cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k not in _NOT_REPLAYED}
+
+
+def from_replayable(doc: dict[str, Any], what: str) -> Config:
+    """The inverse of :func:`replayable`, for a file anyone could have edited: every field known and of
+    its type (numbers finite and not negative), else ConfigError naming ``what`` and the field."""
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.name not in _NOT_REPLAYED}
+    out: dict[str, Any] = {}
+    for name, value in doc.items():
+        if name not in fields:
+            raise ConfigError(f"{what}: config.{name:.60} is not a chaos setting")
+        out[name] = _checked(value, str(fields[name].type), f"{what}: config.{name}")
+    return Config(**out)
+
+
+def _checked(value: Any, kind: str, where: str) -> Any:
+    """``value`` as a field annotated ``kind`` holds it."""
+    if value is None and kind.endswith("| None"):
+        return None
+    if kind.startswith("int") and type(value) is int and value >= 0:
+        return value
+    if kind == "float" and type(value) in (int, float) and 0 <= value < math.inf:
+        return float(value)
+    if kind == "tuple[float, float]" and isinstance(value, list) and len(value) == 2:
+        return tuple(_checked(v, "float", where) for v in value)
+    if kind.startswith("tuple[str, ...]") and isinstance(value, list) and all(isinstance(k, str) for k in value):
+        return tuple(value)
+    raise ConfigError(f"{where} must be {kind.replace('tuple', 'a list').replace(', ...', '')}, not {value!r:.60}")

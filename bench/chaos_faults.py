@@ -118,8 +118,12 @@ class Faults:
             t.fn()
             self.record({"event": "undo", "what": t.what})
 
-    def inject(self, kind: str) -> dict[str, Any]:
-        """Inject one fault of ``kind``; returns what was done (``skipped`` when there was no target)."""
+    def inject(self, kind: str, rng: Any = None) -> dict[str, Any]:
+        """Inject one fault of ``kind``, its targets drawn from ``rng`` when given (a planned fault's own,
+        `bench.chaos_schedule.Planned`) and from then on; returns what was done (``skipped`` when there
+        was no target)."""
+        if rng is not None:
+            self.rng = rng
         try:
             doc = getattr(self, kind)()
         except Exception as exc:  # a fault that could not be placed is noted, never fatal to the run
