@@ -760,23 +760,28 @@ def test_planted_markers_cost_a_reader_one_warning_and_gc_removes_them(
     assert _marker_warnings(caplog) == []
 
 
+@pytest.mark.parametrize("backend", ["file", "s3"])
 def test_a_marker_left_by_a_killed_rotation_is_removed_by_the_next_publish(
-    tmp_path: Path, keys: Keys, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, keys: Keys, caplog: pytest.LogCaptureFixture, s3_server: Any, backend: str
 ) -> None:
     """A trainer killed mid-rotation left version 3's marker but not its manifest; restarted without the
-    rotation, it publishes version 3 with the same key and removes the marker first, saying so."""
-    uri = f"file://{tmp_path}/run"
-    publish_rotated(uri, keys, n=3, rotations={})
-    store = ObjectStore(uri)
+    rotation, it publishes version 3 with the same key and removes the marker first, saying so. Where no
+    marker was left (every other start), it says nothing: an S3 delete of a missing key succeeds, so
+    the publisher looks before it deletes."""
+    opts = s3_server.options() if backend == "s3" else None
+    uri = f"s3://{s3_server.new_bucket()}/runs/exp" if backend == "s3" else f"file://{tmp_path}/run"
+    publish_rotated(uri, keys, n=3, rotations={}, storage_options=opts)
+    assert _marker_warnings(caplog) == [], "no marker, no word of one"
+    store = ObjectStore(uri, opts)
     store.put_if_absent(rotation_marker_key(3), b"")
-    run = aurora_store.open_run(uri, signing_key=keys.private["a"])
+    run = aurora_store.open_run(uri, signing_key=keys.private["a"], storage_options=opts)
     run.resume()
     run.publish(_state(3))
     run.publish(_state(4))
     run.close()
     assert not store.exists(rotation_marker_key(3))
-    assert any("removed the key-rotation marker" in m and "version 3" in m for m in _marker_warnings(caplog))
+    assert [m for m in _marker_warnings(caplog) if "removed" in m and "version 3" in m], _marker_warnings(caplog)
     caplog.clear()
-    reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
+    reader = aurora_store.open_run(uri, verify_key=keys.public["a"], storage_options=opts)
     assert_bits_equal(reader.materialize(4), _state(4))
     assert _marker_warnings(caplog) == []

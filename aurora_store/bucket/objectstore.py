@@ -228,8 +228,10 @@ class ObjectStore:
         return self.backend.sweep_temporaries(idle_s)
 
     def delete(self, keys: Sequence[str]) -> int:
-        """Remove objects ``keys`` (those already gone are fine); returns how many were there. Only
-        ``aurora gc`` deletes, and only what it has shown no one needs: objects are otherwise immutable."""
+        """Remove objects ``keys`` (those already gone are fine); returns how many removals the backend
+        made (S3 and GCS report a key that was already gone as removed too). Only ``aurora gc`` deletes,
+        and only what it has shown no one needs (and a publisher, a stray key-rotation marker): objects
+        are otherwise immutable."""
         removed = 0
         for key in keys:
             try:

@@ -420,9 +420,9 @@ class Publisher:
             state, failure = _attempt(lambda: self.reader.materialize(parent.version))
             if state is not None and state.version_hash != parent.version_hash:
                 state, failure = None, ConflictError(f"{self.store.uri}: version {parent.version} changed hash")
-        damaged = isinstance(failure, DAMAGE) and not isinstance(failure, ConflictError)
-        if damaged and self.on_refused is not None:
-            self.on_refused(failure)  # type: ignore[arg-type]
+        damaged = isinstance(failure, DAMAGE)
+        if failure is not None and damaged and self.on_refused is not None:
+            self.on_refused(failure)
         verdict = comm.broadcast_json({"damage": str(failure)} if damaged else (_report(failure) or {}))
         if "damage" in verdict:
             return str(verdict["damage"])
@@ -665,21 +665,25 @@ class Publisher:
     def _remove_leftover_marker(self, version: int) -> None:
         """Before committing ``version`` without a rotation, remove the key-rotation marker a trainer
         killed mid-rotation left there (written before its manifest, which never committed): it would
-        cost every new reader a read and a warning for the life of the run."""
+        cost every new reader a read and a warning for the life of the run. Looked for once per
+        publisher (one HEAD): an S3 delete says nothing of whether the key was there."""
         key = rotation_marker_key(version)
+        self._markers_checked = True
         try:
-            if self.store.delete([key]):
-                log.warning(
-                    "%s: removed the key-rotation marker a publish that did not commit left at version %d "
-                    "(this version rotates no key)",
-                    self.store.uri,
-                    version,
-                )
+            if not self.store.exists(key):
+                return
+            self.store.delete([key])
         except StoreError as exc:  # a bucket that refuses deletes: readers warn of it; gc removes it
             log.warning(
                 "%s: could not remove the stray key-rotation marker at version %d: %s", self.store.uri, version, exc
             )
-        self._markers_checked = True
+            return
+        log.warning(
+            "%s: removed the key-rotation marker a publish that did not commit left at version %d "
+            "(this version rotates no key)",
+            self.store.uri,
+            version,
+        )
 
     def _put_manifest(self, key: str, data: bytes, m: Manifest) -> None:
         # These very bytes already there are this publisher's commit: its create-only request was
