@@ -76,6 +76,24 @@ class Renewer:
         with self._lock:
             return sorted(self._held)
 
+    def expiry(self, lease: Lease) -> float:
+        """When ``lease`` runs out unless renewed again (Unix time, by this process's clock): a lease
+        after its last renewal, or its own deadline if this renewer does not hold it."""
+        with self._lock:
+            h = self._held.get(lease.job)
+        if h is None or h.lease.token != lease.token:
+            return lease.deadline_ms / 1000
+        return time.time() - (time.monotonic() - h.since) + h.window_s
+
+    def drop_all(self) -> list[tuple[Lease, float]]:
+        """Stop renewing everything (the actor is leaving): each lease it held, with its :meth:`expiry`."""
+        with self._lock:
+            held = list(self._held.values())
+        out = [(h.lease, self.expiry(h.lease)) for h in held]
+        with self._lock:
+            self._held.clear()
+        return out
+
     def period_s(self) -> float | None:
         """Seconds until the next renewal round; None while nothing is held."""
         with self._lock:

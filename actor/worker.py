@@ -27,6 +27,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import torch
@@ -108,6 +109,8 @@ class Worker:
         """The leases this actor holds, renewed while their jobs run."""
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
+        self._unreleased: list[tuple[Lease, float]] = []
+        """Leases given back while stopping that Redis could not be told of, with when they expire."""
         self.broken: str | None = None
         """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
         self.rewards: RewardPool | None = None
@@ -352,9 +355,16 @@ class Worker:
             self._generate(batch)
 
     def _give_back(self, lease: Lease) -> None:
-        """Hand a lease back to the trainer (it leases the job again) and stop renewing it."""
+        """Hand a lease back to the trainer (it leases the job again) and stop renewing it. While the
+        actor is stopping, one that Redis cannot be told of is kept for :meth:`_leave` to name."""
+        expires = self.renewer.expiry(lease)
         self.renewer.done(lease)
-        self.board.release(lease)
+        try:
+            self.board.release(lease)
+        except CoordinationError:
+            if not self.stop.is_set():
+                raise
+            self._unreleased.append((lease, expires))
 
     def _prompt(self, lease: Lease) -> Prompt:
         """The job's prompt, its ids checked against the model (the trainer tokenized it; an older
@@ -390,8 +400,7 @@ class Worker:
                     "actor %s: stopping while its rewards were scored; giving back %d leases", self.wid, len(batch) - i
                 )
                 for unscored, _ in batch[i:]:
-                    with contextlib.suppress(CoordinationError):
-                        self._give_back(unscored)
+                    self._give_back(unscored)
                 return None
             tokens += sum(len(c.token_ids) for c in comps)
         return tokens
@@ -463,12 +472,53 @@ class Worker:
                     self._apply()
                     self.wake.poke()
             except CoordinationError as exc:
+                if self.stop.is_set():
+                    break  # stopping: what Redis could not be told is said once, by _leave
                 log.warning("actor %s: %s", self.wid, exc)
                 self._reregister.set()
                 self.busy.clear()
                 self.stop.wait(0.5)
-        with contextlib.suppress(CoordinationError):
+        self._leave()
+
+    def _leave(self) -> None:
+        """What a stopping actor owes the trainer: every lease it still holds given back (the trainer
+        leases those jobs again at once) and its registration removed. What Redis cannot be told (cut
+        off, restarting) is said in one line: which leases, and when they and the registration expire
+        on their own (then the trainer leases the jobs again and counts the actor gone)."""
+        owed = self._unreleased + self.renewer.drop_all()
+        self._unreleased = []
+        failed: list[tuple[Lease, float]] = []
+        error: CoordinationError | None = None
+        for lease, expires in owed:
+            try:
+                self.board.release(lease)
+            except CoordinationError as exc:
+                failed.append((lease, expires))
+                error = exc
+        try:
             self.coord.workers.unregister(self.wid)
+            registered = False
+        except CoordinationError as exc:
+            registered, error = True, error or exc
+        if error is None:
+            if owed:
+                log.info("actor %s: stopping; gave back %d leases", self.wid, len(owed))
+            return
+        now = time.time()
+        said = []
+        if failed:
+            last = max(e for _, e in failed)
+            jobs = ", ".join(lease.job for lease, _ in failed[:8]) + (", ..." if len(failed) > 8 else "")
+            said.append(
+                f"{len(failed)} leases not given back (jobs {jobs}) expire by {_utc(last)}, in "
+                f"{max(0.0, last - now):.0f} s, and the trainer leases those jobs again then"
+            )
+        if registered:
+            said.append(
+                f"its registration expires within {self.cfg.rollout.heartbeat_s:.0f} s of its last heartbeat "
+                "(the trainer then counts it gone)"
+            )
+        log.warning("actor %s: stopped without reaching Redis (%s): %s", self.wid, error, "; ".join(said))
 
     def close(self) -> None:
         """End what this actor started: its threads (given :data:`CLOSE_WAIT_S` to finish what they do,
@@ -483,6 +533,10 @@ class Worker:
             self.rewards = None
         self.board.close()
         self.coord.close()
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S UTC")
 
 
 def run(cfg: WorkerConfig) -> int:

@@ -424,3 +424,29 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
     for m in deltas:
         ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in m.segments}
         assert ordinals == {0, 1}, f"version {m.version}: segments from both ranks ({[s.key for s in m.segments]})"
+
+
+def test_an_actor_stopped_while_cut_off_from_redis_says_what_it_could_not_give_back(loop: Loop) -> None:
+    """Issue 39: SIGTERM reaches an actor mid-batch while its Redis is unreachable. It exits 0, and its
+    last words name the leases it could not give back and when they expire on their own (the trainer
+    leases those jobs again then), not a bare 'Connection closed by server'."""
+    loop.trainer("--steps", "3")
+    slow = loop.actor("slow", "--slowdown", "100", "--batch", "2")
+
+    def busy() -> set[str]:
+        return {j for j, h in loop.jobs().items() if h.get("actor") == "slow" and h.get("state") == "leased"}
+
+    loop.wait(lambda: bool(busy()), "the slow actor to be mid-batch", 900)
+    held = busy()
+    loop.redis_server.kill()
+    slow.send_signal(signal.SIGTERM)
+    try:
+        rc = slow.wait(deadline(120))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the actor did not stop:\n{loop.logs()}")
+    said = loop.log("slow")
+    assert rc == 0, said
+    last = [line for line in said.splitlines() if "stopped without reaching Redis" in line]
+    assert last, said
+    assert "leases not given back" in last[-1] and "expire by" in last[-1], last[-1]
+    assert any(job in last[-1] for job in held), (held, last[-1])
