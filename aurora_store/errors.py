@@ -60,6 +60,12 @@ class UnauthenticatedError(StoreError):
     """A manifest is unsigned, signed by another key, or its signature is wrong."""
 
 
+class KeyHistoryError(UnauthenticatedError):
+    """A signed run's key history cannot be read past a key rotation: that rotation version's manifest
+    is damaged, forged, replayed or missing, so no version signed after it can be verified from this
+    bucket until the manifest is repaired (:attr:`url` names it)."""
+
+
 DAMAGE = (CorruptError, MissingError, UnauthenticatedError)
 """What an object or manifest that failed verification raises (damaged, missing, forged or replayed):
 someone else's doing, never built on, and not cured by retrying the read (unlike a plain StoreError)."""

@@ -31,7 +31,15 @@ from aurora_store.coord.coordinator import Coordinator, RegionAnnouncer
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import now_ms
-from aurora_store.errors import DAMAGE, ConfigError, CorruptError, MissingError, StoreError, UnauthenticatedError
+from aurora_store.errors import (
+    DAMAGE,
+    ConfigError,
+    CorruptError,
+    KeyHistoryError,
+    MissingError,
+    StoreError,
+    UnauthenticatedError,
+)
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Rollback
 from aurora_store.rl.data import DataError, PromptPool, read_records
@@ -221,6 +229,13 @@ class Trainer:
             return
         try:
             self.run.manifest(latest)
+        except KeyHistoryError as exc:  # an older rotation's manifest: nothing after it verifies
+            raise KeyHistoryError(
+                f"{exc}. No version signed after it verifies from this bucket, so a trainer cannot go on. If "
+                f"that version was committed, copy its verified manifest from a region that holds it (`aurora "
+                f"audit REGION_URI` says which do) over {exc.url}; then start the trainer again",
+                url=exc.url,
+            ) from None
         except (UnauthenticatedError, CorruptError) as exc:
             if latest == 0 or not self._verifies(latest - 1):
                 return

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from aurora_store.bucket.limits import Limits
-from aurora_store.errors import ChainError, MissingError, StoreError, UnauthenticatedError, about
+from aurora_store.errors import ChainError, KeyHistoryError, MissingError, StoreError, UnauthenticatedError, about
 from aurora_store.format import signing
 from aurora_store.format.keys import VERSIONS_DIR, committed_version, manifest_key, rotation_marker_version
 from aurora_store.format.manifest import LEGACY, Manifest, RunIdentity
@@ -190,6 +190,9 @@ class KeyChain:
                 f"(keys: {keys.describe()}; is its {m.version:010d}/key-rotation marker missing?)"
             )
         if not keys.trusts(self.verify_key):
+            bad = self._bad_rotation
+            if bad is not None:  # the verify key may be the one that unverifiable rotation brought in
+                raise bad[1]
             raise UnauthenticatedError(
                 f"{what}: the run is signed by key {era.key_id} (keys: {keys.describe()}), the verify key "
                 f"given is {signing.key_id(self.verify_key)}"
@@ -292,11 +295,7 @@ class KeyChain:
                         continue
                     keys.add(read, url)
                 except StoreError as exc:
-                    err = (
-                        exc
-                        if isinstance(exc, UnauthenticatedError)
-                        else UnauthenticatedError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
-                    )
+                    err = KeyHistoryError(f"the key rotation at version {r} cannot be verified: {exc}", url=url)
                     self._bad_rotation, self._covered = (r, err), r - 1
                     return
         finally:
