@@ -216,10 +216,13 @@ def test_a_batch_longer_than_its_lease_keeps_it_and_a_paused_holder_loses_it(loo
     admitted under the one lease each job got; once the holder stops (SIGSTOP: no heartbeat, no renewal)
     its jobs expire a lease later and another actor does them."""
     lease_ms = 2000
-    trainer = loop.trainer("--steps", "2", "--lease-s", str(lease_ms / 1000))
-    # ~20-40 ms of generation a batch here, x300: 6-12 s, three to six leases (longer under load, which is
-    # why the test takes two steps, not more: each batch's time grows with the machine's load)
-    slow = loop.actor("slow", "--slowdown", "300", "--batch", str(PROMPTS))
+    # the reward takes a quarter of a second a completion: a batch of PROMPTS x GROUP completions lasts at
+    # least 8 s, four leases, however fast the machine (x300 generation time alone was 3.6 s on a quiet
+    # one); generation is slowed too, so that the batch lasts longer still under load
+    trainer = loop.trainer(
+        "--steps", "2", "--lease-s", str(lease_ms / 1000), "--reward", "tests.reward_fns:slow_to_score"
+    )
+    slow = loop.actor("slow", "--slowdown", "30", "--batch", str(PROMPTS))
     loop.wait(lambda: len(loop.steps()) >= 1, "a step on the slow actor alone", 1200)
     assert loop.steps()[0]["dropped"].get("lease_lost", 0) == 0, loop.steps()[0]
     first = {j: h for j, h in loop.jobs().items() if h.get("step") == "1"}
