@@ -359,7 +359,12 @@ class Relay:
                 except StoreError as exc:  # a bad announcement or a bad object: counted, never fatal
                     self.reject(f"event {e.id}", exc)
                     need_scan = True
-        coord.workers.unregister(wid)
+                except CoordinationError as exc:  # Redis cut or refusing mid-event: the buckets are the truth
+                    log.warning("relay %s: %s; will catch up by scanning", self.dest_region, exc)
+                    need_scan = True
+                    break
+        with contextlib.suppress(CoordinationError):  # stopping while Redis is away: the registration expires
+            coord.workers.unregister(wid)
         self.close()
 
     def _starting(self, stop: threading.Event, fn: Callable[[], T]) -> T:

@@ -468,3 +468,32 @@ def test_a_relay_says_it_serves_only_once_its_startup_backfill_is_done(
     wait_for(relay_says, "the relay serving")
     assert all(versions == list(range(6)) for serving, versions in seen if serving)
     assert seen[-1] == (True, list(range(6)))
+
+
+def test_a_junk_region_entry_or_a_redis_error_mid_event_does_not_kill_a_relay(
+    tmp_path: Path, redis_server: RedisServer, relays: Callable[..., RelayProcess]
+) -> None:
+    """Issue 39 (a chaos sweep's relay died of `ConnectionError` while handling an event): a Redis error in
+    the middle of an event is waited out like one while reading events (the buckets are the truth: the
+    relay rescans). Here it is one anyone who can write Redis causes: eu's version entry overwritten with
+    a string, so the commit script met WRONGTYPE on every commit; the script now replaces such junk."""
+    run_id = f"exp-{uuid.uuid4().hex[:6]}"
+    home, eu = f"file://{tmp_path}/home/{run_id}", f"file://{tmp_path}/eu/{run_id}"
+    coord = Coordinator(redis_server.url, run_id)
+    publish(home, 1, coord=coord)
+    relay = relays(
+        "--source", home, "--dest", eu, "--redis", redis_server.url, "--dest-region", "eu", "--rescan-s", "600"
+    )
+    wait_for(lambda: aurora_store.open_run(eu).versions() == [0], "version 0 in eu")
+    coord.r.set(coord.key("region", "eu"), "junk")
+    coord.r.set(coord.key("commits", "eu"), "junk")
+    hist = publish(home, 2, coord=coord, start=1)
+    wait_for(lambda: aurora_store.open_run(eu).versions() == [0, 1, 2], "versions 1-2 in eu")
+    wait_for(
+        lambda: (coord.regions.version("eu") or aurora_store.coord.regions.RegionVersion(-1, "", "")).version == 2,
+        "eu's version entry rebuilt",
+    )
+    assert bits_equal(aurora_store.open_run(eu).materialize(2), hist[1])
+    assert relay.proc.poll() is None, relay.stop()
+    err = relay.stop()
+    assert "Traceback" not in err and "aurora: error" not in err, err[-2000:]

@@ -31,6 +31,13 @@ COMMITS_MAXLEN = 1_000
 
 # KEYS: region, events, commits.  ARGV: version, version_hash, kind, now_ms, events maxlen, commits maxlen
 _COMMIT = """
+-- an entry of another type (anyone who can write Redis may have put it there) is junk: the bucket is the
+-- truth and the next commit rebuilds it, so it is replaced rather than failing every commit for good
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then redis.call('DEL', KEYS[1]) end
+for i = 2, 3 do
+  local t = redis.call('TYPE', KEYS[i]).ok
+  if t ~= 'stream' and t ~= 'none' then redis.call('DEL', KEYS[i]) end
+end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '')
 if cur and cur >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'version_hash', ARGV[2], 'kind', ARGV[3], 'updated_ms', ARGV[4])
