@@ -36,10 +36,3 @@ def dies(prompt: str, completion: str, answer: str) -> float:
 
 
 NOT_CALLABLE = 5
-
-
-def slow_to_score(prompt: str, completion: str, answer: str) -> float:
-    """A quarter of a second a completion (not the warm-up's): a batch whose length no machine's speed changes."""
-    if completion != "0":
-        time.sleep(0.25)
-    return min(len(completion) / 10, 1.0)
