@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -557,20 +558,28 @@ def test_an_actor_refuses_a_forged_rotation_and_keeps_its_weights(rotated: tuple
 # ---------------------------------------------------------------- the trainer
 
 
-def test_a_trainer_rotates_with_the_option_and_refuses_the_new_key_alone(
-    redis_server: Any, tmp_path: Path, keys: Keys
-) -> None:
+def _trainer_config(tmp_path: Path, redis_url: str) -> Callable[..., Any]:
+    """A trainer's config for the run under ``tmp_path``, given its signing key and the key to rotate to."""
     from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
-    from trainer.loop import Trainer
 
     def cfg(signing_key: str, rotate: str | None = None) -> TrainerConfig:
         return TrainerConfig(
             store=f"file://{tmp_path}/run",
-            redis=redis_server.url,
+            redis=redis_url,
             run_id="rotate",
             optim=OptimizerConfig(sft_steps=0),
             publish=PublishConfig(signing_key=signing_key, rotate_signing_key=rotate),
         )
+
+    return cfg
+
+
+def test_a_trainer_rotates_with_the_option_and_refuses_the_new_key_alone(
+    redis_server: Any, tmp_path: Path, keys: Keys
+) -> None:
+    from trainer.loop import Trainer
+
+    cfg = _trainer_config(tmp_path, redis_server.url)
 
     key = {k: str(tmp_path / f"{k}.key") for k in "ab"}
     with Trainer(cfg(key["a"])) as trainer:
@@ -599,17 +608,9 @@ def test_a_replayed_rotation_manifest_stops_a_restart_with_how_to_repair(
     """Issue 39: the manifest of an older rotation version replaced by another version's bytes. No version
     signed after it can be verified from this bucket, so a restarting trainer cannot go on: it stops
     naming that manifest and how to repair it (before, a bare 'cannot be verified'); put back, it resumes."""
-    from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
     from trainer.loop import Trainer
 
-    def cfg(signing_key: str, rotate: str | None = None) -> TrainerConfig:
-        return TrainerConfig(
-            store=f"file://{tmp_path}/run",
-            redis=redis_server.url,
-            run_id="rotate",
-            optim=OptimizerConfig(sft_steps=0),
-            publish=PublishConfig(signing_key=signing_key, rotate_signing_key=rotate),
-        )
+    cfg = _trainer_config(tmp_path, redis_server.url)
 
     key = {k: str(tmp_path / f"{k}.key") for k in "ab"}
     with Trainer(cfg(key["a"])) as trainer:
