@@ -174,6 +174,21 @@ def _damage_segment(root: Any, version: int) -> tuple[Any, bytes]:
     return seg, good
 
 
+def _published_over_a_damaged_parent(tmp_path: Any) -> tuple[str, Any, tuple[Any, bytes]]:
+    """Versions 0 (full) and 1 (delta), then version 1's segment truncated and version 2 published by a
+    restarted publisher (no baseline, the parent unreadable): the run's URI, version 2's info, and the
+    damaged segment with its true bytes."""
+    uri = (tmp_path / "run").as_uri()
+    run = aurora_store.open_run(uri)
+    w = _weights()
+    run.publish(w)
+    w["w"][0] += 1
+    run.publish(w, kind="delta")
+    damaged = _damage_segment(tmp_path / "run", 1)
+    w["w"][1] += 1
+    return uri, aurora_store.open_run(uri).publish(w), damaged
+
+
 def test_a_full_version_published_without_its_parents_bits_audits_clean_once_the_parent_is_repaired(
     tmp_path: Any,
 ) -> None:
@@ -182,15 +197,7 @@ def test_a_full_version_published_without_its_parents_bits_audits_clean_once_the
     it does not have, so its manifest says the count is unknown (format aurora/5), and audit checks
     what the manifest declares: once the parent is repaired, the run audits clean, and ``ls`` says
     that the count is unknown rather than showing every element as changed."""
-    uri = (tmp_path / "run").as_uri()
-    run = aurora_store.open_run(uri)
-    w = _weights()
-    run.publish(w)
-    w["w"][0] += 1
-    run.publish(w, kind="delta")
-    seg, good = _damage_segment(tmp_path / "run", 1)
-    w["w"][1] += 1
-    info = aurora_store.open_run(uri).publish(w)  # restarted: no baseline, the parent unreadable
+    uri, info, (seg, good) = _published_over_a_damaged_parent(tmp_path)
     assert info.kind == "full"
     seg.write_bytes(good)  # repaired (or the read fault was on the way only)
     reopened = aurora_store.open_run(uri)
@@ -259,14 +266,7 @@ def _rehashed(doc: dict[str, Any]) -> bytes:
 def test_the_uncounted_field_is_checked_by_the_parser(tmp_path: Any, version: int, change: dict[str, Any]) -> None:
     """``stats.counted`` (aurora/5) has one spelling, false, only in a full version with a parent,
     with ``changed`` equal to ``elements``; the parser refuses anything else with a CorruptError."""
-    uri = (tmp_path / "run").as_uri()
-    run = aurora_store.open_run(uri)
-    w = _weights()
-    run.publish(w)
-    w["w"][0] += 1
-    run.publish(w, kind="delta")
-    _damage_segment(tmp_path / "run", 1)
-    aurora_store.open_run(uri).publish(w)
+    _published_over_a_damaged_parent(tmp_path)
     doc = json.loads((tmp_path / "run" / "versions" / f"{version:010d}" / "manifest.json").read_bytes())
     parse_manifest(_rehashed(doc), expect_version=version)  # as written: accepted
     fmt = change.pop("format", None)
