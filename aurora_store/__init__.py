@@ -24,6 +24,7 @@ from aurora_store.errors import (
     MissingError,
     StoreError,
     UnauthenticatedError,
+    UnreachableError,
     UnsupportedError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "RunConfig",
     "StoreError",
     "UnauthenticatedError",
+    "UnreachableError",
     "UnsupportedError",
     "VersionInfo",
     "open_run",

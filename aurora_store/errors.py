@@ -71,6 +71,11 @@ DAMAGE = (CorruptError, MissingError, UnauthenticatedError)
 someone else's doing, never built on, and not cured by retrying the read (unlike a plain StoreError)."""
 
 
+class UnreachableError(StoreError):
+    """The bucket's endpoint did not answer: the connection was refused, reset or timed out, or the
+    endpoint could not be resolved. Unlike bad credentials or a missing bucket, waiting may cure it."""
+
+
 class ConflictError(StoreError):
     """A write lost a race: the object or version already exists with other content."""
 

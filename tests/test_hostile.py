@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -309,6 +311,7 @@ def test_errors_are_one_family() -> None:
         aurora_store.ConflictError,
         aurora_store.LayoutError,
         aurora_store.UnsupportedError,
+        aurora_store.UnreachableError,
     ):
         assert issubclass(cls, StoreError) and issubclass(cls, ValueError)
     assert issubclass(MissingError, FileNotFoundError)
@@ -324,8 +327,43 @@ def test_unknown_protocol_and_unreachable_backend(tmp_path: Any) -> None:
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
     }
     run = aurora_store.open_run("s3://bucket/run", storage_options=dead)
-    with pytest.raises(StoreError, match="storage backend error"):
+    with pytest.raises(aurora_store.UnreachableError, match="storage backend error.*does not answer"):
         run.versions()
+
+
+def test_an_endpoint_that_answers_with_an_error_is_not_unreachable() -> None:
+    """Issue 39: only an endpoint that does not answer is worth waiting for; one that refuses (here every
+    request gets 403 AccessDenied, as with wrong credentials) is a plain StoreError at once."""
+
+    class Denying(http.server.BaseHTTPRequestHandler):
+        def _deny(self) -> None:
+            body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+            self.send_response(403)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = do_POST = _deny
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Denying)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        options = {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{server.server_address[1]}"},
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+        }
+        run = aurora_store.open_run("s3://bucket/run", storage_options=options)
+        with pytest.raises(StoreError) as caught:
+            run.versions()
+        assert not isinstance(caught.value, aurora_store.UnreachableError), caught.value
+    finally:
+        server.shutdown()
 
 
 def test_bad_key_material(tmp_path: Any) -> None:

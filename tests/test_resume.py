@@ -14,6 +14,8 @@ import logging
 import random
 import re
 import shutil
+import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from aurora_store.errors import ChainError, ConfigError, CorruptError, StoreErro
 from aurora_store.format import signing, trainer_state
 from aurora_store.format.manifest import Rollback
 from aurora_store.format.manifest_parser import parse_manifest
+from aurora_store.testing.processes import wait_for
 from trainer.config import OptimizerConfig, PublishConfig, TrainerConfig
 from trainer.loop import Trainer
 from trainer.state import TENSORS, load_state, saved_versions
@@ -501,3 +504,45 @@ def test_a_forged_or_replayed_older_manifest_does_not_stop_a_restart(
     assert (m6.kind, m6.stats.counted, m6.format) == ("full", False, "aurora/5")
     assert run.manifest(7).format != "aurora/5"
     assert audit(run).ok
+
+
+def test_a_trainer_started_during_a_storage_outage_waits_for_its_bucket(
+    redis_server: Any, s3_server: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Issue 39: a trainer (re)started while its bucket's endpoint does not answer waits for it, saying so,
+    and starts once it answers, rather than exiting into its supervisor's restart loop."""
+    from bench.chaos_gates import Gates
+
+    gates = Gates()
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    gate = gates.add("home", (host, int(port)))
+    opts = {
+        **s3_server.options(),
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{gate}", "region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+    }
+    cfg = replace(_config(tmp_path, redis_server.url), store=f"s3://{s3_server.new_bucket()}/run", storage_options=opts)
+    started: list[int] = []
+    errors: list[BaseException] = []
+    caplog.set_level(logging.WARNING, logger="aurora.trainer")
+    try:
+        gates.partition("home", "refuse")
+        with Trainer(cfg) as trainer:
+
+            def start() -> None:
+                try:
+                    started.append(trainer.start())
+                except BaseException as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=start, daemon=True)
+            thread.start()
+            wait_for(lambda: "bucket does not answer" in caplog.text or not thread.is_alive(), "the wait", timeout=120)
+            assert not errors and not started, (errors, started)
+            gates.partition("home", None)
+            thread.join(300)
+            assert not errors, errors
+            assert started == [0]
+        assert open_run(cfg.store, storage_options=opts).versions() == [0]
+    finally:
+        gates.close()

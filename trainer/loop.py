@@ -39,6 +39,7 @@ from aurora_store.errors import (
     MissingError,
     StoreError,
     UnauthenticatedError,
+    UnreachableError,
 )
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Rollback
@@ -57,6 +58,11 @@ from trainer.state import StateWriter, resume_state
 from trainer.step import StepStats, optimizer_step
 
 log = logging.getLogger("aurora.trainer")
+
+BUCKET_WAIT_S = 600.0
+"""How long a starting trainer waits for a bucket whose endpoint does not answer (a storage outage, a
+network cut) before it exits; a bucket that answers with an error (bad credentials, no such bucket, a
+damaged latest version) stops it at once."""
 
 
 @dataclass(slots=True)
@@ -163,10 +169,7 @@ class Trainer:
     def start(self) -> int:
         """Build or restore the policy on every rank; returns the version it is at."""
         if self.dist.main:
-            self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
-            self._check_tip()
-            if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
-                self.run.publisher.check_signer()  # this trainer's keys can sign the run's next version, or say why not
+            self._until_reachable(self._check_bucket)
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
         recorded = policies.recorded_spec(self.run) if latest is not None else None
         self.policy = (
@@ -218,6 +221,33 @@ class Trainer:
         self.metrics.published(0)
         self._load_reference()
         return 0
+
+    def _check_bucket(self) -> None:
+        """What a trainer makes sure of in its bucket before it builds on it (reads, and idempotent)."""
+        self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
+        self._check_tip()
+        if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
+            self.run.publisher.check_signer()  # this trainer's keys can sign the run's next version, or say why not
+
+    @staticmethod
+    def _until_reachable(fn: Callable[[], None], wait_s: float = BUCKET_WAIT_S) -> None:
+        """Run ``fn`` again, with backoff and each try logged, while the bucket's endpoint does not answer,
+        for up to ``wait_s``: a supervisor restarting a trainer into an outage then finds it waiting, not
+        dead. Any other error is raised at once."""
+        deadline, pause = time.monotonic() + wait_s, 0.5
+        while True:
+            try:
+                return fn()
+            except UnreachableError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise UnreachableError(f"{exc}; waited {wait_s:.0f} s for it to answer", url=exc.url) from None
+                pause = min(pause, left)
+                log.warning(
+                    "the run's bucket does not answer (%s); trying again in %.1f s, for %.0f s more", exc, pause, left
+                )
+                time.sleep(pause)
+                pause = min(2 * pause, 15.0)
 
     def _check_tip(self) -> None:
         """The run's latest version verifies, or the trainer stops before anything, saying how to repair

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from aurora_store.errors import ConflictError, CorruptError, MissingError, StoreError, UnsupportedError
+from aurora_store.errors import (
+    ConflictError,
+    CorruptError,
+    MissingError,
+    StoreError,
+    UnreachableError,
+    UnsupportedError,
+)
 from aurora_store.localfile import NotRegularFile
 from aurora_store.redact import redact
 
@@ -211,10 +218,39 @@ def translated(url: str) -> Iterator[None]:
             raise ConflictError(f"{url} already exists", url=url) from exc
         if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
             raise MissingError(f"{url} does not exist", url=url) from exc
-        raise StoreError(
-            f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500] + _credentials_hint(exc),
-            url=url,
-        ) from exc
+        said = f"{url}: storage backend error: {type(exc).__name__}: {redact(str(exc))}"[:500]
+        if unreachable(exc):
+            raise UnreachableError(said + "; the bucket's endpoint does not answer", url=url) from exc
+        raise StoreError(said + _credentials_hint(exc), url=url) from exc
+
+
+_UNREACHABLE = frozenset(
+    {
+        "ConnectionError",  # the builtin's family (refused, reset, aborted) and botocore's of the same name
+        "TimeoutError",  # the builtin (asyncio's is the same class since Python 3.11)
+        "EndpointConnectionError",  # botocore, a subclass of its ConnectionError; named for clarity
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",  # aiohttp (gcsfs, s3fs's async sessions)
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+    }
+)
+"""Exception classes (matched by name along the class hierarchy: no backend is imported) that mean the
+endpoint did not answer, as opposed to answering with an error."""
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc``, or what it was raised from, says the endpoint did not answer."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from
+        if seen is None:
+            return False
+        if any(cls.__name__ in _UNREACHABLE for cls in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 _NO_CREDENTIALS = frozenset(
