@@ -348,7 +348,7 @@ def test_the_new_key_alone_is_told_to_rotate(tmp_path: Path, keys: Keys) -> None
     publish_rotated(uri, keys, n=2, rotations={})
     run = aurora_store.open_run(uri, signing_key=keys.private["b"])
     with pytest.raises(UnauthenticatedError, match="--rotate-signing-key"):
-        run.publisher.check_signer()
+        run.publisher.planner.check_signer()
     with pytest.raises(UnauthenticatedError, match="rotate"):
         run.publish(_state(5))
 
@@ -359,8 +359,8 @@ def test_a_restart_with_the_rotation_option_rotates_once(tmp_path: Path, keys: K
     publish_rotated(uri, keys, n=2, rotations={})
     for restart in range(2):
         run = aurora_store.open_run(uri, signing_key=keys.private["a"])
-        run.publisher.rotate_to(keys.private["b"])
-        run.publisher.check_signer()
+        run.signing.rotate_to(keys.private["b"])
+        run.publisher.planner.check_signer()
         run.resume()
         info = run.publish(_state(10 + restart))
         assert run.signer == keys.id("b")
@@ -756,7 +756,7 @@ def test_a_restart_with_the_retired_key_alone_is_told_it_was_retired(rotated: tu
     uri, _ = rotated
     run = aurora_store.open_run(uri, signing_key=keys.private["a"])
     with pytest.raises(UnauthenticatedError, match=f"key {keys.id('a')} was retired at version 3") as err:
-        run.publisher.check_signer()
+        run.publisher.planner.check_signer()
     assert f"signed by key {keys.id('c')} now" in str(err.value) and "--rotate-signing-key" not in str(err.value)
 
 

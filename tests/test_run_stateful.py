@@ -18,7 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import aurora_store
 from aurora_store import ConflictError, LayoutError
 from aurora_store.bucket.audit import audit
-from aurora_store.bucket.parts import Baseline, Uploads, encode_delta, whole
+from aurora_store.bucket.delta_part import encode_delta
+from aurora_store.bucket.parts import Baseline, Uploads, whole
 from aurora_store.bucket.run import Run
 from aurora_store.tensors import to_words
 from tests.helpers import bits_equal, state_dict, step
@@ -87,10 +88,10 @@ class RunMachine(RuleBasedStateMachine):
         """A publisher uploads every segment of the next version, then dies before its manifest."""
         crashed = self._open()
         specs, words = to_words(self._next(lr))
-        tip = crashed.publisher.tip()
+        tip = crashed.publisher.planner.tip()
         if tip is None or tip.specs != specs:
             return  # the last version changed the layout: no delta to crash in
-        plan = crashed.publisher.plan(specs, kind="delta")
+        plan = crashed.publisher.planner.plan(specs, kind="delta")
         assert plan.parent == tip
         state = crashed.materialize_words(plan.parent.version)
         base = Baseline(plan.parent, whole(specs), state.words)

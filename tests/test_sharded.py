@@ -24,8 +24,7 @@ from torch import nn
 import aurora_store
 from aurora_store import StoreError, UnsupportedError
 from aurora_store.bucket.audit import audit
-from aurora_store.bucket.parts import range_table, whole
-from aurora_store.bucket.publisher import Share
+from aurora_store.bucket.parts import Share, range_table, whole
 from aurora_store.format.delta import DeltaBuilder
 from aurora_store.format.manifest import Parent, TensorSpec
 from aurora_store.tensors import to_words

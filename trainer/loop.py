@@ -128,7 +128,7 @@ class Trainer:
             signing_key=cfg.publish.signing_key,
         )
         if cfg.publish.rotate_signing_key is not None:  # the first version published is the rotation
-            self.run.publisher.rotate_to(cfg.publish.rotate_signing_key)
+            self.run.signing.rotate_to(cfg.publish.rotate_signing_key)
         self.run.announcer = RegionAnnouncer(self.coord, cfg.region)
         self.metrics = TrainerMetrics(cfg.region)
         """This trainer's Prometheus metrics (served by ``aurora train --metrics-port``)."""
@@ -157,7 +157,7 @@ class Trainer:
         """Set after a resume from an older state than the latest version's, for the next version to record."""
         self.origin: str | None = None
         """The run's identity (version 0's hash), which every saved state is bound to."""
-        self.states = StateWriter(self.run, write=self.dist.main, signer=self._signer)
+        self.states = StateWriter(self.run, write=self.dist.main)
         """Saves the state of committed versions off the training thread."""
         self.metrics.watch_states(self.states.cost)
         self.rng = random.Random(cfg.seed)
@@ -188,7 +188,7 @@ class Trainer:
             admissions=self._admissions,
             stores=self._result_stores(),
             identity=ResultGate.of(self.cfg.fleet_key, self.cfg.run_id, revoked=self.cfg.revoked_actors),
-            signer=self._signer,
+            signer=lambda: self.run.signing_key,  # after a key rotation, the new key
         )
         self.dispatch.on_lost = self._announce_again
         self.metrics.watch_dispatch(self.dispatch)
@@ -227,7 +227,7 @@ class Trainer:
         self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
         self._check_tip()
         if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
-            self.run.publisher.check_signer()  # this trainer's keys can sign the run's next version, or say why not
+            self.run.publisher.planner.check_signer()  # the trainer's keys can sign the next version, or why not
 
     @staticmethod
     def _until_reachable(fn: Callable[[], None], wait_s: float = BUCKET_WAIT_S) -> None:
@@ -284,11 +284,6 @@ class Trainer:
         except StoreError:
             return False
         return True
-
-    def _signer(self) -> Any:
-        """The key the version just published is signed with (after a key rotation, the new one)."""
-        publisher = getattr(self, "publisher", None)
-        return publisher.publisher.signing_key if publisher is not None else self.run.signing_key
 
     def _save_state(self, version: int, version_hash: str, *, then: Callable[[], object] | None = None) -> None:
         """Start saving the state of ``version`` off the training thread; ``then`` runs once it is saved."""

@@ -16,8 +16,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from aurora_store.bucket.parts import Share
 from aurora_store.bucket.plan import Kind, VersionInfo
-from aurora_store.bucket.publisher import Publisher, Share
+from aurora_store.bucket.publisher import Publisher
 from aurora_store.bucket.run import Run
 from aurora_store.format.manifest import Rollback
 from aurora_store.rl import runspec

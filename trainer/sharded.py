@@ -1,5 +1,5 @@
 """Which elements of each HF tensor this rank owns under FSDP2, and those elements' words: the
-rank's :class:`~aurora_store.bucket.publisher.Share` of what the trainer publishes.
+rank's :class:`~aurora_store.bucket.parts.Share` of what the trainer publishes.
 
 Every FSDP2 parameter is a DTensor sharded on dim 0, so a rank's local shard is one contiguous
 range of the flattened tensor; tensors every rank holds whole are published by rank 0 only.
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from aurora_store.bucket.publisher import Share
+from aurora_store.bucket.parts import Share
 from aurora_store.errors import UnsupportedError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import tied_names

@@ -166,15 +166,10 @@ class StateWriter:
     further back): both are raised by the next :meth:`flush` (or :meth:`save`) on the training thread,
     as a failure of what follows a save is."""
 
-    def __init__(
-        self, run: Run, *, write: bool = True, signer: Callable[[], Ed25519PrivateKey | None] | None = None
-    ) -> None:
+    def __init__(self, run: Run, *, write: bool = True) -> None:
         self.run = run
         self.write = write
         """False on the ranks of a sharded trainer other than rank 0: they only join the gathers."""
-        self.signer = signer if signer is not None else lambda: run.signing_key
-        """The key that signs the version being saved (the run's key at that version: after a key
-        rotation, the new one), read when a save starts."""
         self.cost = SaveCost()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aurora-state")
         self._pending: tuple[_Capture, Future[None]] | None = None
@@ -202,7 +197,7 @@ class StateWriter:
         self.flush()  # one state at a time: a writer that falls behind holds the training thread here
         t0 = time.perf_counter()
         capture = _capture(version, version_hash, origin, model, opt, rng, extra or {}, sharded=sharded)
-        capture.then, capture.key = then, self.signer()
+        capture.then, capture.key = then, self.run.signing_key  # after a key rotation, the new key
         if self.write:
             self._pending = (capture, self._pool.submit(self._write, capture))
         elif then is not None:

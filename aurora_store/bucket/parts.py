@@ -5,14 +5,15 @@ trainer), each over the elements it owns: a *range* ``[lo, hi)`` of each flatten
 publishes, the whole tensor for a single process. Each diffs its ranges against its
 :class:`Baseline` (the bits it last published, the only copy of the model it keeps), uploads
 sealed segments, and reports a :class:`Part`: the objects it wrote, the elements it changed and
-its share of the additive weights digest. :class:`~aurora_store.bucket.publisher.Publisher`
-drives these pieces and turns the parts into the manifest.
+its share of the additive weights digest. :mod:`~aurora_store.bucket.delta_part` and
+:mod:`~aurora_store.bucket.full_part` build a rank's part of either kind;
+:class:`~aurora_store.bucket.publisher.Publisher` drives them and turns the parts into the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,14 @@ import numpy as np
 
 from aurora_store import codec
 from aurora_store.bucket.announce import Announcements
+from aurora_store.bucket.collective import Collective
 from aurora_store.bucket.objectstore import ObjectStore, Staged
-from aurora_store.bucket.plan import PublishPlan, Tip
+from aurora_store.bucket.plan import Tip
+from aurora_store.bucket.run_config import RunConfig
 from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
 from aurora_store.format.delta import DeltaBuilder, SealedObject
-from aurora_store.format.digest import Digest, tensor_keys
+from aurora_store.format.digest import Digest
 from aurora_store.format.manifest import Block, Segment, TensorSpec, canonical
 
 Words = Mapping[str, Any]
@@ -35,12 +38,46 @@ integer tensor on the weights' device (``aurora_store.tensors.word_views``), whi
 then extracted on (:mod:`aurora_store.device`)."""
 Ranges = Mapping[str, tuple[int, int]]
 """Tensor name -> the flat element range ``[lo, hi)`` a publisher owns (tensors it does not publish are absent)."""
-_DIGEST_CHUNK = 1 << 20
 
 
 def whole(specs: Iterable[TensorSpec]) -> dict[str, tuple[int, int]]:
     """Every element of every tensor: what a single-process publisher owns."""
     return {s.name: (0, s.numel) for s in specs if s.numel}
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one publisher publishes of a model: the whole tensor table, and for each tensor it
+    publishes part of, the flat element range ``[lo, hi)`` it owns and that range's words (host
+    word arrays, or word tensors on the weights' device, where its deltas are then extracted)."""
+
+    specs: tuple[TensorSpec, ...]
+    ranges: dict[str, tuple[int, int]]
+    words: dict[str, Any]
+
+    @classmethod
+    def whole(cls, specs: tuple[TensorSpec, ...], words: Mapping[str, Any]) -> Share:
+        """Every element of every tensor: what a single process publishes."""
+        ranges = whole(specs)
+        missing = sorted(ranges.keys() - words.keys())
+        if missing:
+            raise StoreError(f"no words for tensor {missing[0]!r:.100} of the tensor table")
+        return cls(specs, ranges, {k: words[k] for k in ranges})
+
+
+@dataclass(frozen=True, slots=True)
+class PartContext:
+    """What building one rank's part needs besides the plan and the share: the store it writes to,
+    where its uploads are announced, the run's sizes and limits, and the group of publishers."""
+
+    store: ObjectStore
+    announcements: Announcements
+    config: RunConfig
+    collective: Collective
+
+    def uploads(self, version: int, *, max_pending: int | None = None, hold: bool = False) -> Uploads:
+        """Uploads of objects of ``version`` on the store's pool, each announced as it lands."""
+        return Uploads(self.store, version, self.announcements, max_pending=max_pending, hold=hold)
 
 
 def range_table(
@@ -255,84 +292,3 @@ class Uploads:
         if self._failure is not None:
             raise self._failure
         return list(self._entries)
-
-
-def encode_delta(
-    plan: PublishPlan,
-    base: Baseline,
-    words: Words,
-    uploads: Uploads,
-    *,
-    segment_bytes: int,
-    classed: bool = True,
-    rank: int = 0,
-    world: int = 1,
-) -> tuple[DeltaBuilder, bool]:
-    """Diff the publisher's ranges (``words``, against ``base``) into segments, submitting each to
-    ``uploads`` as it is sealed. Rank ``r`` of ``world`` numbers its segments r, r + world, ... so
-    ranks never collide. ``classed``: whether float blocks may use the classed codec. Returns the
-    builder and whether it stopped early: a delta the plan may turn full stops as soon as this
-    publisher's bytes alone make the chain outgrow a full copy (nothing more is worth encoding)."""
-    builder = DeltaBuilder(
-        plan.version, plan.specs, segment_bytes, first_ordinal=rank, ordinal_step=world, use_classed=classed
-    )
-    for s in plan.specs:
-        if s.name not in base.ranges:
-            continue
-        for obj in _add(builder, s, base.beside(s.name, words[s.name]), words[s.name], base.ranges[s.name][0]):
-            uploads.submit(obj)
-        if plan.outgrows(builder.encoded_bytes):
-            return builder, True
-    for obj in builder.finish():
-        uploads.submit(obj)
-    return builder, False
-
-
-def _add(builder: DeltaBuilder, spec: TensorSpec, old: Any, new: Any, start: int) -> Iterator[SealedObject]:
-    """One tensor's changes into ``builder``, extracted where its words live."""
-    if isinstance(new, np.ndarray):
-        return builder.add_tensor(spec, old, new, start=start)
-    from aurora_store import device  # torch: only for a publisher whose words are on a device
-
-    dt = dtypes.dtype(spec.dtype)
-    if not dt.sparse:  # integers, bools, F64: a changed tensor is written whole, from the host
-        return builder.add_tensor(spec, host(old), host(new), start=start)
-    ex = device.extract(old, new, dt.exponent)
-    return builder.add_extracted(spec, ex, new.numel(), start, lambda lo, hi: device.sizes(old[lo:hi], dt.exponent))
-
-
-def elements_part(
-    specs: tuple[TensorSpec, ...],
-    ranges: Ranges,
-    words: Mapping[str, np.ndarray],
-    base: Baseline | None,
-    parent: Tip | None,
-) -> tuple[int, Digest, bool]:
-    """For a full version: how many elements of the ranges changed since ``parent`` (all of them for
-    a new chain: no parent, or another tensor table), the ranges' share of the weights digest
-    (O(elements)), and whether that count is known: it is counted only against ``base`` holding the
-    parent's very bits, never against a baseline of another version."""
-    digest = Digest()
-    changed = 0
-    new_chain = parent is None or parent.specs != specs
-    comparable = (
-        parent is not None
-        and not new_chain
-        and base is not None
-        and base.fits(specs, ranges)
-        and base.tip.version_hash == parent.version_hash
-    )
-    for s in specs:
-        if s.name not in ranges:
-            continue
-        lo, hi = ranges[s.name]
-        new = words[s.name]
-        keys = tensor_keys(s.name, s.dtype, s.shape)
-        if lo == 0 and hi == s.numel:
-            digest.add_tensor(keys, new)  # whole tensors use every core
-        else:
-            for a in range(0, new.size, _DIGEST_CHUNK):
-                b = min(a + _DIGEST_CHUNK, new.size)
-                digest.add_elements(keys, np.arange(lo + a, lo + b, dtype=np.uint64), new[a:b])
-        changed += int(np.count_nonzero(host(base.words[s.name]) != new)) if comparable and base else hi - lo
-    return changed, digest, comparable or new_chain

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from aurora_store.bucket.announce import Announcements, Announcer
 from aurora_store.bucket.attachments import Attachments
 from aurora_store.bucket.objectstore import ObjectStore
+from aurora_store.bucket.parts import Share
 from aurora_store.bucket.plan import Kind, VersionInfo
-from aurora_store.bucket.publisher import Publisher, Share
+from aurora_store.bucket.publisher import Publisher
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
+from aurora_store.bucket.signer import Signer
 from aurora_store.bucket.state import StateStore
 from aurora_store.errors import MissingError, StoreError
 from aurora_store.format import signing
@@ -51,12 +53,15 @@ class Run:
         if self.config.full_every < 1:
             raise StoreError(f"full_every must be >= 1, got {self.config.full_every}")
         self.store = ObjectStore(uri, storage_options, concurrency=self.config.concurrency)
-        self.signing_key = signing.load_signing_key(signing_key) if signing_key is not None else None
+        key = signing.load_signing_key(signing_key) if signing_key is not None else None
         vk = signing.load_verify_key(verify_key) if verify_key is not None else None
-        if vk is None and self.signing_key is not None:  # a publisher reads its own signed run with its own key
-            self.reader = Reader(self.store, self.config.limits, self.signing_key.public_key(), insist=False)
+        if vk is None and key is not None:  # a publisher reads its own signed run with its own key
+            self.reader = Reader(self.store, self.config.limits, key.public_key(), insist=False)
         else:
             self.reader = Reader(self.store, self.config.limits, vk)
+        self.signing = Signer(key, self.reader, self.store.uri)
+        """The key this run's versions (and the trainer's states) are signed with, and a pending rotation:
+        one for the run, shared by its publishers, so a rotation moves every signer of the run."""
         self.files = Attachments(self.store)
         """The run's attached files (config.json, tokenizer files)."""
         self.state = StateStore(self.store)
@@ -68,7 +73,7 @@ class Run:
             self.config,
             files=self.files,
             announcements=self._announcements,
-            signing_key=self.signing_key,
+            signer=self.signing,
         )
         """Commits this process's versions (:meth:`publish`); ``publisher.on(collective)`` publishes with
         other ranks."""
@@ -116,8 +121,14 @@ class Run:
 
     @property
     def signer(self) -> str | None:
-        """The key id this run's publisher signs with (None: it does not sign)."""
-        return self.publisher.signer
+        """The key id this run's versions are signed with now (None: they are not signed)."""
+        return self.signing.key_id
+
+    @property
+    def signing_key(self) -> Any:
+        """The Ed25519 private key this run's versions are signed with now (after a rotation commits, the
+        new one); None: they are not signed."""
+        return self.signing.key
 
     def resume(self) -> Tip | None:
         """Hold the last committed version's bits as this process's baseline now (what a restarted
@@ -166,11 +177,9 @@ class Run:
         """:meth:`publish` for callers that already hold bit patterns (flat little-endian word
         arrays, as :func:`aurora_store.tensors.to_words` makes them, or flat word tensors on a
         device, whose deltas are then extracted there): benchmarks and tools that build words themselves."""
-        info = self.publisher.publish(
+        return self.publisher.publish(
             Share.whole(specs, words), kind=kind, step=step, meta=meta, version=version, rotate_to=rotate_to
         )
-        self.signing_key = self.publisher.signing_key  # a rotation moved it to the new key
-        return info
 
     def close(self) -> None:
         self.store.close()
