@@ -1,9 +1,10 @@
 """``python -m actor.follow``: a weight-sync-only actor that follows its region's versions.
 
-It bootstraps, then stages each new version as soon as its region's commit wakes it (the same
-:class:`~actor.wakeups.Wakeups` listener the RL worker uses, on the commits stream only) and
-applies it at once (there is no engine between batches here). Used by the multi-process tests
-and as the smallest example of the updater; the RL worker loop drives the same Updater.
+It bootstraps, then brings its weights to each new version as soon as its region's commit wakes
+it (the same :class:`~actor.wakeups.Wakeups` listener the RL worker uses, on the commits stream
+only), staging and applying at once (there is no engine between batches here), through the same
+:class:`~actor.follower.Follower` the RL worker follows with. Used by the multi-process tests and
+as the smallest example of following a run.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import signal
 import threading
 
 from actor.config import SyncConfig
+from actor.follower import Follower
+from actor.metrics import ActorMetrics
 from actor.updater import Held, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
+from aurora_store.errors import ChainError
 from aurora_store.options import add_options, build
 
 CHECK_S = 0.5
@@ -37,6 +41,22 @@ def main(argv: list[str] | None = None) -> int:
     wake = Wakeups(coord, args.worker_id, args.region, block_s=CHECK_S)
     listener = threading.Thread(target=wake.run, args=(stop,), name="aurora-wakeups", daemon=True)
     listener.start()
+
+    def applied(held: Held) -> None:
+        with contextlib.suppress(CoordinationError):
+            _report(coord, args.worker_id, held)
+
+    follower = Follower(
+        up,
+        wake,
+        ActorMetrics(args.region, args.worker_id),
+        who=args.worker_id,
+        stop=stop,
+        check_s=CHECK_S,
+        verify_live=args.verify_live,
+        on_applied=applied,
+        on_broken=stop.set,
+    )
     held = up.bootstrap()
     seen, registered = wake.seq, False
     while not stop.is_set():
@@ -52,16 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         except CoordinationError:
             registered = False  # Redis is down or restarted: keep following the bucket meanwhile
         latest = up.latest()  # the region's version in Redis, or the bucket's when Redis has none
-        if latest is not None and latest > held.version:
-            up.stage(latest)
-            held = up.apply() or held
-            with contextlib.suppress(CoordinationError):
-                _report(coord, args.worker_id, held)
+        if latest is not None:
+            try:
+                follower.advance_to(latest, wait_s=0)  # staged and applied at once; reported by applied()
+            except ChainError:  # --verify-live: the weights read back are not the version's (logged)
+                break
+        held = up.held or held
         seen = wake.wait_commit(seen, CHECK_S)  # a commit wakes it at once; else a look every CHECK_S
     listener.join(timeout=5)
     with contextlib.suppress(CoordinationError):
         coord.workers.unregister(args.worker_id)
-    return 0
+    return 4 if follower.broken is not None else 0
 
 
 def _report(coord: Coordinator, worker_id: str, held: Held) -> None:

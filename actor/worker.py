@@ -35,6 +35,7 @@ import torch
 from actor import assemble
 from actor.config import WorkerConfig
 from actor.engines.base import Completion
+from actor.follower import Follower
 from actor.identity import Identity
 from actor.metrics import ActorMetrics
 from actor.outbox import Outbox
@@ -49,7 +50,6 @@ from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
 from aurora_store.errors import (
     AuroraError,
-    ChainError,
     CorruptError,
     LayoutError,
     MissingError,
@@ -84,7 +84,6 @@ class Worker:
         if self.fallback is not None:
             self.fallback.store.meter = self.metrics.m.meter("fallback")
         self.stop = threading.Event()
-        self.busy = threading.Event()
         self.outbox = Outbox(
             self.board,
             self.run.store,
@@ -111,8 +110,6 @@ class Worker:
         """Set by the heartbeat when this actor's state in Redis is gone."""
         self._unreleased: list[tuple[Lease, float]] = []
         """Leases given back while stopping that Redis could not be told of, with when they expire."""
-        self.broken: str | None = None
-        """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
@@ -126,6 +123,12 @@ class Worker:
     def _held_version(self) -> int:
         up = getattr(self, "up", None)  # None until the engine is up
         return up.held.version if up is not None and up.held is not None else 0
+
+    @property
+    def broken(self) -> str | None:
+        """Why the actor stopped on its own engine's state (``--verify-live`` found other weights)."""
+        follower = getattr(self, "follower", None)  # None until the engine is up
+        return follower.broken if follower is not None else None
 
     @property
     def refused(self) -> bool:
@@ -175,6 +178,18 @@ class Worker:
             live=self.engine.live,
         )
         self.up.on_refused = self.metrics.m.rejected
+        self.follower = Follower(
+            self.up,
+            self.wake,
+            self.metrics,
+            who=self.wid,
+            stop=self.stop,
+            check_s=self.cfg.rollout.check_s,
+            verify_live=self.cfg.sync.verify_live,
+            on_applied=self._applied,
+            on_broken=self.halt,
+        )
+        """Stages and applies the region's versions for the engine."""
         held = self._retrying("bootstrap", self.up.bootstrap)
         self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
@@ -190,7 +205,7 @@ class Worker:
             "say its version",
             lambda: self.coord.workers.update(self.wid, version=held.version, version_hash=held.version_hash),
         )
-        self._applied(held)
+        self.follower.applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
@@ -237,28 +252,8 @@ class Worker:
         if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
             time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
 
-    def _stage(self, target: int) -> None:
-        t0 = time.perf_counter()
-        self.up.stage(target)
-        self.metrics.staged(time.perf_counter() - t0)
-
-    def _apply(self, since: float | None = None) -> None:
-        """Apply what is staged (at a safe point); ``since``: when generation began to wait for it."""
-        t0 = time.perf_counter()
-        staged = self.up.staged
-        if staged is not None:
-            what = "a full version" if staged.full is not None else f"{staged.changed} changed elements"
-            log.info("actor %s: applying version %d (%s)", self.wid, staged.version, what)
-        held = self.up.apply()
-        if held is not None:
-            done = time.perf_counter()
-            self.metrics.switched(apply_s=done - t0, pause_s=done - (t0 if since is None else since))
-            self._applied(held)
-
     def _applied(self, held: Held) -> None:
-        if self.cfg.sync.verify_live:
-            self._verify(held)
-        self.metrics.held(held.version)
+        """A version is the engine's now: tell the engine, and note it for the trainer's report."""
         self.engine.applied(held.version, held.version_hash)
         with contextlib.suppress(CoordinationError):
             self.coord.note(
@@ -268,64 +263,6 @@ class Worker:
                 version=held.version,
                 ms=int(time.time() * 1000),
             )
-
-    def _verify(self, held: Held) -> None:
-        """The engine's weights, read back, are exactly the version's (``--verify-live``): after a delta
-        staged in the engine, the positions it wrote (O(changed)); after a load, every word (O(model))."""
-        got, how = self.up.verify()
-        if got != held.weights_digest:
-            self.broken = (
-                f"the engine's weights at version {held.version} have digest {got}, the manifest says "
-                f"{held.weights_digest}"
-            )
-            log.error("actor %s: %s; stopping", self.wid, self.broken)
-            self.halt()
-            raise ChainError(f"actor {self.wid}: {self.broken}")
-        log.info("actor %s: live weights verified at version %d (%s)", self.wid, held.version, how)
-
-    def _stager(self) -> None:
-        """Stage ahead while the engine generates: one version ahead when busy, the latest when idle.
-        Looks when a commit reaches the region (or the main loop applied one), and every ``check_s``."""
-        while not self.stop.is_set():
-            seen = self.wake.seq
-            try:
-                latest = self.up.latest()
-                self.metrics.region_at(latest)
-                held = self.up.held
-                if latest is not None and held is not None and latest > held.version:
-                    target = held.version + 1 if self.busy.is_set() else latest
-                    staged = self.up.staged
-                    if staged is None or staged.version < target:
-                        self._stage(target)
-                        self.wake.kick.set()  # an idle main loop applies it now
-                        continue
-            except AuroraError as exc:
-                if self.stop.is_set():
-                    return  # stopping: its clients may be closed under it
-                log.warning("actor %s: staging failed: %s", self.wid, exc)
-                if self.stop.wait(0.5):
-                    return
-            self.wake.wait_commit(seen, timeout=self.cfg.rollout.check_s)
-
-    def _advance_to(self, version: int, *, wait_s: float) -> bool:
-        """Hold exactly ``version``: wait for it to reach this region, stage it, apply it. False if
-        it did not arrive in ``wait_s``."""
-        assert self.up.held is not None
-        if version > self.up.held.version:
-            since = time.perf_counter()
-            give_up = time.monotonic() + wait_s
-            seen = self.wake.seq
-            while (self.up.latest() or -1) < version:  # the relay is still copying it to this region
-                left = give_up - time.monotonic()
-                if left <= 0 or self.stop.is_set():
-                    return False
-                seen = self.wake.wait_commit(seen, timeout=min(left, 1.0))
-            staged = self.up.staged
-            if staged is None or staged.version != version:
-                self._stage(version)
-            self._apply(since)
-            self.wake.poke()  # the stager looks for the next one
-        return True
 
     def serve(self, leases: list[Lease]) -> None:
         by_version: dict[int, list[tuple[Lease, Prompt]]] = defaultdict(list)
@@ -344,7 +281,7 @@ class Worker:
                 continue
             wait_s = max(0.0, min(lease.deadline_ms for lease, _ in batch) / 1000 - time.time())
             try:
-                ready = self._advance_to(version, wait_s=wait_s)
+                ready = self.follower.advance_to(version, wait_s=wait_s)
             except AuroraError as exc:
                 log.warning("actor %s: cannot reach version %d: %s", self.wid, version, exc)
                 ready = False
@@ -446,7 +383,7 @@ class Worker:
     def loop(self) -> None:
         self._threads = [
             threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True),
-            threading.Thread(target=self._stager, name="stager", daemon=True),
+            threading.Thread(target=self.follower.run, name="stager", daemon=True),
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
             threading.Thread(target=self.renewer.run, args=(self.stop,), name="renewer", daemon=True),
         ]
@@ -464,19 +401,19 @@ class Worker:
                 leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0)
                 self.renewer.hold(leases)
                 if leases:
-                    self.busy.set()
+                    self.follower.busy.set()
                     self.serve(leases)
-                    self.busy.clear()
+                    self.follower.busy.clear()
                     self.wake.kick.set()  # more may wait: take again before waiting
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
-                    self._apply()
+                    self.follower.apply()
                     self.wake.poke()
             except CoordinationError as exc:
                 if self.stop.is_set():
                     break  # stopping: what Redis could not be told is said once, by _leave
                 log.warning("actor %s: %s", self.wid, exc)
                 self._reregister.set()
-                self.busy.clear()
+                self.follower.busy.clear()
                 self.stop.wait(0.5)
         self._leave()
 
