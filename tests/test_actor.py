@@ -230,7 +230,7 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
 
 @pytest.mark.slow
 def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: RedisServer) -> None:
-    region = followed_region(tmp_path, redis_server.url, "actor-2")
+    region = followed_region(tmp_path, redis_server.url, "actor-2", "--verify-live")  # each version read back
     run, coord = region.run, region.coord
     proc = region.start()
     try:
