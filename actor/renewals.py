@@ -11,7 +11,8 @@ taken until its result is submitted (renewed until then, it leaves the trainer a
 admit it) or it is given back; one the trainer is done with early (moved to another actor, past
 the hold the trainer allows) answers 0 to a renewal and is let go. An actor
 that stops (killed, paused, cut off from Redis) stops renewing, and its leases expire a lease after
-the last renewal, as before. An idle actor holds nothing and sends nothing.
+the last renewal, as before. An idle actor holds nothing and sends nothing. A leaving actor gives
+back what it holds (:meth:`Renewer.give_back_all`), so the trainer leases those jobs again at once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ log = logging.getLogger("aurora.actor")
 
 MIN_PERIOD_S = 0.05
 """Renewals never come closer than this."""
+
+
+@dataclass(frozen=True, slots=True)
+class GivenBack:
+    """What a leaving actor's :meth:`Renewer.give_back_all` did: how many leases it owed the trainer,
+    those Redis could not be told of (each with when it expires on its own), and why not."""
+
+    owed: int
+    failed: list[tuple[Lease, float]]
+    error: CoordinationError | None
 
 
 @dataclass(slots=True)
@@ -53,6 +64,8 @@ class Renewer:
         self._last_round: float | None = None
         self.renewed = 0
         """Renewals made (each moved one lease's deadline on)."""
+        self._unreleased: list[tuple[Lease, float]] = []
+        """Leases given back while stopping that Redis could not be told of, with when they expire."""
 
     def hold(self, leases: Sequence[Lease]) -> None:
         """Keep ``leases`` (just taken) until the trainer is done with them."""
@@ -93,6 +106,35 @@ class Renewer:
         with self._lock:
             self._held.clear()
         return out
+
+    def give_back(self, lease: Lease, *, stopping: bool = False) -> None:
+        """Hand ``lease`` back to the trainer (it leases the job again) and stop renewing it. While the
+        actor is ``stopping``, one that Redis cannot be told of is kept for :meth:`give_back_all` to name."""
+        expires = self.expiry(lease)
+        self.done(lease)
+        try:
+            self.board.release(lease)
+        except CoordinationError:
+            if not stopping:
+                raise
+            with self._lock:
+                self._unreleased.append((lease, expires))
+
+    def give_back_all(self) -> GivenBack:
+        """Give back every lease still held, and those :meth:`give_back` could not while stopping (the
+        actor is leaving: the trainer leases those jobs again at once)."""
+        with self._lock:
+            owed, self._unreleased = self._unreleased, []
+        owed += self.drop_all()
+        failed: list[tuple[Lease, float]] = []
+        error: CoordinationError | None = None
+        for lease, expires in owed:
+            try:
+                self.board.release(lease)
+            except CoordinationError as exc:
+                failed.append((lease, expires))
+                error = exc
+        return GivenBack(len(owed), failed, error)
 
     def period_s(self) -> float | None:
         """Seconds until the next renewal round; None while nothing is held."""

@@ -108,8 +108,6 @@ class Worker:
         """The leases this actor holds, renewed while their jobs run."""
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
-        self._unreleased: list[tuple[Lease, float]] = []
-        """Leases given back while stopping that Redis could not be told of, with when they expire."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
@@ -292,16 +290,9 @@ class Worker:
             self._generate(batch)
 
     def _give_back(self, lease: Lease) -> None:
-        """Hand a lease back to the trainer (it leases the job again) and stop renewing it. While the
-        actor is stopping, one that Redis cannot be told of is kept for :meth:`_leave` to name."""
-        expires = self.renewer.expiry(lease)
-        self.renewer.done(lease)
-        try:
-            self.board.release(lease)
-        except CoordinationError:
-            if not self.stop.is_set():
-                raise
-            self._unreleased.append((lease, expires))
+        """Hand a lease back to the trainer (it leases the job again); while stopping, one Redis cannot
+        be told of is named by :meth:`_leave`."""
+        self.renewer.give_back(lease, stopping=self.stop.is_set())
 
     def _prompt(self, lease: Lease) -> Prompt:
         """The job's prompt, its ids checked against the model (the trainer tokenized it; an older
@@ -422,24 +413,16 @@ class Worker:
         leases those jobs again at once) and its registration removed. What Redis cannot be told (cut
         off, restarting) is said in one line: which leases, and when they and the registration expire
         on their own (then the trainer leases the jobs again and counts the actor gone)."""
-        owed = self._unreleased + self.renewer.drop_all()
-        self._unreleased = []
-        failed: list[tuple[Lease, float]] = []
-        error: CoordinationError | None = None
-        for lease, expires in owed:
-            try:
-                self.board.release(lease)
-            except CoordinationError as exc:
-                failed.append((lease, expires))
-                error = exc
+        given = self.renewer.give_back_all()
+        failed, error = given.failed, given.error
         try:
             self.coord.workers.unregister(self.wid)
             registered = False
         except CoordinationError as exc:
             registered, error = True, error or exc
         if error is None:
-            if owed:
-                log.info("actor %s: stopping; gave back %d leases", self.wid, len(owed))
+            if given.owed:
+                log.info("actor %s: stopping; gave back %d leases", self.wid, given.owed)
             return
         now = time.time()
         said = []
