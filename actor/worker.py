@@ -167,27 +167,16 @@ class Worker:
         self.tok = assemble.tokenizer(self.spec, files)
         self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s, stop=self.stop)
         self.engine = assemble.engine(self.run, self.spec, files, self.cfg.engine, self.wid)
-        self.up = Updater(
-            self.run,
-            region=self.cfg.sync.region,
-            coord=self.coord,
-            fallback=self.fallback,
-            worker_id=self.wid,
-            live=self.engine.live,
+        self.follow(
+            Updater(
+                self.run,
+                region=self.cfg.sync.region,
+                coord=self.coord,
+                fallback=self.fallback,
+                worker_id=self.wid,
+                live=self.engine.live,
+            )
         )
-        self.up.on_refused = self.metrics.m.rejected
-        self.follower = Follower(
-            self.up,
-            self.wake,
-            self.metrics,
-            who=self.wid,
-            stop=self.stop,
-            check_s=self.cfg.rollout.check_s,
-            verify_live=self.cfg.sync.verify_live,
-            on_applied=self._applied,
-            on_broken=self.halt,
-        )
-        """Stages and applies the region's versions for the engine."""
         held = self._retrying("bootstrap", self.up.bootstrap)
         self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
@@ -205,6 +194,24 @@ class Worker:
         )
         self.follower.applied(held)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+
+    def follow(self, up: Updater) -> None:
+        """Follow the region's versions through ``up`` (over the engine's live weights): what
+        :meth:`setup` does once the engine is up, and what a caller that builds the engine itself does."""
+        self.up = up
+        up.on_refused = self.metrics.m.rejected
+        self.follower = Follower(
+            up,
+            self.wake,
+            self.metrics,
+            who=self.wid,
+            stop=self.stop,
+            check_s=self.cfg.rollout.check_s,
+            verify_live=self.cfg.sync.verify_live,
+            on_applied=self._applied,
+            on_broken=self.halt,
+        )
+        """Stages and applies the region's versions for the engine."""
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` until it succeeds (or the actor is stopped): a damaged region, a Redis that is

@@ -100,9 +100,12 @@ def build_parser() -> Parser:
 
     # roles and benchmarks; every role declares how it reads a config file when its module loads, so all
     # are loaded before any registers (a role's defaults come from the whole file, checked)
-    registers = [ep.load() for ep in sorted(entry_points(group="aurora.commands"), key=lambda e: e.name)]
-    for register in [*registers, register_config, register_identity]:
+    commands = sorted(entry_points(group="aurora.commands"), key=lambda e: e.name)
+    for register in [*(ep.load() for ep in commands), register_config, register_identity]:
         register(sub)
+    if "bench" not in {ep.name for ep in commands}:
+        p = sub.add_parser("bench", add_help=False, help="benchmarks (not installed here: see `aurora bench`)")
+        p.set_defaults(handler=cmd_no_bench, parses_rest=True)
 
     p = sub.add_parser(
         "gc",
@@ -218,6 +221,14 @@ def _progress(console: Console) -> Iterator[Progress]:
 
 
 # ---------------------------------------------------------------- ls
+
+
+def cmd_no_bench(args: argparse.Namespace) -> int:
+    """``aurora bench`` where the benchmarks are not installed: say how to get them."""
+    raise CommandError(
+        "the benchmarks are not installed here: they are a distribution of their own, beside the product in "
+        "its repository (bench/pyproject.toml). From a clone: pip install -e ./bench (make does it)"
+    )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """``aurora bench NAME``: registered through the ``aurora.commands`` entry point, like the roles.
 
-Each benchmark is a module ``bench.NAME`` with a ``Flags`` dataclass (its command line, derived by
+Each benchmark is a module (:data:`MODULES`) with a ``Flags`` dataclass (its command line, derived by
 :func:`aurora_store.options.add_options` as the roles' are), ``run(flags)``, and ``PRESETS`` when
 some flags default to a preset's values (``--help`` shows them). It is imported only when it runs,
 so ``aurora --help`` stays fast. Every benchmark prints one JSON object with ``--json`` and a table
@@ -12,6 +12,25 @@ from __future__ import annotations
 import argparse
 import importlib
 from typing import Any
+
+MODULES = {
+    "codec": "bench.codec.codec",
+    "transfer": "bench.transfer.transfer",
+    "schedule": "bench.fleet.schedule",
+    "e2e": "bench.e2e.e2e",
+    "full": "bench.store.full",
+    "chaos": "bench.chaos.chaos",
+    "fuzz": "bench.fuzz.fuzz",
+    "retention": "bench.store.retention",
+    "engine": "bench.codec.engine",
+    "state": "bench.store.state",
+    "identity": "bench.fleet.identity",
+    "recipe": "bench.recipe",
+    "catchup": "bench.transfer.catchup",
+    "coord": "bench.fleet.coord",
+    "dispatch": "bench.fleet.dispatch",
+}
+"""Each benchmark's module (grouped by concern: bench/chaos, bench/fuzz, bench/e2e, ...)."""
 
 BENCHMARKS = {
     "codec": "size and speed of the sparse BF16 codec; see --help",
@@ -40,10 +59,11 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Import ``bench.<name>``, parse the rest of the command line (``args.rest``) into its ``Flags``, and run it."""
+    """Import the benchmark's module, parse the rest of the command line (``args.rest``) into its
+    ``Flags``, and run it."""
     from aurora_store.options import build
     from bench.output import parser_for
 
-    module = importlib.import_module(f"bench.{args.bench}")
+    module = importlib.import_module(MODULES[args.bench])
     parser = parser_for(args.bench, module.Flags, module.__doc__, getattr(module, "PRESETS", None))
     return int(module.run(build(module.Flags, parser.parse_args(args.rest))) or 0)

@@ -501,7 +501,7 @@ def test_a_certified_actor_process_gets_its_results_admitted(redis_server: Any, 
 
 
 def test_the_identity_benchmark_measures_both_in_one_run() -> None:
-    from bench.identity import Flags, measure
+    from bench.fleet.identity import Flags, measure
 
     out = measure(Flags(results=8, group=2, tokens=4, reps=1))
     a = out["admission"]

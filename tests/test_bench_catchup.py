@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench import catchup
+from bench.transfer import catchup
 
 
 def test_lagging_actor_takes_the_cheaper_path() -> None:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from aurora_store.format.keys import manifest_key
-from bench.chaos_bucket import Bucket
-from bench.chaos_check import INVARIANTS, OPTIONAL_INVARIANTS
-from bench.chaos_faults import Faults
-from bench.chaos_gates import Gates
-from bench.chaos_schedule import KINDS, WRITERS, kinds_of, schedule
-from bench.chaos_supervisor import Proc, Supervisor
+from bench.chaos.bucket import Bucket
+from bench.chaos.check import INVARIANTS, OPTIONAL_INVARIANTS
+from bench.chaos.faults import Faults
+from bench.chaos.gates import Gates
+from bench.chaos.schedule import KINDS, WRITERS, kinds_of, schedule
+from bench.chaos.supervisor import Proc, Supervisor
 
 if TYPE_CHECKING:
     from aurora_store.testing.moto import S3Server

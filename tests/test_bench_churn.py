@@ -7,9 +7,11 @@ import threading
 
 import pytest
 
-from bench import churn, e2e_world, egress, links
-from bench.churn import Event
-from bench.e2e_loop import Churn, Instant, Timing, VersionBox, Weights, run_steps
+from bench.e2e import world as e2e_world
+from bench.e2e.loop import Churn, Instant, Timing, VersionBox, Weights, run_steps
+from bench.emulation import egress, links
+from bench.fleet import churn
+from bench.fleet.churn import Event
 
 
 def test_churn_schedule_is_seeded_and_keeps_a_region() -> None:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aurora_store.codec import classes
-from bench import baselines, codec, trace
-from bench.baselines import BASELINES, Baseline
+from bench.codec import baselines, codec, trace
+from bench.codec.baselines import BASELINES, Baseline
 
 EDGE_POSITIONS = {
     "none": np.empty(0, np.int64),
@@ -226,7 +226,7 @@ def test_both_codings_are_bit_exact_on_the_trace(encode) -> None:  # type: ignor
 
 @pytest.mark.slow
 def test_device_bench_reports_every_pass_against_the_bare_one() -> None:
-    from bench import codec_device
+    from bench.codec import device as codec_device
 
     r = json.loads(json.dumps(codec_device.measure(0, 2, 11, 4096, "cpu", 2)))
     assert r["bench"] == "codec" and r["device"] == "cpu" and [s["step"] for s in r["steps"]] == [1, 2]

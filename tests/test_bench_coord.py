@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench import coord
+from bench.fleet import coord
 
 
 def idle_within_a_trip_a_second(row: dict) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aurora_store import cli
-from bench import e2e
+from bench.e2e import e2e
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from aurora_store import cli
-from bench import egress, links
-from bench.e2e_regions import MODES
+from bench.e2e.regions import MODES
+from bench.emulation import egress, links
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import full
+from bench.store import full
 
 pytestmark = pytest.mark.slow
 

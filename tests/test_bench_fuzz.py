@@ -15,9 +15,9 @@ import pytest
 
 from aurora_store.errors import CorruptError
 from aurora_store.testing.processes import deadline
-from bench import fuzz
-from bench.fuzz_mutate import mutate_bytes, mutate_fields, mutate_json
-from bench.fuzz_targets import BUILDERS
+from bench.fuzz import fuzz
+from bench.fuzz.mutate import mutate_bytes, mutate_fields, mutate_json
+from bench.fuzz.targets import BUILDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECS = 1500

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench import retention
+from bench.store import retention
 
 
 def test_storage_stays_bounded_and_audits() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from aurora_store.options import build
-from bench import schedule
+from bench.fleet import schedule
 from bench.output import parser_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.state import Flags, measure
+from bench.store.state import Flags, measure
 
 
 @pytest.mark.slow

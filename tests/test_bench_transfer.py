@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bench import transfer
-from bench.transfer import MIB, MODES, Config
+from bench.transfer import transfer
+from bench.transfer.transfer import MIB, MODES, Config
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""``aurora bench chaos``'s invariant checker (`bench.chaos_check`, `bench.chaos_descent`): every invariant
+"""``aurora bench chaos``'s invariant checker (`bench.chaos.check`, `bench.chaos.descent`): every invariant
 holds on a clean run and fails on a planted violation, and what a naive check would flag wrongly passes.
 
 Two kinds of input: hand-made manifests as JSON (what the checker reads of a bucket), and real runs
@@ -18,9 +18,9 @@ import pytest
 from aurora_store.bucket.run import open_run
 from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key
-from bench.chaos_bucket import RegionState, region_state
-from bench.chaos_check import INVARIANTS, Verdict, check, pace, read_admissions, scan_logs
-from bench.chaos_descent import Start, descent, read_starts
+from bench.chaos.bucket import RegionState, region_state
+from bench.chaos.check import INVARIANTS, Verdict, check, pace, read_admissions, scan_logs
+from bench.chaos.descent import Start, descent, read_starts
 from tests.helpers import state_dict, step
 
 STEPS, PROMPTS = 3, 2

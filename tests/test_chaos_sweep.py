@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora_store.errors import ConfigError
-from bench import chaos_schedule
-from bench.chaos_config import Config, from_replayable, replayable
-from bench.chaos_evidence import leave_evidence
-from bench.chaos_schedule import KINDS, Planned, plan
-from bench.chaos_sweep import parse_seeds
+from bench.chaos import schedule as chaos_schedule
+from bench.chaos.config import Config, from_replayable, replayable
+from bench.chaos.evidence import leave_evidence
+from bench.chaos.schedule import KINDS, Planned, plan
+from bench.chaos.sweep import parse_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 

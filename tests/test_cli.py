@@ -500,7 +500,7 @@ def test_keygen_writes_a_usable_pair(tmp_path: Path) -> None:
 
 
 def test_bench_codec_is_wired() -> None:
-    pytest.importorskip("bench.codec")
+    pytest.importorskip("bench.codec.codec")
     r = aurora("bench", "codec", "--help")
     assert r.returncode == 0, r.stderr
     assert "--quick" in r.stdout and "aurora bench codec" in r.stdout

@@ -1,7 +1,7 @@
 """A Redis writer against the trainer's dispatch (issue 25): a registration claiming any throughput,
 an actor that hangs behind a beating heartbeat, and forged payload references. Real Redis, real
 files (bytes counted by the store's own meter), the real dispatcher; the figures come from
-``aurora bench dispatch`` (bench/dispatch.py), whose scenarios the last test runs small."""
+``aurora bench dispatch`` (bench/fleet/dispatch.py), whose scenarios the last test runs small."""
 
 from __future__ import annotations
 
@@ -362,7 +362,7 @@ def test_the_bytes_fetched_for_a_step_are_bounded(redis_server: Any, tmp_path: P
 
 @pytest.mark.slow
 def test_the_dispatch_bench_holds_training_up_under_each_writer_fault() -> None:
-    from bench import dispatch
+    from bench.fleet import dispatch
 
     cfg = dispatch.Config(seconds=6.0, steps=4, lease_s=1.0, prompts=8)
     out = dispatch.measure(cfg)

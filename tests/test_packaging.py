@@ -79,3 +79,39 @@ def test_relay_copies_and_verifies_a_run_without_torch(tmp_path: Path) -> None:
     assert copy.versions() == [0, 1, 2, 3, 4] and audit(copy).ok
     assert copy.files.get("config.json") == b'{"model_type": "tiny"}'
     assert all(bits_equal(copy.materialize(v), states[v]) for v in range(5))
+
+
+def test_the_benchmarks_are_a_distribution_of_their_own() -> None:
+    """Issue 35: the product's wheel ships no bench; bench/pyproject.toml names every package bench/
+    holds (a new group cannot be left out of it) and registers `aurora bench`."""
+    product = _pyproject()
+    assert not any(p.startswith("bench") for p in product["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert "bench" not in product["project"]["entry-points"]["aurora.commands"]
+    bench = tomllib.loads((REPO / "bench" / "pyproject.toml").read_text())
+    packages = {
+        "bench" + ("." + ".".join(d.relative_to(REPO / "bench").parts) if d != REPO / "bench" else "")
+        for d in [REPO / "bench", *(p.parent for p in (REPO / "bench").glob("*/__init__.py"))]
+    }
+    assert set(bench["tool"]["setuptools"]["packages"]) == packages
+    assert bench["project"]["entry-points"]["aurora.commands"] == {"bench": "bench.cli:register"}
+
+
+WITHOUT_BENCH = """
+import importlib.metadata, sys
+every = importlib.metadata.entry_points
+importlib.metadata.entry_points = lambda **kw: [e for e in every(**kw) if e.name != "bench"]
+from aurora_store import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_aurora_bench_says_how_to_get_the_benchmarks_where_they_are_not_installed() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_BENCH, "bench", "codec", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "benchmarks are not installed here" in proc.stderr and "pip install -e ./bench" in proc.stderr

@@ -336,7 +336,7 @@ def test_publishing_does_not_depend_on_redis(tmp_path: Path) -> None:
 def test_relay_process_killed_mid_copy(tmp_path: Path, s3_server: Any) -> None:
     """A real relay process copying over a slow link is killed with SIGKILL mid-version: the
     destination has some segments and no manifest; the restarted relay copies only the rest."""
-    from bench.wan import Link, WanProxy
+    from bench.emulation.wan import Link, WanProxy
 
     bucket = s3_server.new_bucket()
     home = f"s3://{bucket}/run"

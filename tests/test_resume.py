@@ -511,7 +511,7 @@ def test_a_trainer_started_during_a_storage_outage_waits_for_its_bucket(
 ) -> None:
     """Issue 39: a trainer (re)started while its bucket's endpoint does not answer waits for it, saying so,
     and starts once it answers, rather than exiting into its supervisor's restart loop."""
-    from bench.chaos_gates import Gates
+    from bench.chaos.gates import Gates
 
     gates = Gates()
     host, port = s3_server.endpoint.removeprefix("http://").split(":")

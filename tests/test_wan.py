@@ -16,7 +16,7 @@ import pytest
 
 from aurora_store.testing.moto import S3Server
 from aurora_store.testing.processes import wait_for
-from bench.wan import CHUNK, MATHIS_C, Link, Shaper, WanProxy, describe, schedule
+from bench.emulation.wan import CHUNK, MATHIS_C, Link, Shaper, WanProxy, describe, schedule
 
 MIB = 2**20
 TIMEOUT_S = 10.0

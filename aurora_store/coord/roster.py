@@ -78,7 +78,7 @@ class Roster:
         self.seq = 0
         self.since = 0
         self.round_trips = 0
-        """Round trips refreshes made (for benchmarks)."""
+        """Round trips refreshes made (one a refresh; more only while a large first read goes on)."""
 
     def reset(self) -> None:
         """Forget everything: the next refresh reads the whole roster."""

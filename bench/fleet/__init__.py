@@ -1,0 +1,1 @@
+"""Coordination at fleet scale: ``aurora bench coord``, ``dispatch``, ``identity``, ``schedule`` and spot churn."""

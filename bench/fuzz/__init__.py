@@ -1,0 +1,1 @@
+"""``aurora bench fuzz``: every parser of outside bytes under seeded mutations."""

@@ -1,0 +1,1 @@
+"""``aurora bench full``, ``retention`` and ``state``: what the store costs a run."""

@@ -1,0 +1,1 @@
+"""``aurora bench transfer`` and ``catchup``: moving versions between regions and to lagging actors."""
