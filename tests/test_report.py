@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trainer.charts import rolling_median
@@ -148,6 +148,8 @@ def test_publish_to_apply_draws_every_version_under_its_rolling_median() -> None
 
 @settings(max_examples=80, deadline=None)
 @given(ys=st.lists(st.floats(-1e6, 1e6), max_size=30), window=st.integers(1, 12))
+@example(ys=[5e-324, 5e-324], window=2)  # halving each first rounded their mean to 0 (found by a CI run)
+@example(ys=[1.7e308, 1.7e308], window=2)  # adding them first overflows
 def test_a_rolling_median_keeps_its_points_and_stays_in_range(ys: list[float], window: int) -> None:
     points = [(float(i), y) for i, y in enumerate(ys)]
     out = rolling_median(points, window)

@@ -144,8 +144,17 @@ def rolling_median(points: list[Point], window: int) -> list[Point]:
     for i, (x, _) in enumerate(points):
         near = sorted(ys[max(0, i - half) : i + half + 1])
         mid = len(near) // 2
-        out.append((x, near[mid] if len(near) % 2 else near[mid - 1] / 2 + near[mid] / 2))
+        out.append((x, near[mid] if len(near) % 2 else _midpoint(near[mid - 1], near[mid])))
     return out
+
+
+def _midpoint(lo: float, hi: float) -> float:
+    """The mean of ``lo <= hi``, kept between them: halving each first (what avoids overflowing near
+    the largest floats) rounds two of the smallest subnormals to 0, below both."""
+    m = (lo + hi) / 2
+    if math.isinf(m) and math.isfinite(lo) and math.isfinite(hi):
+        m = lo / 2 + hi / 2
+    return min(max(m, lo), hi) if math.isfinite(m) else m
 
 
 def line_chart(
