@@ -430,8 +430,8 @@ class Relay:
 
     def _next_version(self) -> int:
         """The first version the destination lacks: after the one this relay knows it holds, without
-        listing it (a listing per commit cost 90 ms of the slowest region's 0.35 s in ``aurora bench
-        transfer --quick``); listed when it knows none yet."""
+        listing it (a listing per commit is a large share of a slow region's time to apply a version:
+        docs/ARCHITECTURE.md, "Figures the design rests on"); listed when it knows none yet."""
         if self._committed >= 0:
             return self._committed + 1
         have = self.dst.versions()

@@ -350,8 +350,8 @@ JOB_SAMPLES = 64
 """Admitted jobs of proven actors whose durations make that median."""
 FIRST_SAMPLES = 4
 """Admitted jobs of proven actors before any is taken over: few, so a hung engine in the fleet a run
-starts with costs the first step a few jobs' time too, not a lease (with 16, ``aurora bench dispatch``'s
-hung actor held the first step 2.45 s against 0.27 s: its fleet had not admitted 16 such jobs yet)."""
+starts with costs the first step a few jobs' time too, not a lease (``aurora bench dispatch``'s hung
+actor measures it: docs/ARCHITECTURE.md, "Figures the design rests on")."""
 UNPROVEN_STEAL_S = 0.5
 """How long an unstarted job of an unproven holder (no result admitted yet, or a lease lost since) waits
 before an idle actor may take it over: an actor waiting for work starts a pushed job within

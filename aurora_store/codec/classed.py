@@ -15,9 +15,8 @@ Payload: six streams, whose lengths are the header's ``streams`` (docs/FORMAT.md
 3. and 4. symbols of the classes below ``split`` and of the others, as in the sparse codec;
 5. escapes, as in the sparse codec.
 
-Measured on the reference trace (``aurora bench codec --layers 2 --steps 20``): 0.83-0.90 bytes
-per changed element over steps 4-20 (mean 0.877) against the sparse codec's 1.12-1.28, the
-positions within 3% of their entropy given the parent's exponents. Decoding classes every parent
+What it saves over the sparse codec, and how close its positions come to their entropy, is measured
+by ``aurora bench codec`` (docs/ARCHITECTURE.md, "Figures the design rests on"). Decoding classes every parent
 word of the block's range (one O(elements) pass, compiled) unless the parent's words keep a
 :class:`~aurora_store.codec.ranks.RankIndex` (live host weights may: O(changed) per version), and a
 writer keeps the sparse codec for a block where this one is not smaller.

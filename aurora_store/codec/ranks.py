@@ -31,12 +31,11 @@ CHUNK = 4096
 
 def enabled() -> bool:
     """Whether readers that can keep an index should: yes unless ``AURORA_RANK_INDEX=0``. A decode
-    with the index takes 0.55x the walk's time at the reference trace's 2% density (``aurora bench
-    codec --quick``: 0.125 against 0.225 s for 187M weights), and less at lower densities; it costs
-    2.1 bytes of host memory per weight and a build of two or three walks after each load, made in
-    the background (``actor.live.TensorWeights``). In the four-regions world of ``aurora bench e2e``
-    it took a region's commit-to-staged p50 from 0.74 to 0.31 s (12 actors on 2 cores). Off where
-    host memory is tighter than decode time."""
+    with the index costs in proportion to what changed instead of a walk over every parent word (what
+    that saves is measured by ``aurora bench codec`` and ``e2e``: docs/ARCHITECTURE.md, "Figures the
+    design rests on"); it costs 2.1 bytes of host memory per weight and a build of two or three walks
+    after each load, made in the background (``actor.live.TensorWeights``). Off where host memory is
+    tighter than decode time."""
     return os.environ.get("AURORA_RANK_INDEX", "1") != "0"
 
 
