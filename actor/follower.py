@@ -53,10 +53,6 @@ class Follower:
         self.broken: str | None = None
         """Why the engine's weights are not trusted any more (``--verify-live`` found other weights)."""
 
-    @property
-    def held(self) -> Held | None:
-        return self.up.held
-
     def run(self) -> None:
         """Stage ahead while the engine generates (the stager thread), until ``stop``. Looks when a
         commit reaches the region (or a version was applied), and every ``check_s``."""

@@ -18,7 +18,7 @@ from aurora_store.bucket.run_config import RunConfig
 from aurora_store.bucket.signer import Signer
 from aurora_store.errors import LimitError, UnauthenticatedError
 from aurora_store.format.keys import manifest_key
-from aurora_store.format.manifest import TensorSpec
+from aurora_store.format.manifest import Rotation, TensorSpec
 
 
 class Planner:
@@ -47,6 +47,27 @@ class Planner:
         the publisher holds; ConflictError if another publisher got there first) or the run's latest."""
         tip = self._read_tip(held)
         rotation = self.signer.rotation_for(tip)  # first: it may move the signer to its new key
+        return self._next(tip, specs, kind=kind, version=version, rotation=rotation)
+
+    def check_signer(self) -> Tip | None:
+        """The run's tip, once the run's signer is known to be able to sign its next version (what a
+        trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
+        tip = self._read_tip(None)
+        rotation = self.signer.rotation_for(tip)  # first: it may move the signer to its new key
+        self.signer.check_not_retired(tip)
+        self._next(tip, tip.specs if tip is not None else (), kind="auto", version=None, rotation=rotation)
+        return tip
+
+    def _next(
+        self,
+        tip: Tip | None,
+        specs: tuple[TensorSpec, ...],
+        *,
+        kind: str,
+        version: int | None,
+        rotation: Rotation | None,
+    ) -> PublishPlan:
+        """:func:`plan_next` with this run's budget, URI and signer."""
         return plan_next(
             tip,
             specs,
@@ -57,23 +78,6 @@ class Planner:
             signer=self.signer.key_id,
             rotation=rotation,
         )
-
-    def check_signer(self) -> Tip | None:
-        """The run's tip, once the run's signer is known to be able to sign its next version (what a
-        trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
-        tip = self._read_tip(None)
-        rotation = self.signer.rotation_for(tip)  # first: it may move the signer to its new key
-        self.signer.check_not_retired(tip)
-        plan_next(
-            tip,
-            tip.specs if tip is not None else (),
-            kind="auto",
-            full_every=self.config.full_every,
-            url=self.store.uri,
-            signer=self.signer.key_id,
-            rotation=rotation,
-        )
-        return tip
 
     def floor(self, plan: PublishPlan, step: int | None, meta: Mapping[str, str] | None) -> int:
         """The bytes of ``plan``'s smallest delta manifest (what every delta entry adds to), after
