@@ -9,7 +9,7 @@ import importlib
 import pytest
 
 from aurora_store.options import build, field_docs
-from bench.cli import BENCHMARKS, MODULES
+from bench.cli import BENCHMARKS
 from bench.e2e import e2e
 from bench.output import Output, overridden, parser_for
 from bench.transfer import transfer
@@ -17,7 +17,7 @@ from bench.transfer import transfer
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_flags_are_a_documented_dataclass_and_left_out_give_its_defaults(name: str) -> None:
-    module = importlib.import_module(MODULES[name])
+    module = importlib.import_module(BENCHMARKS[name][0])
     flags = module.Flags
     assert issubclass(flags, Output) and dataclasses.is_dataclass(flags) and hasattr(flags, "__slots__")
     docs = field_docs(flags)
