@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from aurora_store.testing.gcs import GcsServer, GcsUnavailable, start_fake_gcs
 from aurora_store.testing.moto import S3Server, start_moto
 from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
+
+# Hypothesis's default 200 ms deadline per example is a timing assertion, which fails on a loaded
+# machine (a CI run saw 404 ms for a pure function): no example of this suite has a deadline.
+settings.register_profile("aurora", deadline=None)
+settings.load_profile("aurora")
 
 os.environ["COLUMNS"] = "200"
 """Commands print rich tables at the width COLUMNS says where it is set (as under pytest-xdist, whose
