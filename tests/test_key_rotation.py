@@ -780,7 +780,7 @@ def test_planted_markers_cost_a_reader_one_warning_and_gc_removes_them(
     planted = [v for v in range(VERSIONS) if v not in ROTATIONS]
     for v in planted:
         store.put_if_absent(rotation_marker_key(v), b"")
-    store.put_if_absent(rotation_marker_key(VERSIONS + 5), b"")  # above the tip: a publish in progress
+    store.put_if_absent(rotation_marker_key(VERSIONS + 5), b"")  # above the latest: a publish in progress
     reader = aurora_store.open_run(uri, verify_key=keys.public["a"])
     for v in range(VERSIONS):
         assert_bits_equal(reader.materialize(v), states[v])

@@ -16,7 +16,7 @@ import aurora_store
 from aurora_store.bucket.audit import audit
 from aurora_store.bucket.full_part import elements_part
 from aurora_store.bucket.parts import Baseline
-from aurora_store.bucket.plan import Tip
+from aurora_store.bucket.plan import Latest
 from aurora_store.errors import CorruptError, StoreError
 from aurora_store.format.manifest import canonical
 from aurora_store.format.manifest_parser import parse_manifest
@@ -221,14 +221,14 @@ def test_a_full_version_is_never_counted_against_a_baseline_of_another_version()
         w["w"][i] += 1
         run.publish(w)
     identity = run.reader.identity()
-    tips = [Tip.of(run.manifest(v), identity) for v in range(3)]
+    versions = [Latest.of(run.manifest(v), identity) for v in range(3)]
     ranges = {"w": (0, 8)}
     words = {"w": run.reader.materialize(2).words["w"]}
-    old = Baseline(tips[1], dict(ranges), {"w": run.reader.materialize(1).words["w"]})
-    specs = tips[2].specs
-    assert elements_part(specs, ranges, words, old, tips[2])[::2] == (8, False)
-    same = Baseline(tips[2], dict(ranges), {"w": words["w"].copy()})
-    assert elements_part(specs, ranges, words, same, tips[2])[::2] == (0, True)
+    old = Baseline(versions[1], dict(ranges), {"w": run.reader.materialize(1).words["w"]})
+    specs = versions[2].specs
+    assert elements_part(specs, ranges, words, old, versions[2])[::2] == (8, False)
+    same = Baseline(versions[2], dict(ranges), {"w": words["w"].copy()})
+    assert elements_part(specs, ranges, words, same, versions[2])[::2] == (0, True)
     assert elements_part(specs, ranges, words, None, None)[::2] == (8, False), "compared with nothing"
     first = run.manifest(0)  # published with nothing to compare with: the plan knows a new chain's count
     assert first.stats.counted and first.stats.changed == first.stats.elements, "a new chain counts every element"

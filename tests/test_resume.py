@@ -410,7 +410,7 @@ def test_a_trainer_killed_between_its_state_and_its_commit_resumes_exactly(
         _steps(first, 1, 2)
         at_two = _masters(first)
         first.train_step(3, BATCH)
-        held = first.publisher.publish(step=3, meta={"trainer": first.tag}, hold=True)
+        held = first.publisher.publish(step=3, meta={"trainer": first.tag}, defer=True)
         first._save_state(3, held.version_hash)  # the state is saved; the process dies before the commit
         first.states.flush()
     run = open_run(cfg.store, signing_key=str(key))

@@ -88,11 +88,11 @@ class RunMachine(RuleBasedStateMachine):
         """A publisher uploads every segment of the next version, then dies before its manifest."""
         crashed = self._open()
         specs, words = to_words(self._next(lr))
-        tip = crashed.publisher.planner.tip()
-        if tip is None or tip.specs != specs:
+        latest = crashed.publisher.planner.latest()
+        if latest is None or latest.specs != specs:
             return  # the last version changed the layout: no delta to crash in
         plan = crashed.publisher.planner.plan(specs, kind="delta")
-        assert plan.parent == tip
+        assert plan.parent == latest
         state = crashed.materialize_words(plan.parent.version)
         base = Baseline(plan.parent, whole(specs), state.words)
         uploads = Uploads(crashed.store, plan.version)

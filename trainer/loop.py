@@ -211,12 +211,12 @@ class Trainer:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
         meta = {"source": self._source_name(), "trainer": self.tag}
-        hold = self.dist.world == 1  # committed once its state is saved, as every version is (see commit)
-        info = self.publisher.publish(step=0, kind="full", meta=meta, hold=hold)
+        defer = self.dist.world == 1  # committed once its state is saved, as every version is (see commit)
+        info = self.publisher.publish(step=0, kind="full", meta=meta, defer=defer)
         log.info("trainer %s starts a new run at version 0", self.tag)
         self.dispatch.published_version(0, info.version_hash, info.weights_digest)
         self.origin = info.version_hash
-        self._save_state(0, info.version_hash, then=self.publisher.commit_held if hold else None)
+        self._save_state(0, info.version_hash, then=self.publisher.commit_deferred if defer else None)
         self.states.flush()  # version 0 is committed before anything reads it (the KL reference)
         self.metrics.published(0)
         self._load_reference()
@@ -320,8 +320,8 @@ class Trainer:
         self.coord.regions.rebuild(self.cfg.region, self.run.reader)
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
-        tip = self.run.manifest(latest)
-        self.origin = tip.identity.origin if tip.identity is not None else None
+        newest = self.run.manifest(latest)
+        self.origin = newest.identity.origin if newest.identity is not None else None
         trust = self.cfg.publish.trust_unsigned_state
         resumed = resume_state(self.run, latest, self.model, self.opt, self.rng, trust_unsigned=trust)
         state = resumed.state
@@ -356,7 +356,7 @@ class Trainer:
                 self.run.files.put(policies.RUN_SPEC, spec.to_bytes())
             for v in range(max(0, latest - 2), latest + 1):
                 try:  # results of the last versions' jobs may still come in; gc may have retired the older ones
-                    m = tip if v == latest else self.run.manifest(v)
+                    m = newest if v == latest else self.run.manifest(v)
                 except MissingError:
                     continue
                 except DAMAGE as exc:  # forged or replayed since: never built on, nothing of it admitted
@@ -507,14 +507,14 @@ class Trainer:
         records that rollback."""
         self.states.flush()  # the previous version is committed (its commit's failure is raised here)
         due = step % self.cfg.publish.state_every == 0 or step == self.cfg.steps
-        hold = due and self.dist.world == 1
-        info = self.publisher.publish(step=step, meta={"trainer": self.tag}, rolls_back_to=self.rollback, hold=hold)
+        defer = due and self.dist.world == 1
+        info = self.publisher.publish(step=step, meta={"trainer": self.tag}, rolls_back_to=self.rollback, defer=defer)
         if self.rollback is not None:
             self.metrics.rolled_back(len(self.rollback.abandons))
             self.rollback = None
         self.dispatch.published_version(info.version, info.version_hash, info.weights_digest)
         if due:
-            self._save_state(info.version, info.version_hash, then=self.publisher.commit_held if hold else None)
+            self._save_state(info.version, info.version_hash, then=self.publisher.commit_deferred if defer else None)
         return info
 
     def train(self) -> int:

@@ -100,14 +100,14 @@ class ModelPublisher:
         kind: Kind = "auto",
         meta: Mapping[str, str] | None = None,
         rolls_back_to: Rollback | None = None,
-        hold: bool = False,
+        defer: bool = False,
     ) -> VersionInfo:
         """Commit the model's current weights as the next version; the same VersionInfo on every rank.
-        With ``hold``, all but the manifest: :meth:`commit_held` commits it."""
+        With ``defer``, all but the manifest: :meth:`commit_deferred` commits it."""
         keep = self.config.extract_on_device(p.device.type for p in self.model.parameters())
         share = self.artefact.state_for_publish(self.model, group=self.group, keep_device=keep)
-        return self.publisher.publish(share, kind=kind, step=step, meta=meta, rolls_back_to=rolls_back_to, hold=hold)
+        return self.publisher.publish(share, kind=kind, step=step, meta=meta, rolls_back_to=rolls_back_to, defer=defer)
 
-    def commit_held(self) -> VersionInfo:
-        """Commit the version published with ``hold`` (see :meth:`Publisher.commit_held`)."""
-        return self.publisher.commit_held()
+    def commit_deferred(self) -> VersionInfo:
+        """Commit the version published with ``defer`` (see :meth:`Publisher.commit_deferred`)."""
+        return self.publisher.commit_deferred()

@@ -227,7 +227,7 @@ class StateWriter:
             raise failure
 
     def close(self) -> None:
-        """Finish the pending save and what follows it (a held commit is written), then stop the
+        """Finish the pending save and what follows it (a deferred commit is written), then stop the
         writer. A failure is logged, not raised: close runs while another error unwinds too."""
         try:
             self.flush()

@@ -1,5 +1,5 @@
 """Committing a version: its manifest, built from every publisher's part, signed, checked with the
-readers' rules and written last, create-only (or sealed and held, to be written later).
+readers' rules and written last, create-only (or sealed and deferred, to be written later).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class Committer:
     ) -> None:
         self.store, self.config, self.files = store, config, files
         self.announcements, self.signer = announcements, signer
-        self._held: _Held | None = None
-        """A version committed with ``hold=True``: sealed and checked, not written yet."""
+        self._deferred: _Deferred | None = None
+        """A version committed with ``defer=True``: sealed and checked, not written yet."""
         self._markers_checked = False
         """Whether a key-rotation marker a killed predecessor left at the version this committer writes
         without a rotation was looked for (once: it writes a marker only with its rotation)."""
@@ -54,10 +54,10 @@ class Committer:
         step: int | None,
         meta: Mapping[str, str] | None,
         rolls_back_to: Rollback | None = None,
-        hold: bool = False,
+        defer: bool = False,
     ) -> VersionInfo:
         """Write the manifest of ``plan``'s version from every publisher's part: the commit (with
-        ``hold``, seal it and keep it for :meth:`commit_held`).
+        ``defer``, seal it and keep it for :meth:`commit_deferred`).
 
         Delta segments keep the order of ``parts``; a full version's shards are ordered by their
         first tensor and its index is built and uploaded here. The manifest is parsed back with
@@ -99,8 +99,8 @@ class Committer:
             self.store.put_if_absent(rotation_marker_key(plan.version), b"")
         elif not self._markers_checked:
             self._remove_leftover_marker(plan.version)
-        if hold:
-            self._held = _Held(key, data, m)
+        if defer:
+            self._deferred = _Deferred(key, data, m)
         else:
             self._put_manifest(key, data, m)
         return VersionInfo.of(m, time.perf_counter() - t0)
@@ -138,23 +138,23 @@ class Committer:
         self.announcements.commit(m)
 
     @property
-    def held(self) -> Manifest | None:
-        """The sealed manifest of the version published with ``hold`` and not committed yet."""
-        return None if self._held is None else self._held.manifest
+    def deferred(self) -> Manifest | None:
+        """The sealed manifest of the version published with ``defer`` and not committed yet."""
+        return None if self._deferred is None else self._deferred.manifest
 
-    def commit_held(self) -> VersionInfo:
-        """Write the held version's manifest: its commit. ConflictError if another publisher committed
-        that version meanwhile (the next publish reloads the run); either way nothing is held after."""
-        held, self._held = self._held, None
-        if held is None:
-            raise StoreError("no version is held")
+    def commit_deferred(self) -> VersionInfo:
+        """Write the deferred version's manifest: its commit. ConflictError if another publisher committed
+        that version meanwhile (the next publish reloads the run); either way nothing is deferred after."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            raise StoreError("no version's commit is deferred")
         t0 = time.perf_counter()
-        self._put_manifest(held.key, held.data, held.manifest)
-        return VersionInfo.of(held.manifest, time.perf_counter() - t0)
+        self._put_manifest(deferred.key, deferred.data, deferred.manifest)
+        return VersionInfo.of(deferred.manifest, time.perf_counter() - t0)
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
+class _Deferred:
     """A sealed manifest, not yet written."""
 
     key: str

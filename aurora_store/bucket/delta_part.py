@@ -2,7 +2,7 @@
 
 A forced delta streams its segments as they are sealed (cut-through), and so does an ``auto`` one
 when the last delta says it will fit the chain budget with room to spare (:data:`STREAM_MARGIN`);
-otherwise its segments are held in memory until every rank's size is known, so nothing is written
+otherwise its segments are buffered in memory until every rank's size is known, so nothing is written
 for a delta that is then abandoned for a full version. A streamed delta that outgrows the budget
 all the same is published full and its segments removed.
 """
@@ -48,7 +48,7 @@ def delta_part(
     the last delta this publisher committed, which decides whether this one streams."""
     store, config, collective = ctx.store, ctx.config, ctx.collective
     stream = streams(plan, last_delta_bytes)
-    uploads = ctx.uploads(plan.version, hold=not stream)
+    uploads = ctx.uploads(plan.version, buffer=not stream)
 
     def encode() -> tuple[DeltaBuilder, dict[str, Any]]:
         try:

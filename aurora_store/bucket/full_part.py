@@ -14,7 +14,7 @@ import numpy as np
 from aurora_store.bucket.collective import agree
 from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.bucket.parts import Baseline, Part, PartContext, Ranges, Share, Uploads, host
-from aurora_store.bucket.plan import PublishPlan, Tip
+from aurora_store.bucket.plan import Latest, PublishPlan
 from aurora_store.format.delta import SealedObject
 from aurora_store.format.digest import Digest, tensor_keys
 from aurora_store.format.full import build_shard, plan_shards, shard_words
@@ -120,7 +120,7 @@ def elements_part(
     ranges: Ranges,
     words: Mapping[str, np.ndarray],
     base: Baseline | None,
-    parent: Tip | None,
+    parent: Latest | None,
 ) -> tuple[int, Digest, bool]:
     """For a full version: how many elements of the ranges changed since ``parent``, the ranges' share
     of the weights digest (O(elements)), and whether that count is known: it is counted only against
@@ -134,7 +134,7 @@ def elements_part(
         and parent.specs == specs
         and base is not None
         and base.fits(specs, ranges)
-        and base.tip.version_hash == parent.version_hash
+        and base.latest.version_hash == parent.version_hash
     )
     for s in specs:
         if s.name not in ranges:

@@ -24,7 +24,7 @@ from aurora_store import codec
 from aurora_store.bucket.announce import Announcements
 from aurora_store.bucket.collective import Collective
 from aurora_store.bucket.objectstore import ObjectStore, Staged
-from aurora_store.bucket.plan import Tip
+from aurora_store.bucket.plan import Latest
 from aurora_store.bucket.run_config import RunConfig
 from aurora_store.errors import StoreError, UnsupportedError
 from aurora_store.format import dtypes
@@ -75,9 +75,9 @@ class PartContext:
     config: RunConfig
     collective: Collective
 
-    def uploads(self, version: int, *, max_pending: int | None = None, hold: bool = False) -> Uploads:
+    def uploads(self, version: int, *, max_pending: int | None = None, buffer: bool = False) -> Uploads:
         """Uploads of objects of ``version`` on the store's pool, each announced as it lands."""
-        return Uploads(self.store, version, self.announcements, max_pending=max_pending, hold=hold)
+        return Uploads(self.store, version, self.announcements, max_pending=max_pending, buffer=buffer)
 
 
 def range_table(
@@ -152,46 +152,46 @@ def _block(b: Mapping[str, Any], specs: tuple[TensorSpec, ...]) -> Block:
 
 @dataclass(slots=True)
 class Baseline:
-    """What a publisher last committed: that version's :class:`Tip`, and the words of its ranges then."""
+    """What a publisher last committed: that version's :class:`Latest`, and the words of its ranges then."""
 
-    tip: Tip
+    latest: Latest
     ranges: dict[str, tuple[int, int]]
     words: dict[str, Any]
     """Host word arrays, or device word tensors for a publisher that extracts on its device."""
 
     def fits(self, specs: tuple[TensorSpec, ...], ranges: Ranges) -> bool:
         """Whether it holds exactly these ranges of this tensor table (a delta can be taken against it)."""
-        return self.tip.specs == specs and self.ranges == dict(ranges)
+        return self.latest.specs == specs and self.ranges == dict(ranges)
 
-    def advance(self, tip: Tip, words: Words, builder: DeltaBuilder | None) -> None:
+    def advance(self, latest: Latest, words: Words, builder: DeltaBuilder | None) -> None:
         """Move to the version just committed: a delta's changes in place, else a copy of ``words``."""
         if builder is None:
             self.words = {k: copy_words(v) for k, v in words.items()}
         else:
             for c in builder.changes:
-                held = self.words[c.name]
+                kept = self.words[c.name]
                 at = c.positions - self.ranges[c.name][0]
-                if isinstance(held, np.ndarray):
-                    held[at] = c.new
+                if isinstance(kept, np.ndarray):
+                    kept[at] = c.new
                 else:
                     from aurora_store import device
 
-                    device.write(held, at, c.new)
-        self.tip = tip
+                    device.write(kept, at, c.new)
+        self.latest = latest
 
     def beside(self, name: str, new: Any) -> Any:
-        """The held words of ``name`` where ``new`` lives: moved to its device (or the host) once,
+        """The baseline's words of ``name`` where ``new`` lives: moved to its device (or the host) once,
         after a full version left them on the host, and kept there."""
-        held = self.words[name]
-        if isinstance(new, np.ndarray) != isinstance(held, np.ndarray):
+        kept = self.words[name]
+        if isinstance(new, np.ndarray) != isinstance(kept, np.ndarray):
             if isinstance(new, np.ndarray):
-                held = host(held)
+                kept = host(kept)
             else:
                 from aurora_store.tensors import word_tensor  # torch: only for words that are tensors
 
-                held = word_tensor(held).to(new.device).view(new.dtype)
-            self.words[name] = held
-        return held
+                kept = word_tensor(kept).to(new.device).view(new.dtype)
+            self.words[name] = kept
+        return kept
 
 
 def host(words: Any) -> np.ndarray:
@@ -211,8 +211,8 @@ def copy_words(words: Any) -> Any:
 class Uploads:
     """The objects of one version uploading on a pool while the publisher goes on (cut-through).
 
-    At most ``max_pending`` are held in memory at once: submitting one more first waits for the
-    oldest. With ``hold`` nothing is uploaded until :meth:`release` (a delta that may yet turn
+    At most ``max_pending`` are in memory at once: submitting one more first waits for the
+    oldest. With ``buffer`` nothing is uploaded until :meth:`release` (a delta that may yet turn
     into a full version; :meth:`drop` forgets it). :meth:`wait` returns their manifest entries in
     submission order, or raises the first upload's error after every upload has finished."""
 
@@ -223,41 +223,41 @@ class Uploads:
         announcements: Announcements | None = None,
         *,
         max_pending: int | None = None,
-        hold: bool = False,
+        buffer: bool = False,
     ) -> None:
         self._store, self._version, self._announcements = store, version, announcements
         self._max = max_pending
         self._pending: list[Future[None]] = []
         self._entries: list[Segment] = []
         self._failure: BaseException | None = None
-        self._held: list[SealedObject] | None = [] if hold else None
+        self._buffered: list[SealedObject] | None = [] if buffer else None
         self.entry_bytes: list[int] = []
         """The bytes each delta object submitted adds to its manifest (its entry, canonical JSON)."""
 
     @property
-    def held_bytes(self) -> int:
-        """Bytes of the objects held back (0 once released)."""
-        return sum(o.entry.size for o in self._held or ())
+    def buffered_bytes(self) -> int:
+        """Bytes of the objects buffered (0 once released)."""
+        return sum(o.entry.size for o in self._buffered or ())
 
     def release(self) -> None:
-        """Upload every object held back, and from now on upload as they come."""
-        held, self._held = self._held or [], None
-        for obj in held:
+        """Upload every object buffered, and from now on upload as they come."""
+        buffered, self._buffered = self._buffered or [], None
+        for obj in buffered:
             self._start(obj, None)
 
     def drop(self) -> None:
-        """Forget the objects held back: none of them was written."""
-        if self._held is not None:
-            self._held = []
+        """Forget the objects buffered: none of them was written."""
+        if self._buffered is not None:
+            self._buffered = []
 
     def submit(self, obj: SealedObject, staged: Staged | None = None) -> None:
         """Upload ``obj`` (whose bytes are already in ``staged``, when given)."""
         if obj.entry.blocks:
             self.entry_bytes.append(len(canonical(obj.entry.to_dict("delta"))))
-        if self._held is not None:
+        if self._buffered is not None:
             if staged is not None:
-                raise StoreError(f"{obj.entry.key}: a staged write cannot be held back")
-            self._held.append(obj)
+                raise StoreError(f"{obj.entry.key}: a staged write cannot be buffered")
+            self._buffered.append(obj)
             return
         self._start(obj, staged)
 

@@ -75,7 +75,7 @@ class VersionInfo:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Tip:
+class Latest:
     """The last committed version, as the next publish needs it."""
 
     version: int
@@ -89,7 +89,7 @@ class Tip:
     every next version carries (until a key rotation)."""
 
     @classmethod
-    def of(cls, m: Manifest, identity: RunIdentity) -> Tip:
+    def of(cls, m: Manifest, identity: RunIdentity) -> Latest:
         if m.run is not None and m.version > 0:
             identity = RunIdentity(identity.origin, m.run.signed_by)  # the key in force, rotations included
         return cls(
@@ -112,7 +112,7 @@ class Tip:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Tip:
+    def from_dict(cls, d: Mapping[str, Any]) -> Latest:
         specs = tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"])
         return cls(
             version=d["version"],
@@ -136,7 +136,7 @@ class PublishPlan:
     """The next version: its number, parent, tensor table, and whether it is full."""
 
     version: int
-    parent: Tip | None
+    parent: Latest | None
     specs: tuple[TensorSpec, ...]
     kind: Kind
     full: bool
@@ -163,11 +163,11 @@ class PublishPlan:
     def as_full(self) -> PublishPlan:
         return dataclasses.replace(self, full=True)
 
-    def tip_after(self, info: VersionInfo) -> Tip:
-        """The tip once this plan's version is committed as ``info`` says."""
+    def tip_after(self, info: VersionInfo) -> Latest:
+        """The latest once this plan's version is committed as ``info`` says."""
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + info.bytes
         identity = RunIdentity(info.version_hash, self.run.signed_by) if self.version == 0 else self.run
-        return Tip(
+        return Latest(
             version=self.version,
             version_hash=info.version_hash,
             weights_digest=info.weights_digest,
@@ -275,7 +275,7 @@ class PublishPlan:
     def from_dict(cls, d: Mapping[str, Any]) -> PublishPlan:
         return cls(
             version=d["version"],
-            parent=None if d["parent"] is None else Tip.from_dict(d["parent"]),
+            parent=None if d["parent"] is None else Latest.from_dict(d["parent"]),
             specs=tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"]),
             kind=d["kind"],
             full=d["full"],
@@ -293,7 +293,7 @@ def check_publish_args(step: Any, meta: Any) -> tuple[int | None, dict[str, str]
 
 
 def plan_next(
-    tip: Tip | None,
+    latest: Latest | None,
     specs: tuple[TensorSpec, ...],
     *,
     kind: str,
@@ -303,7 +303,7 @@ def plan_next(
     signer: str | None = None,
     rotation: Rotation | None = None,
 ) -> PublishPlan:
-    """Plan the version after ``tip`` (the first one when None) with tensor table ``specs``.
+    """Plan the version after ``latest`` (the first one when None) with tensor table ``specs``.
 
     ``kind`` full or delta forces it; auto makes every version that is a multiple of
     ``full_every`` full (and the publisher may turn a delta full when :meth:`PublishPlan.outgrows`
@@ -318,31 +318,31 @@ def plan_next(
     for a, b in itertools.pairwise(specs):
         if not a.name < b.name:
             raise StoreError(f"tensor names must be unique and sorted: {a.name!r:.100} comes before {b.name!r:.100}")
-    nxt = 0 if tip is None else tip.version + 1
+    nxt = 0 if latest is None else latest.version + 1
     if version is not None and version != nxt:
         raise ConflictError(f"{url}: asked to publish version {version}, but the next version is {nxt}")
-    if tip is None and kind == "delta":
+    if latest is None and kind == "delta":
         raise LayoutError("version 0 must be full; the first publish of a run cannot be a delta")
-    if tip is not None and tip.specs != specs and kind != "full":
-        raise LayoutError(layout_message(tip.specs, specs, nxt))
-    run = RunIdentity(None, signer) if tip is None else tip.identity
+    if latest is not None and latest.specs != specs and kind != "full":
+        raise LayoutError(layout_message(latest.specs, specs, nxt))
+    run = RunIdentity(None, signer) if latest is None else latest.identity
     if run.signed_by != signer:
         raise UnauthenticatedError(signing_mismatch(url, run.signed_by, signer))
     if rotation is not None:
-        if tip is None or signer is None:
+        if latest is None or signer is None:
             raise StoreError(
                 f"{url}: a key rotation moves a signed run to a new key; "
                 + (
                     "version 0 has no key to rotate from: start the run with the new key"
-                    if tip is None
+                    if latest is None
                     else "this run is unsigned, and a run's signing is fixed at version 0"
                 )
             )
         if rotation.previous != signer or rotation.key_id == signer:
             raise StoreError(f"{url}: a rotation from key {rotation.previous} to {rotation.key_id} by signer {signer}")
         run = RunIdentity(run.origin, rotation.key_id)
-    full = tip is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
-    return PublishPlan(version=nxt, parent=tip, specs=specs, kind=kind, full=full, run=run, rotation=rotation)  # type: ignore[arg-type]
+    full = latest is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
+    return PublishPlan(version=nxt, parent=latest, specs=specs, kind=kind, full=full, run=run, rotation=rotation)  # type: ignore[arg-type]
 
 
 def signing_mismatch(url: str, run: str | None, publisher: str | None) -> str:

@@ -1,7 +1,7 @@
-"""What the next version of a run is: its tip, read cheaply, and the plan after it.
+"""What the next version of a run is: its latest, read cheaply, and the plan after it.
 
 The rules of a plan (number, parent, full or delta, the chain budget) are
-:func:`~aurora_store.bucket.plan.plan_next`'s; this reads what they need from the bucket (the tip,
+:func:`~aurora_store.bucket.plan.plan_next`'s; this reads what they need from the bucket (the latest,
 the key history for a rotation) and checks, before a byte is written, that the version can be
 signed and that its manifest can fit the readers' cap.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from aurora_store.bucket.attachments import Attachments
 from aurora_store.bucket.objectstore import ObjectStore
-from aurora_store.bucket.plan import PublishPlan, Tip, committed_elsewhere, plan_next
+from aurora_store.bucket.plan import Latest, PublishPlan, committed_elsewhere, plan_next
 from aurora_store.bucket.reader import Reader
 from aurora_store.bucket.run_config import RunConfig
 from aurora_store.bucket.signer import Signer
@@ -29,38 +29,43 @@ class Planner:
     ) -> None:
         self.store, self.reader, self.config, self.files, self.signer = store, reader, config, files, signer
 
-    def tip(self, held: Tip | None = None) -> Tip | None:
-        """The last committed version (None for an empty run). With the tip a publisher last committed
-        (``held``), one key is checked instead of listing the run, so a publish costs the same at
+    def latest(self, known: Latest | None = None) -> Latest | None:
+        """The last committed version (None for an empty run). With the latest a publisher last committed
+        (``known``), one key is checked instead of listing the run, so a publish costs the same at
         version 10 and at 100,000; if another publisher has committed since, ConflictError."""
-        if held is not None:
-            if self.store.exists(manifest_key(held.version + 1)):
-                raise committed_elsewhere(self.store.url(manifest_key(held.version + 1)), held.version + 1)
-            return held
+        if known is not None:
+            if self.store.exists(manifest_key(known.version + 1)):
+                raise committed_elsewhere(self.store.url(manifest_key(known.version + 1)), known.version + 1)
+            return known
         versions = self.reader.versions()
-        return None if not versions else Tip.of(self.reader.manifest(versions[-1]), self.reader.identity())
+        return None if not versions else Latest.of(self.reader.manifest(versions[-1]), self.reader.identity())
 
     def plan(
-        self, specs: tuple[TensorSpec, ...], *, kind: str = "auto", version: int | None = None, held: Tip | None = None
+        self,
+        specs: tuple[TensorSpec, ...],
+        *,
+        kind: str = "auto",
+        version: int | None = None,
+        known: Latest | None = None,
     ) -> PublishPlan:
-        """The next version with tensor table ``specs`` (see :func:`plan_next`), after ``held`` (the tip
+        """The next version with tensor table ``specs`` (see :func:`plan_next`), after ``known`` (the latest
         the publisher holds; ConflictError if another publisher got there first) or the run's latest."""
-        tip = self._read_tip(held)
-        rotation = self.signer.rotation_for(tip)  # first: it may move the signer to its new key
-        return self._next(tip, specs, kind=kind, version=version, rotation=rotation)
+        latest = self._read_latest(known)
+        rotation = self.signer.rotation_for(latest)  # first: it may move the signer to its new key
+        return self._next(latest, specs, kind=kind, version=version, rotation=rotation)
 
-    def check_signer(self) -> Tip | None:
-        """The run's tip, once the run's signer is known to be able to sign its next version (what a
+    def check_signer(self) -> Latest | None:
+        """The run's latest, once the run's signer is known to be able to sign its next version (what a
         trainer checks at start); UnauthenticatedError, saying what to do, otherwise."""
-        tip = self._read_tip(None)
-        rotation = self.signer.rotation_for(tip)  # first: it may move the signer to its new key
-        self.signer.check_not_retired(tip)
-        self._next(tip, tip.specs if tip is not None else (), kind="auto", version=None, rotation=rotation)
-        return tip
+        latest = self._read_latest(None)
+        rotation = self.signer.rotation_for(latest)  # first: it may move the signer to its new key
+        self.signer.check_not_retired(latest)
+        self._next(latest, latest.specs if latest is not None else (), kind="auto", version=None, rotation=rotation)
+        return latest
 
     def _next(
         self,
-        tip: Tip | None,
+        latest: Latest | None,
         specs: tuple[TensorSpec, ...],
         *,
         kind: str,
@@ -69,7 +74,7 @@ class Planner:
     ) -> PublishPlan:
         """:func:`plan_next` with this run's budget, URI and signer."""
         return plan_next(
-            tip,
+            latest,
             specs,
             kind=kind,
             full_every=self.config.full_every,
@@ -105,9 +110,9 @@ class Planner:
             )
         return floor
 
-    def _read_tip(self, held: Tip | None) -> Tip | None:
+    def _read_latest(self, known: Latest | None) -> Latest | None:
         try:
-            return self.tip(held)
+            return self.latest(known)
         except UnauthenticatedError as exc:
             told = self.signer.unreadable(exc)
             if told is exc:

@@ -51,8 +51,8 @@ from aurora_store.bucket.parts import (
 from aurora_store.bucket.plan import (
     KINDS,
     Kind,
+    Latest,
     PublishPlan,
-    Tip,
     VersionInfo,
     check_publish_args,
 )
@@ -119,14 +119,14 @@ class Publisher:
         p.on_refused = self.on_refused
         return p
 
-    def resume(self) -> Tip | None:
+    def resume(self) -> Latest | None:
         """Hold the last committed version's bits as this single publisher's baseline now (what a
         restarted trainer does before its first step), so the next publish diffs against it at once."""
-        tip = self.planner.tip()
-        if tip is not None:
-            state = self.reader.materialize(tip.version)
-            self._base = Baseline(tip, whole(state.specs), dict(state.words))
-        return tip
+        latest = self.planner.latest()
+        if latest is not None:
+            state = self.reader.materialize(latest.version)
+            self._base = Baseline(latest, whole(state.specs), dict(state.words))
+        return latest
 
     # ------------------------------------------------------------ publishing
 
@@ -139,14 +139,14 @@ class Publisher:
         meta: Mapping[str, str] | None = None,
         version: int | None = None,
         rolls_back_to: Rollback | None = None,
-        hold: bool = False,
+        defer: bool = False,
         rotate_to: Any = None,
     ) -> VersionInfo:
         """Commit the next version from every publisher's ``share``; the same VersionInfo on every rank.
         ``rolls_back_to`` (rank 0's counts) says the share's weights continue from that older version's
-        state, not the parent's (:class:`~aurora_store.format.manifest.Rollback`). With ``hold`` (a
+        state, not the parent's (:class:`~aurora_store.format.manifest.Rollback`). With ``defer`` (a
         single publisher only), everything is written but the manifest, sealed and checked: the
-        version's hash is known, and :meth:`commit_held` commits it later, after whatever must exist
+        version's hash is known, and :meth:`commit_deferred` commits it later, after whatever must exist
         before it does (the trainer's state of that version); nothing is published meanwhile.
 
         ``rotate_to``: publish it as a key rotation to that key (see :meth:`Signer.rotate_to`).
@@ -157,16 +157,19 @@ class Publisher:
         t0 = time.perf_counter()
         if kind not in KINDS:
             raise StoreError(f"kind must be 'auto', 'full' or 'delta', got {kind!r}")
-        if self.committer.held is not None:
-            raise StoreError(f"version {self.committer.held.version} is held: commit it before publishing the next")
-        if hold and self.collective.size != 1:
-            raise UnsupportedError("holding a version's commit needs a single publisher, not a group")
+        if self.committer.deferred is not None:
+            raise StoreError(
+                f"version {self.committer.deferred.version} is sealed, its commit deferred: "
+                "commit it before publishing the next"
+            )
+        if defer and self.collective.size != 1:
+            raise UnsupportedError("deferring a version's commit needs a single publisher, not a group")
         step, meta = check_publish_args(step, meta)  # on every rank, before any rank writes a byte
         if rotate_to is not None:
             self.signer.rotate_to(rotate_to)
         try:
             plan, builder, after_full, info = self._publish(
-                share, kind=kind, step=step, meta=meta, version=version, rolls_back_to=rolls_back_to, hold=hold
+                share, kind=kind, step=step, meta=meta, version=version, rolls_back_to=rolls_back_to, defer=defer
             )
         except ConflictError:
             self._base = None  # the run moved on: the next publish reloads it
@@ -188,7 +191,7 @@ class Publisher:
         meta: Mapping[str, str] | None,
         version: int | None,
         rolls_back_to: Rollback | None,
-        hold: bool,
+        defer: bool,
     ) -> tuple[PublishPlan, DeltaBuilder | None, dict[str, np.ndarray], VersionInfo]:
         """The steps every rank takes together (see the module's docstring)."""
         comm = self.collective
@@ -196,8 +199,8 @@ class Publisher:
         def hello() -> tuple[None, dict[str, Any]]:
             if comm.rank != 0:
                 return None, self._hello(share, None)
-            held = self._base.tip if self._base is not None else None
-            plan = self.planner.plan(share.specs, kind=kind, version=version, held=held)
+            known = self._base.latest if self._base is not None else None
+            plan = self.planner.plan(share.specs, kind=kind, version=version, known=known)
             return None, self._hello(share, (plan, self.planner.floor(plan, step, meta)))
 
         _, hellos = agree(comm, hello)
@@ -227,7 +230,7 @@ class Publisher:
             after_full, parts = full_part(plan, share, table, self._base, ctx)
 
         def commit() -> tuple[None, dict[str, Any]]:
-            info = self.committer.commit(plan, parts, step=step, meta=meta, rolls_back_to=rolls_back_to, hold=hold)
+            info = self.committer.commit(plan, parts, step=step, meta=meta, rolls_back_to=rolls_back_to, defer=defer)
             return None, dataclasses.asdict(info)
 
         _, info = decide(comm, commit)
@@ -246,12 +249,12 @@ class Publisher:
         return {
             "layout": hashlib.sha256(json.dumps(ident).encode()).hexdigest(),
             "ranges": {k: list(v) for k, v in share.ranges.items()},
-            "base": base.tip.version_hash if base is not None and fits else None,
+            "base": base.latest.version_hash if base is not None and fits else None,
             "plan": None if plan is None else plan.to_dict(),
             "floor": floor,
         }
 
-    def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Tip) -> str | None:
+    def _resync(self, share: Share, table: dict[str, list[tuple[int, int, int]]], parent: Latest) -> str | None:
         """Rank 0 loads the parent version once and sends every rank the bits of its ranges. When an
         object or manifest of the parent's chain is damaged, missing or fails verification (a forged or
         replayed manifest of an older version: someone else's doing, and never built on), returns what
@@ -288,25 +291,27 @@ class Publisher:
         return None
 
     @property
-    def held(self) -> Manifest | None:
-        """The sealed manifest of the version published with ``hold`` and not committed yet."""
-        return self.committer.held
+    def deferred(self) -> Manifest | None:
+        """The sealed manifest of the version published with ``defer`` and not committed yet."""
+        return self.committer.deferred
 
-    def commit_held(self) -> VersionInfo:
-        """Write the held version's manifest: its commit. ConflictError if another publisher committed
-        that version meanwhile (the next publish reloads the run); either way nothing is held after."""
+    def commit_deferred(self) -> VersionInfo:
+        """Write the deferred version's manifest: its commit. ConflictError if another publisher committed
+        that version meanwhile (the next publish reloads the run); either way nothing is deferred after."""
         try:
-            return self.committer.commit_held()
+            return self.committer.commit_deferred()
         except StoreError:
-            self._base = None  # the version is not the tip: the next publish reloads the run
+            self._base = None  # the version is not the latest: the next publish reloads the run
             raise
 
-    def _advance(self, tip: Tip, share: Share, builder: DeltaBuilder | None, after_full: dict[str, np.ndarray]) -> None:
+    def _advance(
+        self, latest: Latest, share: Share, builder: DeltaBuilder | None, after_full: dict[str, np.ndarray]
+    ) -> None:
         """Move the baseline to the version just committed: a delta's changes in place, else the
         bits just published (views into this rank's shards where it built them, else copies)."""
         base = self._base
         if builder is not None and base is not None and base.fits(share.specs, share.ranges):
-            base.advance(tip, share.words, builder)
+            base.advance(latest, share.words, builder)
             return
         words = {k: after_full[k] if k in after_full else copy_words(v) for k, v in share.words.items()}
-        self._base = Baseline(tip, dict(share.ranges), words)
+        self._base = Baseline(latest, dict(share.ranges), words)

@@ -53,7 +53,7 @@ def records(reader: Reader) -> Records:
     if not found:
         return out
     committed = reader.versions()
-    tip = committed[-1] if committed else -1
+    newest = committed[-1] if committed else -1
     present = set(committed)
     for key, record in found:
         try:
@@ -66,7 +66,7 @@ def records(reader: Reader) -> Records:
                         f"honoured only below version {left}, the latest full version committed it does not retire"
                     )
             else:
-                _check(reader, key, record, tip)
+                _check(reader, key, record, newest)
                 honoured = record.retired
             _hides_nothing(reader, key, honoured, present)
         except StoreError as exc:
@@ -100,15 +100,15 @@ def _hides_nothing(reader: Reader, key: str, retired: Retired, committed: set[in
             )
 
 
-def _check(reader: Reader, key: str, record: Record, tip: int) -> None:
+def _check(reader: Reader, key: str, record: Record, newest: int) -> None:
     """StoreError unless format-2 ``record`` is the run's and signed as the run requires."""
     url = reader.store.url(key)
     identity = reader.identity()
     if record.origin != identity.origin:
         raise UnauthenticatedError(f"{url}: a record of run {record.origin}, not of this run ({identity.origin})")
-    if record.retired.ranges and record.retired.ranges[-1][1] >= tip:
+    if record.retired.ranges and record.retired.ranges[-1][1] >= newest:
         raise UnauthenticatedError(
-            f"{url}: retires version {record.retired.ranges[-1][1]}, not below the latest committed version {tip}"
+            f"{url}: retires version {record.retired.ranges[-1][1]}, not below the latest committed version {newest}"
         )
     if identity.signed_by is None:
         if record.signature is not None:
@@ -117,7 +117,7 @@ def _check(reader: Reader, key: str, record: Record, tip: int) -> None:
     if record.signature is None:
         raise UnauthenticatedError(f"{url}: unsigned, in a run signed by key {identity.signed_by}")
     assert record.latest is not None
-    at = min(record.latest, tip)
+    at = min(record.latest, newest)
     keys = reader.keys_at(at, url)
     era = keys.era(at)
     if era.public is None:

@@ -32,7 +32,7 @@ from aurora_store.format.weights import WeightState
 if TYPE_CHECKING:
     import torch
 
-    from aurora_store.bucket.plan import Tip
+    from aurora_store.bucket.plan import Latest
 
 log = logging.getLogger("aurora.store")
 
@@ -130,7 +130,7 @@ class Run:
         new one); None: they are not signed."""
         return self.signing.key
 
-    def resume(self) -> Tip | None:
+    def resume(self) -> Latest | None:
         """Hold the last committed version's bits as this process's baseline now (what a restarted
         trainer does before its first step), so the next publish diffs against it at once."""
         return self.publisher.resume()

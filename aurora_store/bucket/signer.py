@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from aurora_store.bucket.plan import Tip
+from aurora_store.bucket.plan import Latest
 from aurora_store.bucket.reader import Reader
 from aurora_store.errors import StoreError, UnauthenticatedError
 from aurora_store.format import signing
@@ -48,30 +48,30 @@ class Signer:
             raise StoreError(f"{self.uri}: the key to rotate to is the signing key itself ({self.key_id})")
         self.rotating = new
 
-    def rotation_for(self, tip: Tip | None) -> Rotation | None:
-        """The rotation the next version after ``tip`` carries: None without one pending, or when the
+    def rotation_for(self, latest: Latest | None) -> Rotation | None:
+        """The rotation the next version after ``latest`` carries: None without one pending, or when the
         run is already signed by the key to rotate to (then this signer moves to it now)."""
         if self.rotating is None:
             return None
         new_id = signing.key_id(self.rotating.public_key())
-        if tip is not None and tip.identity.signed_by == new_id:
+        if latest is not None and latest.identity.signed_by == new_id:
             self.key, self.rotating = self.rotating, None
             return None
         assert self.key is not None
-        if tip is not None and tip.identity.signed_by is not None:
-            used = [e.key_id for e in self.reader.keys_at(tip.version, self.uri).eras]
+        if latest is not None and latest.identity.signed_by is not None:
+            used = [e.key_id for e in self.reader.keys_at(latest.version, self.uri).eras]
             if new_id in used:  # readers refuse a rotation back to a key the run used
                 raise StoreError(f"{self.uri}: key {new_id} signed this run before; rotate to a new key")
         return signing.rotation(self.key, self.rotating)
 
-    def check_not_retired(self, tip: Tip | None) -> None:
+    def check_not_retired(self, latest: Latest | None) -> None:
         """UnauthenticatedError, saying so, if this signer's key is one the run rotated away from (a
         trainer restarted with the old key alone): rotating again is not the way on, its current key is."""
-        current = tip.identity.signed_by if tip is not None else None
+        current = latest.identity.signed_by if latest is not None else None
         if current is None or self.key_id is None or self.key_id == current:
             return
-        assert tip is not None
-        eras = self.reader.keys_at(tip.version, self.uri).eras
+        assert latest is not None
+        eras = self.reader.keys_at(latest.version, self.uri).eras
         for era, after in itertools.pairwise(eras):
             if era.key_id == self.key_id:
                 raise UnauthenticatedError(
@@ -81,7 +81,7 @@ class Signer:
                 )
 
     def unreadable(self, exc: UnauthenticatedError) -> UnauthenticatedError:
-        """What a publisher that cannot verify its run's tip should be told: what it lacks, or how to
+        """What a publisher that cannot verify its run's latest should be told: what it lacks, or how to
         rotate to its key if that key is new to the run (``exc`` itself otherwise)."""
         if self.key is None and self.reader.verify_key is None:
             return UnauthenticatedError(
