@@ -16,7 +16,7 @@ import threading
 from actor.config import SyncConfig
 from actor.follower import Follower
 from actor.metrics import ActorMetrics
-from actor.updater import Held, Updater, open_sync_runs
+from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
 from aurora_store.coord.coordinator import Coordinator
@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     listener = threading.Thread(target=wake.run, args=(stop,), name="aurora-wakeups", daemon=True)
     listener.start()
 
-    def applied(held: Held) -> None:
+    def report_applied(applied: Applied) -> None:
         with contextlib.suppress(CoordinationError):
-            _report(coord, args.worker_id, held)
+            _report(coord, args.worker_id, applied)
 
     follower = Follower(
         up,
@@ -54,16 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         stop=stop,
         check_s=CHECK_S,
         verify_live=args.verify_live,
-        on_applied=applied,
+        on_applied=report_applied,
         on_broken=stop.set,
     )
-    held = up.bootstrap()
+    applied = up.bootstrap()
     seen, registered = wake.seq, False
     while not stop.is_set():
         try:
             if not registered:  # first time, and again after Redis lost its state
                 coord.workers.register("actor", args.region, worker_id=args.worker_id)
-                _report(coord, args.worker_id, held)
+                _report(coord, args.worker_id, applied)
                 registered = True
             if coord.workers.heartbeat(args.worker_id):  # its state in Redis is gone: register again
                 registered = False
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 follower.advance_to(latest, wait_s=0)  # staged and applied at once; reported by applied()
             except ChainError:  # --verify-live: the weights read back are not the version's (logged)
                 break
-        held = up.held or held
+        applied = up.applied or applied
         seen = wake.wait_commit(seen, CHECK_S)  # a commit wakes it at once; else a look every CHECK_S
     listener.join(timeout=5)
     with contextlib.suppress(CoordinationError):
@@ -85,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     return 4 if follower.broken is not None else 0
 
 
-def _report(coord: Coordinator, worker_id: str, held: Held) -> None:
-    coord.workers.update(worker_id, version=held.version, version_hash=held.version_hash, digest=held.weights_digest)
+def _report(coord: Coordinator, worker_id: str, applied: Applied) -> None:
+    coord.workers.update(
+        worker_id, version=applied.version, version_hash=applied.version_hash, digest=applied.weights_digest
+    )
 
 
 if __name__ == "__main__":

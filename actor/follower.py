@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from actor.metrics import ActorMetrics
-from actor.updater import Held, Updater
+from actor.updater import Applied, Updater
 from actor.wakeups import Wakeups
 from aurora_store.errors import AuroraError, ChainError
 
@@ -38,7 +38,7 @@ class Follower:
         stop: threading.Event,
         check_s: float,
         verify_live: bool = False,
-        on_applied: Callable[[Held], None] | None = None,
+        on_applied: Callable[[Applied], None] | None = None,
         on_broken: Callable[[], None] | None = None,
     ) -> None:
         self.up, self.wake, self.metrics, self.who = up, wake, metrics, who
@@ -61,9 +61,9 @@ class Follower:
             try:
                 latest = self.up.latest()
                 self.metrics.region_at(latest)
-                held = self.up.held
-                if latest is not None and held is not None and latest > held.version:
-                    target = held.version + 1 if self.busy.is_set() else latest
+                applied = self.up.applied
+                if latest is not None and applied is not None and latest > applied.version:
+                    target = applied.version + 1 if self.busy.is_set() else latest
                     staged = self.up.staged
                     if staged is None or staged.version < target:
                         self.stage(target)
@@ -82,35 +82,35 @@ class Follower:
         self.up.stage(target)
         self.metrics.staged(time.perf_counter() - t0)
 
-    def apply(self, since: float | None = None) -> Held | None:
+    def apply(self, since: float | None = None) -> Applied | None:
         """Apply what is staged (at a safe point); ``since``: when generation began to wait for it. The
-        version now held, or None if nothing was staged."""
+        version now applied, or None if nothing was staged."""
         t0 = time.perf_counter()
         staged = self.up.staged
         if staged is not None:
             what = "a full version" if staged.full is not None else f"{staged.changed} changed elements"
             log.info("actor %s: applying version %d (%s)", self.who, staged.version, what)
-        held = self.up.apply()
-        if held is not None:
+        applied = self.up.apply()
+        if applied is not None:
             done = time.perf_counter()
             self.metrics.switched(apply_s=done - t0, pause_s=done - (t0 if since is None else since))
-            self.applied(held)
-        return held
+            self.now_at(applied)
+        return applied
 
-    def applied(self, held: Held) -> None:
-        """``held`` is now the engine's version (applied, or loaded at bootstrap): verify it where asked,
+    def now_at(self, applied: Applied) -> None:
+        """``applied`` is now the engine's version (applied, or loaded at bootstrap): verify it where asked,
         count it, and tell whoever listens."""
         if self.verify_live:
-            self._verify(held)
-        self.metrics.held(held.version)
+            self._verify(applied)
+        self.metrics.applied(applied.version)
         if self.on_applied is not None:
-            self.on_applied(held)
+            self.on_applied(applied)
 
     def advance_to(self, version: int, *, wait_s: float) -> bool:
         """Hold exactly ``version``: wait for it to reach this region, stage it, apply it. False if it
         did not arrive in ``wait_s`` (or the actor is stopping)."""
-        assert self.up.held is not None
-        if version > self.up.held.version:
+        assert self.up.applied is not None
+        if version > self.up.applied.version:
             since = time.perf_counter()
             give_up = time.monotonic() + wait_s
             seen = self.wake.seq
@@ -126,17 +126,17 @@ class Follower:
             self.wake.poke()  # the stager looks for the next one
         return True
 
-    def _verify(self, held: Held) -> None:
+    def _verify(self, applied: Applied) -> None:
         """The engine's weights, read back, are exactly the version's (``--verify-live``): after a delta
         staged in the engine, the positions it wrote (O(changed)); after a load, every word (O(model))."""
         got, how = self.up.verify()
-        if got != held.weights_digest:
+        if got != applied.weights_digest:
             self.broken = (
-                f"the engine's weights at version {held.version} have digest {got}, the manifest says "
-                f"{held.weights_digest}"
+                f"the engine's weights at version {applied.version} have digest {got}, the manifest says "
+                f"{applied.weights_digest}"
             )
             log.error("actor %s: %s; stopping", self.who, self.broken)
             if self.on_broken is not None:
                 self.on_broken()
             raise ChainError(f"actor {self.who}: {self.broken}")
-        log.info("actor %s: live weights verified at version %d (%s)", self.who, held.version, how)
+        log.info("actor %s: live weights verified at version %d (%s)", self.who, applied.version, how)

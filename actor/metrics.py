@@ -61,7 +61,7 @@ class ActorMetrics:
         self.m = Metrics("actor", region, SPECS)
         labels = (region, actor)
         self._labels = labels
-        self._held = self._region = -1
+        self._applied = self._region = -1
         self._lock = threading.Lock()
         self._stage = self.m.histogram(STAGE_SECONDS).labels(*labels)
         self._apply = self.m.histogram(APPLY_SECONDS).labels(*labels)
@@ -73,20 +73,20 @@ class ActorMetrics:
         self.m.pull(VERSION_LAG, self._read_lag, *labels)
 
     def _read_held(self) -> dict[tuple[str, ...], float]:
-        return {(): float(self._held)} if self._held >= 0 else {}  # nothing held yet: no series
+        return {(): float(self._applied)} if self._applied >= 0 else {}  # nothing applied yet: no series
 
     def _read_lag(self) -> dict[tuple[str, ...], float]:
-        if self._held < 0:
+        if self._applied < 0:
             return {}
-        return {(): float(max(0, self._region - self._held))}  # an actor applies only what its region holds
+        return {(): float(max(0, self._region - self._applied))}  # an actor applies only what its region holds
 
     def watch_redis(self, coord: Coordinator) -> None:
         self.m.redis_skipped(coord.skipped.snapshot)
 
-    def held(self, version: int) -> None:
+    def applied(self, version: int) -> None:
         """The actor now holds ``version`` (bootstrapped or applied)."""
         with self._lock:
-            self._held = version
+            self._applied = version
             self._region = max(self._region, version)
 
     def region_at(self, version: int | None) -> None:

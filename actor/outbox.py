@@ -56,7 +56,7 @@ class Outbox:
         on_refused: Callable[[], None],
         identity: Identity | None = None,
         reader: Reader | None = None,
-        held: Callable[[], int] = lambda: 0,
+        applied: Callable[[], int] = lambda: 0,
     ) -> None:
         self.board, self.store = board, store
         self.wid, self.region = worker_id, region
@@ -67,8 +67,8 @@ class Outbox:
         self.submitted: OrderedDict[str, None] = OrderedDict()
         """Stream ids of the results this actor submitted (the last KEEP)."""
         self._lock = threading.Lock()
-        self.reader, self.held = reader, held
-        """The run's reader and the version this actor holds: what a notice's signature is checked against."""
+        self.reader, self.applied = reader, applied
+        """The run's reader and the version this actor has applied: what a notice's signature is checked against."""
         self._told: set[str] = set()
         self._refused = 0
         self.refused = False
@@ -154,7 +154,7 @@ class Outbox:
             identity = self.reader.identity()
             if identity.signed_by is None:
                 return None
-            era = self.reader.keys_at(self.held(), f"notice {n.id}").last
+            era = self.reader.keys_at(self.applied(), f"notice {n.id}").last
         except StoreError:
             return False
         if era.public is None or n.signature is None or n.signature[0] != era.key_id:

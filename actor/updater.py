@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class Applied:
     version: int
     version_hash: str
     weights_digest: str
@@ -82,7 +82,7 @@ class Updater:
         self.worker_id = worker_id
         self.live: LiveWeights = live if live is not None else TensorWeights(device=self.device)
         self.specs: tuple[TensorSpec, ...] = ()
-        self.held: Held | None = None
+        self.applied: Applied | None = None
         self.lock = ReadWriteLock()
         self._digest = Digest()
         self._staged: Staging | Staged | None = None
@@ -109,7 +109,7 @@ class Updater:
 
     # ------------------------------------------------------------ bootstrap
 
-    def bootstrap(self, version: int | None = None) -> Held:
+    def bootstrap(self, version: int | None = None) -> Applied:
         """Load ``version`` (latest when None) as new live tensors: nearest full plus deltas, from the
         fallback (home) bucket if the region's copy is damaged or incomplete."""
         target = version if version is not None else self.latest()
@@ -134,32 +134,32 @@ class Updater:
             self._last_in_place = False
             self.specs = state.specs
             self._digest = state.digest
-            self.held = Held(state.version, state.version_hash, state.digest.hex())
-        return self.held
+            self.applied = Applied(state.version, state.version_hash, state.digest.hex())
+        return self.applied
 
     # ------------------------------------------------------------ staging
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
-        """The live tensors by HF name, when they are held as plain tensors."""
+        """The live tensors by HF name, when they are kept as plain tensors."""
         if not isinstance(self.live, TensorWeights):
             raise StoreError("this updater's live weights are an engine's own layout, not HF-named tensors")
         return self.live.tensors
 
     def route(self, target: int) -> list[Manifest]:
-        """The cheapest chain of manifests from the held version to ``target`` (bytes to fetch); from
+        """The cheapest chain of manifests from the applied version to ``target`` (bytes to fetch); from
         the latest full version when gc retired a version between (:mod:`aurora_store.bucket.catchup`)."""
-        assert self.held is not None
-        return catchup.route(self.run.reader, self.held.version, target, self.specs)
+        assert self.applied is not None
+        return catchup.route(self.run.reader, self.applied.version, target, self.specs)
 
     def stage(self, target: int | None = None) -> Staging | Staged | None:
         """Fetch, verify and decode up to ``target`` (latest when None) without touching live weights."""
-        if self.held is None:
-            raise StoreError("stage() needs a held version: call bootstrap() first")
+        if self.applied is None:
+            raise StoreError("stage() needs an applied version: call bootstrap() first")
         target = self.latest() if target is None else target
         with self._stage_lock:
             staged = self._staged
-            start = staged.version if staged is not None else self.held.version
+            start = staged.version if staged is not None else self.applied.version
             if target is None or target <= start:
                 return staged
             try:
@@ -179,7 +179,7 @@ class Updater:
                 self._staged = staged = None
                 plan = self.route(target)
             if staged is None:
-                staged = Staging.empty(self.held.version, self.held.version_hash, self._digest, live=self.live)
+                staged = Staging.empty(self.applied.version, self.applied.version_hash, self._digest, live=self.live)
             work = staged.extended()
             try:
                 for m in plan:
@@ -198,9 +198,9 @@ class Updater:
         """Stage the deltas of ``plan`` inside the engine, each decoded where the weights live
         (:meth:`~actor.live.LiveWeights.stage_version`): only their verified bytes go in. The whole
         plan is staged or none is (the staging before it stays)."""
-        assert self.held is not None
+        assert self.applied is not None
         base: Staged | Base = (
-            staged if staged is not None else Base(self.held.version, self.held.version_hash, self._digest.hex())
+            staged if staged is not None else Base(self.applied.version, self.applied.version_hash, self._digest.hex())
         )
         made: list[Staged] = []
         try:
@@ -265,21 +265,21 @@ class Updater:
 
     # ------------------------------------------------------------ apply
 
-    def apply(self) -> Held | None:
+    def apply(self) -> Applied | None:
         """Switch the live weights to the staged version, in place, as one transaction."""
         with self._stage_lock:
             staged = self._staged
-            if staged is None or self.held is None or staged.version == self.held.version:
+            if staged is None or self.applied is None or staged.version == self.applied.version:
                 return None
             if isinstance(staged, Staged):  # decoded and checked in the engine: only the write is left
                 with self.lock.write():
                     self.live.commit_staged(staged)
                     self._last_in_place = True
                     self._digest = staged.digest
-                    self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
+                    self.applied = Applied(staged.version, staged.version_hash, staged.digest.hex())
                 self._staged = None
                 self._tell_applied(staged.version, staged.version_hash)
-                return self.held
+                return self.applied
             # everything that can fail has been checked while staging or is done by prepare()
             ready = self._prepared
             prepared = ready[1] if ready is not None and ready[0] is staged else self.live.prepare(staged.changes)
@@ -289,10 +289,10 @@ class Updater:
                 self.live.commit(prepared)
                 self._last_in_place = False
                 self._digest = staged.digest
-                self.held = Held(staged.version, staged.version_hash, staged.digest.hex())
+                self.applied = Applied(staged.version, staged.version_hash, staged.digest.hex())
             self._staged = self._prepared = None
             self._tell_applied(staged.version, staged.version_hash)
-            return self.held
+            return self.applied
 
     def _tell_applied(self, version: int, version_hash: str) -> None:
         if self.coord is not None:

@@ -41,7 +41,7 @@ from actor.metrics import ActorMetrics
 from actor.outbox import Outbox
 from actor.renewals import Renewer
 from actor.rewards import RewardPool
-from actor.updater import Held, Updater, open_sync_runs
+from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
 from aurora_store.coord.coordinator import Coordinator
@@ -93,7 +93,7 @@ class Worker:
             on_refused=self.halt,
             identity=self._identity(),
             reader=self.run.reader,
-            held=self._held_version,
+            applied=self._applied_version,
         )
         """What this actor submitted, and what the trainer said of it."""
         self.wake = Wakeups(
@@ -118,9 +118,9 @@ class Worker:
             return None
         return Identity.load(key, cert, actor=self.wid, run=self.cfg.sync.run_id)
 
-    def _held_version(self) -> int:
+    def _applied_version(self) -> int:
         up = getattr(self, "up", None)  # None until the engine is up
-        return up.held.version if up is not None and up.held is not None else 0
+        return up.applied.version if up is not None and up.applied is not None else 0
 
     @property
     def broken(self) -> str | None:
@@ -177,7 +177,7 @@ class Worker:
                 live=self.engine.live,
             )
         )
-        held = self._retrying("bootstrap", self.up.bootstrap)
+        applied = self._retrying("bootstrap", self.up.bootstrap)
         self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
             "register",
@@ -190,10 +190,10 @@ class Worker:
             self._retrying("calibrate", self._calibrate)
         self._retrying(
             "say its version",
-            lambda: self.coord.workers.update(self.wid, version=held.version, version_hash=held.version_hash),
+            lambda: self.coord.workers.update(self.wid, version=applied.version, version_hash=applied.version_hash),
         )
-        self.follower.applied(held)
-        log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", held.version)
+        self.follower.now_at(applied)
+        log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", applied.version)
 
     def follow(self, up: Updater) -> None:
         """Follow the region's versions through ``up`` (over the engine's live weights): what
@@ -257,15 +257,15 @@ class Worker:
         if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
             time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
 
-    def _applied(self, held: Held) -> None:
+    def _applied(self, applied: Applied) -> None:
         """A version is the engine's now: tell the engine, and note it for the trainer's report."""
-        self.engine.applied(held.version, held.version_hash)
+        self.engine.applied(applied.version, applied.version_hash)
         with contextlib.suppress(CoordinationError):
             self.coord.note(
                 "applied",
                 actor=self.wid,
                 region=self.cfg.sync.region,
-                version=held.version,
+                version=applied.version,
                 ms=int(time.time() * 1000),
             )
 
@@ -279,8 +279,8 @@ class Worker:
                 self._give_back(lease)
         for version in sorted(by_version):
             batch = by_version[version]
-            assert self.up.held is not None
-            if version < self.up.held.version:  # the weights moved past it: let the trainer lease it again
+            assert self.up.applied is not None
+            if version < self.up.applied.version:  # the weights moved past it: let the trainer lease it again
                 for lease, _ in batch:
                     self._give_back(lease)
                 continue
@@ -312,25 +312,27 @@ class Worker:
         return prompt
 
     def _generate(self, batch: list[tuple[Lease, Prompt]]) -> None:
-        held = self.up.held
-        assert held is not None
+        applied = self.up.applied
+        assert applied is not None
         t0 = time.perf_counter()
         with self.up.lock.read():  # a batch runs on one whole version
             outs = self._sample(
                 [list(p.ids) for _, p in batch], seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode())
             )
         self._emulate_slowdown(time.perf_counter() - t0)
-        tokens = self._submit_all(batch, outs, held)
+        tokens = self._submit_all(batch, outs, applied)
         if tokens is not None:
             tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
             self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
 
-    def _submit_all(self, batch: list[tuple[Lease, Prompt]], outs: list[list[Completion]], held: Held) -> int | None:
+    def _submit_all(
+        self, batch: list[tuple[Lease, Prompt]], outs: list[list[Completion]], applied: Applied
+    ) -> int | None:
         """Score and submit each job's completions; the tokens submitted, or None when the actor stopped
         while they were scored: the jobs not submitted are given back (the trainer leases them again)."""
         tokens = 0
         for i, ((lease, prompt), comps) in enumerate(zip(batch, outs, strict=True)):
-            if not self._submit(lease, prompt, comps, held):
+            if not self._submit(lease, prompt, comps, applied):
                 log.warning(
                     "actor %s: stopping while its rewards were scored; giving back %d leases", self.wid, len(batch) - i
                 )
@@ -340,7 +342,7 @@ class Worker:
             tokens += sum(len(c.token_ids) for c in comps)
         return tokens
 
-    def _submit(self, lease: Lease, prompt: Prompt, comps: list[Completion], held: Held) -> bool:
+    def _submit(self, lease: Lease, prompt: Prompt, comps: list[Completion], applied: Applied) -> bool:
         """Score one job's completions and submit the result; False, submitting nothing, when the
         reward process died because the actor is stopping (a crashed reward is no reward)."""
         rewards = self.rewards
@@ -351,8 +353,8 @@ class Worker:
         values, failures = scored
         rows = [(c.token_ids, c.logprobs, c.finish_reason, r) for c, r in zip(comps, values, strict=True)]
         # weights_digest: verified when these weights were applied
-        data = payloads.encode(rows, failures=failures, weights_digest=held.weights_digest)
-        self.outbox.submit(lease, held.version, held.version_hash, data)
+        data = payloads.encode(rows, failures=failures, weights_digest=applied.weights_digest)
+        self.outbox.submit(lease, applied.version, applied.version_hash, data)
         self.renewer.done(lease)  # renewed until now: the trainer has a whole lease to admit it
         return True
 
@@ -373,8 +375,8 @@ class Worker:
         self.coord.workers.register(
             "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
         )
-        assert self.up.held is not None
-        self.coord.workers.update(self.wid, version=self.up.held.version, version_hash=self.up.held.version_hash)
+        assert self.up.applied is not None
+        self.coord.workers.update(self.wid, version=self.up.applied.version, version_hash=self.up.applied.version_hash)
         self.board.rewind(self.wid)
         self.wake.rewind()
 

@@ -105,7 +105,7 @@ def _holds(args: argparse.Namespace, uri: str) -> tuple[dict[str, int] | None, l
 
     coord = Coordinator(args.redis, _run_id(args, uri))
     try:
-        return coord.holds()
+        return coord.versions_in_use()
     finally:
         coord.close()
 

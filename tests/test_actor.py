@@ -55,13 +55,13 @@ def test_bootstrap_stage_apply(run: aurora_store.Run, lookup: str) -> None:
     hist = publish(run, 6, lr=3e-6)  # a few % of elements change per step, as in RL fine-tuning
     assert "classed" in {b.codec for v in (3, 4, 5) for s in run.manifest(v).segments for b in s.blocks}
     up = Updater(run, region="eu", live=TensorWeights(lookup_on_device=lookup == "torch"))
-    held = up.bootstrap(2)
-    assert (held.version, held.version_hash, held.weights_digest) == (
+    applied = up.bootstrap(2)
+    assert (applied.version, applied.version_hash, applied.weights_digest) == (
         2,
         run.manifest(2).version_hash,
         run.manifest(2).weights_digest,
     )
-    assert bits_equal(up.weights, hist[2]) and up.live_digest() == held.weights_digest
+    assert bits_equal(up.weights, hist[2]) and up.live_digest() == applied.weights_digest
     staged = up.stage()
     assert staged is not None and staged.version == 5
     assert bits_equal(up.weights, hist[2]), "staging never touches the live weights"
@@ -72,8 +72,8 @@ def test_bootstrap_stage_apply(run: aurora_store.Run, lookup: str) -> None:
         union += int(((words[0] != words[1]) | (words[1] != words[2]) | (words[2] != words[3])).sum())
     assert staged.changed == union > 0
     assert staged.nbytes <= union * (8 + 8)
-    held = up.apply()
-    assert held is not None and held.version == 5
+    applied = up.apply()
+    assert applied is not None and applied.version == 5
     assert bits_equal(up.weights, hist[5]) and up.live_digest() == run.manifest(5).weights_digest
     assert up.apply() is None  # nothing staged
 
@@ -126,7 +126,7 @@ def test_failed_staging_leaves_live_weights_alone(tmp_path: Path, redis_server: 
     before = up.live_digest()
     with pytest.raises(CorruptError, match=seg.key):
         up.stage(3)
-    assert up.held is not None and up.held.version == 1 and up.live_digest() == before
+    assert up.applied is not None and up.applied.version == 1 and up.live_digest() == before
     assert up.apply() is None
     reports = list(coord.reports())
     assert reports and reports[0]["worker"] == "a1" and seg.key in reports[0]["object"]
@@ -172,7 +172,7 @@ class FollowedRegion:
     args: list[str]
     worker_id: str
 
-    def held(self) -> Any:
+    def applied(self) -> Any:
         return self.coord.workers.registrations().get(self.worker_id, {}).get("version")
 
     def start(self) -> subprocess.Popen[str]:
@@ -212,13 +212,13 @@ def test_actor_process_killed_mid_run_resumes(tmp_path: Path, redis_server: Redi
     run, coord = region.run, region.coord
     proc = region.start()
     try:
-        wait_for(lambda: region.held() == 1, "the actor to hold version 1")
+        wait_for(lambda: region.applied() == 1, "the actor to hold version 1")
         hist = publish(run, 3, start=2)
         proc.kill()  # mid-run: it may be anywhere in fetching, staging or applying
         proc.wait(10)
         hist += publish(run, 2, start=5)
         proc = region.start()
-        wait_for(lambda: region.held() == 6, "the restarted actor to reach version 6")
+        wait_for(lambda: region.applied() == 6, "the restarted actor to reach version 6")
         info = coord.workers.registrations()["actor-1"]
         m = run.manifest(6)
         assert (info["version_hash"], info["digest"]) == (m.version_hash, m.weights_digest)
@@ -234,10 +234,10 @@ def test_actor_follows_through_a_redis_restart(tmp_path: Path, redis_server: Red
     run, coord = region.run, region.coord
     proc = region.start()
     try:
-        wait_for(lambda: region.held() == 1, "the actor to hold version 1")
+        wait_for(lambda: region.applied() == 1, "the actor to hold version 1")
         redis_server.restart()  # registrations, versions and events are gone
         publish(run, 2, start=2)  # the region moves on; only the bucket knows everything
-        wait_for(lambda: region.held() == 3, "the actor to re-register and reach version 3 after the restart")
+        wait_for(lambda: region.applied() == 3, "the actor to re-register and reach version 3 after the restart")
         assert coord.workers.registrations()["actor-2"]["version_hash"] == run.manifest(3).version_hash
         assert proc.poll() is None
     finally:

@@ -247,7 +247,7 @@ def _gc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_gc_reads_only_the_live_workers_registrations(tmp_path: Path, redis_server: Any) -> None:
-    """Hole (issue 22): ``Coordinator.holds()`` read every registration ever made (HGETALL). Now it reads
+    """Hole (issue 22): ``Coordinator.versions_in_use()`` read every registration ever made (HGETALL). Now it reads
     the live workers' only, from the liveness registry: thousands of dead registrations cost nothing,
     live actors still protect what they hold, and a damaged live entry is still reported and counted."""
     run = aurora_store.open_run((tmp_path / "h").as_uri(), full_every=4)
@@ -269,7 +269,7 @@ def test_gc_reads_only_the_live_workers_registrations(tmp_path: Path, redis_serv
     pipe.execute()
 
     coord.r.config_resetstat()
-    held, unreadable = coord.holds()
+    held, unreadable = coord.versions_in_use()
     sent = int(coord.r.info("stats")["total_net_output_bytes"])
     assert held == {"actor a0 in eu": 5, "actor a1 in eu": 7, "region home": 9}, "dead registrations hold nothing"
     assert len(unreadable) == 1 and "ghost" in unreadable[0]
@@ -338,9 +338,11 @@ def test_an_actor_paused_past_its_registration_catches_up_from_the_full_version_
     actor.bootstrap(1)
     wid = coord.workers.register("actor", "home", worker_id="paused", ttl_s=0.5)
     coord.workers.update(wid, version=1, version_hash=run.manifest(1).version_hash)
-    assert coord.holds()[0]["actor paused in home"] == 1
+    assert coord.versions_in_use()[0]["actor paused in home"] == 1
     weights.update(_publish(run, 8, seed=1))  # versions 2-9, fulls at 4 and 8; the actor is paused meanwhile
-    wait_for(lambda: "actor paused in home" not in coord.holds()[0], "the paused actor's registration to lapse")
+    wait_for(
+        lambda: "actor paused in home" not in coord.versions_in_use()[0], "the paused actor's registration to lapse"
+    )
 
     done = _gc(uri, "--apply", "--redis", redis_server.url, "--keep-last", "2", "--keep-fulls", "1", "--json")
     assert done.returncode == 0, done.stderr

@@ -72,14 +72,14 @@ def test_a_signed_run_relayed_s3_to_gcs_and_back(
             procs[name] = subprocess.Popen([sys.executable, *args], cwd=REPO, stderr=log)
     try:
 
-        def held() -> Any:
+        def applied() -> Any:
             for name, p in procs.items():
                 assert p.poll() is None, f"the {name} exited: {logs[name].read_text()[-3000:]}"
             return coord.workers.registrations().get("eu-0", {}).get("version")
 
-        wait_for(lambda: held() == 1, "the actor in the GCS region to hold version 1", 180)
+        wait_for(lambda: applied() == 1, "the actor in the GCS region to hold version 1", 180)
         publish(4)  # the live relay copies them as they are announced; the actor follows
-        wait_for(lambda: held() == 5, "the actor in the GCS region to hold version 5", 180)
+        wait_for(lambda: applied() == 5, "the actor in the GCS region to hold version 5", 180)
         latest = trainer.manifest(5)
         reg = coord.workers.registrations()["eu-0"]
         assert (reg["version_hash"], reg["digest"]) == (latest.version_hash, latest.weights_digest)

@@ -537,8 +537,8 @@ def test_an_actor_follows_the_run_across_rotations(rotated: tuple[str, Any], key
     actor.bootstrap(1)
     for v in range(2, VERSIONS):
         actor.stage(v)
-        held = actor.apply()
-        assert held is not None and held.version == v
+        applied = actor.apply()
+        assert applied is not None and applied.version == v
     assert_bits_equal({k: t.cpu() for k, t in actor.weights.items()}, states[-1])
 
 
@@ -551,7 +551,7 @@ def test_an_actor_refuses_a_forged_rotation_and_keeps_its_weights(rotated: tuple
     actor.bootstrap(2)
     with pytest.raises(UnauthenticatedError):
         actor.stage(4)
-    assert actor.held is not None and actor.held.version == 2
+    assert actor.applied is not None and actor.applied.version == 2
     assert_bits_equal({k: t.cpu() for k, t in actor.weights.items()}, states[2])
 
 

@@ -320,7 +320,7 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     from actor.config import SyncConfig, WorkerConfig
     from actor.engines.base import Completion
     from actor.rewards import RewardPool
-    from actor.updater import Held
+    from actor.updater import Applied
     from actor.worker import Worker
     from aurora_store.format import results as payloads
     from aurora_store.rl.tasks import Prompt
@@ -361,8 +361,8 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         w.halt()  # ... and the actor's handler
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text(), "its end")
         comps = [Completion((5, 1), (-0.5, -0.5), "stop"), Completion((6, 1), (-0.5, -0.5), "stop")]
-        held = Held(0, "0" * 64, "d" * 32)
-        assert w._submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], held) is None
+        applied = Applied(0, "0" * 64, "d" * 32)
+        assert w._submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], applied) is None
     finally:
         w.close()
     assert d.board.results.read("0-0", block_ms=1) == [], "no result of zeros reached the trainer"

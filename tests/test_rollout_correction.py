@@ -84,18 +84,18 @@ def test_a_correction_needs_the_rollouts_weights_and_a_cap_above_one() -> None:
 
 def test_the_copy_holds_a_versions_bf16_bits_and_knows_which() -> None:
     policy = tiny(seed=1)
-    held = RolloutPolicy(tiny(seed=2))
-    assert held.hold(0, policy, current=0) and held.version == 0
-    for (name, p), (_, q) in zip(policy.named_parameters(), held.model.named_parameters(), strict=True):
+    copy = RolloutPolicy(tiny(seed=2))
+    assert copy.switch_to(0, policy, current=0) and copy.version == 0
+    for (name, p), (_, q) in zip(policy.named_parameters(), copy.model.named_parameters(), strict=True):
         assert torch.equal(q, p.detach().to(torch.bfloat16).float()), name
         assert not q.requires_grad
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.01)
-    assert held.hold(0, policy, current=1), "it still holds version 0"
-    assert not held.hold(5, policy, current=1), "neither it nor the policy has version 5"
-    held.take(policy, 1)
-    assert held.version == 1
+    assert copy.switch_to(0, policy, current=1), "it still holds version 0"
+    assert not copy.switch_to(5, policy, current=1), "neither it nor the policy has version 5"
+    copy.take(policy, 1)
+    assert copy.version == 1
 
 
 def test_a_version_neither_copy_holds_is_loaded_from_the_run(tmp_path: object) -> None:
@@ -113,9 +113,9 @@ def test_a_version_neither_copy_holds_is_loaded_from_the_run(tmp_path: object) -
         for p in policy.parameters():
             p.add_(0.01)
     publisher.publish(step=1)
-    held = RolloutPolicy(tiny(seed=2), load=run.materialize)
-    assert held.hold(0, policy, current=1) and held.version == 0, "loaded from the run"
-    for name, q in held.model.named_parameters():
+    copy = RolloutPolicy(tiny(seed=2), load=run.materialize)
+    assert copy.switch_to(0, policy, current=1) and copy.version == 0, "loaded from the run"
+    for name, q in copy.model.named_parameters():
         assert torch.equal(q, published[name].float()), name
-    assert not held.hold(7, policy, current=1), "the run has no version 7"
-    assert held.version == 0
+    assert not copy.switch_to(7, policy, current=1), "the run has no version 7"
+    assert copy.version == 0

@@ -36,7 +36,7 @@ def chain(n: int, lr: float = 3e-4) -> tuple[aurora_store.Run, list[dict[str, to
     return run, hist
 
 
-def held(run: aurora_store.Run, v: int) -> Base:
+def applied(run: aurora_store.Run, v: int) -> Base:
     m = run.manifest(v)
     return Base(v, m.version_hash, m.weights_digest)
 
@@ -53,7 +53,7 @@ def data(run: aurora_store.Run, m: Manifest) -> list[memoryview]:
 def test_a_staged_chain_writes_exactly_the_last_version_and_nothing_before_the_commit() -> None:
     run, hist = chain(3)
     live = live_at(run, 0)
-    s1 = live.stage_version(held(run, 0), run.manifest(1), data(run, run.manifest(1)))
+    s1 = live.stage_version(applied(run, 0), run.manifest(1), data(run, run.manifest(1)))
     s2 = live.stage_version(s1, run.manifest(2), data(run, run.manifest(2)))
     assert bits_equal(live.tensors, hist[0]), "staging never touches the live weights"
     assert (s2.base_version, s2.version, s2.digest.hex()) == (0, 2, run.manifest(2).weights_digest)
@@ -73,7 +73,7 @@ def test_a_staged_chain_writes_exactly_the_last_version_and_nothing_before_the_c
 def test_hostile_bytes_and_manifests_stage_nothing(damage: str) -> None:
     run, hist = chain(3)
     live = live_at(run, 1)
-    good = live.stage_version(held(run, 1), run.manifest(2), data(run, run.manifest(2)))
+    good = live.stage_version(applied(run, 1), run.manifest(2), data(run, run.manifest(2)))
     m, got = run.manifest(3), [bytearray(d) for d in data(run, run.manifest(3))]
     base: Staged | Base = good
     error: type[StoreError] = CorruptError
@@ -92,11 +92,11 @@ def test_hostile_bytes_and_manifests_stage_nothing(damage: str) -> None:
         m = replace(m, weights_digest="0" * 32)
         error = ChainError
     elif damage == "wrong_parent":
-        base = held(run, 1)  # version 3 does not follow version 1
+        base = applied(run, 1)  # version 3 does not follow version 1
         error = ChainError
     else:
         m = run.manifest(0)
-        base, error = held(run, 0), StoreError
+        base, error = applied(run, 0), StoreError
     with pytest.raises(error):
         live.stage_version(base, m, [memoryview(b) for b in got])
     assert live.stager.tokens == [good.token], "the staging it would have extended is still there"
@@ -110,7 +110,7 @@ def test_a_block_past_the_decode_cap_is_refused_before_decoding() -> None:
     live = live_at(run, 0)
     live.stager.max_decoded_bytes = 16
     with pytest.raises(LimitError):
-        live.stage_version(held(run, 0), run.manifest(1), data(run, run.manifest(1)))
+        live.stage_version(applied(run, 0), run.manifest(1), data(run, run.manifest(1)))
     assert live.stager.tokens == []
 
 
@@ -183,8 +183,8 @@ def test_a_vllm_worker_decodes_a_version_from_its_bytes_alone() -> None:
         sent.clear()
         staged = up.stage(v)
         assert isinstance(staged, Staged)
-        delta = sum(run.manifest(u).stats.bytes for u in range(up.held.version + 1, v + 1))  # type: ignore[union-attr]
-        manifests = sum(len(run.manifest(u).to_bytes()) for u in range(up.held.version + 1, v + 1))  # type: ignore[union-attr]
+        delta = sum(run.manifest(u).stats.bytes for u in range(up.applied.version + 1, v + 1))  # type: ignore[union-attr]
+        manifests = sum(len(run.manifest(u).to_bytes()) for u in range(up.applied.version + 1, v + 1))  # type: ignore[union-attr]
         assert sum(sent) == delta + manifests, "the version's bytes and manifest cross, nothing else"
         assert same(ranks, fuse(hist[v - 1 if v == 1 else 1], 1))
         up.apply()
@@ -203,9 +203,9 @@ def test_a_rank_that_cannot_decode_answers_with_the_error_and_every_rank_drops_t
     m = run.manifest(1)
     bad = [bytearray(d) for d in run.reader.fetch_all(m)]
     bad[0][len(bad[0]) // 2] ^= 0xFF
-    assert up.held is not None
+    assert up.applied is not None
     with pytest.raises(CorruptError, match="rank 0"):
-        live.stage_version(Base(0, up.held.version_hash, up.held.weights_digest), m, [memoryview(b) for b in bad])
+        live.stage_version(Base(0, up.applied.version_hash, up.applied.weights_digest), m, [memoryview(b) for b in bad])
     runner = live.runner
     assert isinstance(runner, LocalRunner) and runner.ranks[0].hf is not None
     assert runner.ranks[0].hf.stager.tokens == []
@@ -246,7 +246,7 @@ def test_a_failed_stage_after_a_commit_leaves_the_read_back_of_that_commit() -> 
     bad = [bytearray(d) for d in run.reader.fetch_all(m)]
     bad[0][len(bad[0]) // 2] ^= 0x5A
     with pytest.raises(CorruptError):
-        up.live.stage_version(held(run, 1), m, [memoryview(b) for b in bad])
+        up.live.stage_version(applied(run, 1), m, [memoryview(b) for b in bad])
     assert up.verify() == (run.manifest(1).weights_digest, "written")
 
 

@@ -166,8 +166,8 @@ def test_mapped_engine_holds_every_version_bit_exact(mapped: Any, chain: tuple[R
     for v in range(1, 6):
         staged = up.stage(v)
         assert staged is not None and staged.version == v
-        held = up.apply()
-        assert held is not None and held.version == v
+        applied = up.apply()
+        assert applied is not None and applied.version == v
         assert_engine_holds(mapped, run, v, layout)
         assert up.live_digest() == run.manifest(v).weights_digest
         if v == 2:
@@ -190,11 +190,13 @@ def test_a_version_a_worker_cannot_stage_leaves_the_engine_on_its_version(
     bad = [bytearray(d) for d in run.reader.fetch_all(m)]
     for b in bad:
         b[len(b) // 2] ^= 0x5A
-    held = run.manifest(4)
+    applied = run.manifest(4)
     with pytest.raises(CorruptError, match="rank 0"):
-        mapped.live.stage_version(Base(4, held.version_hash, held.weights_digest), m, [memoryview(b) for b in bad])
+        mapped.live.stage_version(
+            Base(4, applied.version_hash, applied.weights_digest), m, [memoryview(b) for b in bad]
+        )
     assert_engine_holds(mapped, run, 4, layout)
-    assert up.verify() == (held.weights_digest, "written"), "read back at the positions version 4 wrote"
+    assert up.verify() == (applied.weights_digest, "written"), "read back at the positions version 4 wrote"
     up.stage(5)
     up.apply()
     assert_engine_holds(mapped, run, 5, layout)
@@ -238,7 +240,7 @@ def test_a_prompt_cached_under_one_version_is_recomputed_after_the_next(
     mapped: Any, fresh: Any, chain: tuple[Run, Path]
 ) -> None:
     """With prefix caching on, a prompt's KV blocks computed under version 4 are not reused after version
-    5 is applied: its log-probabilities are those of an engine that only ever held version 5."""
+    5 is applied: its log-probabilities are those of an engine that only ever applied version 5."""
     from vllm import SamplingParams
 
     run, _ = chain
@@ -316,7 +318,7 @@ def test_patches_mode_holds_every_version_through_vllms_loaders(
     with pytest.raises(LayoutError, match="NaN"):
         up.stage(2)
     assert_engine_holds(patched, run, 1, layout)
-    assert up.held is not None and up.held.version == 1
+    assert up.applied is not None and up.applied.version == 1
     for v in (4, 5):
         up.stage(v)
         assert up.apply() is not None

@@ -296,7 +296,7 @@ class _Progress:
         self._after = "0-0"
         self.phase: tuple[str, int, int] | None = None
         """What the trainer is doing before its first step (the warm start), and how far it is."""
-        self.held: dict[int, str] = {}
+        self.versions_at_step: dict[int, str] = {}
         """step -> the version each region held when the step's row was first shown."""
         self.notices: _Notices | None = None
 
@@ -341,8 +341,8 @@ class _Progress:
         )
         for col in ("step", "reward", "kB", "vs full", "changed", "publish s", "sync s", "/".join(REGIONS)):
             t.add_column(col, justify="right")
-        if reports and reports[-1].step not in self.held:
-            self.held[reports[-1].step] = self._versions()
+        if reports and reports[-1].step not in self.versions_at_step:
+            self.versions_at_step[reports[-1].step] = self._versions()
         for rep in reports[-12:]:
             t.add_row(
                 str(rep.step),
@@ -352,7 +352,7 @@ class _Progress:
                 f"{rep.density:.1%}",
                 f"{rep.publish_s:.2f}",
                 self._sync_s(rep),
-                self.held.get(rep.step, ""),
+                self.versions_at_step.get(rep.step, ""),
             )
         return t
 

@@ -457,9 +457,10 @@ class Trainer:
         samples = [Sample(tuple(p), tuple(t), tuple(lp), r) for p, t, lp, r in batch["rows"]]
         t0 = time.perf_counter()
         o = self.cfg.optim
-        rollout, held = self.rollout, self.weights_version
+        rollout, current = self.rollout, self.weights_version
         rollout_model = None
-        if rollout is not None and batch["version"] is not None and rollout.hold(batch["version"], self.model, held):
+        version = batch["version"]
+        if rollout is not None and version is not None and rollout.switch_to(version, self.model, current):
             rollout_model = rollout.model
         grpo = self.grpo
         if rollout_model is None and grpo.correction != "none":  # no copy holds the rollouts' weights
@@ -482,18 +483,18 @@ class Trainer:
             reference=self.reference,
             all_reduce=self.dist.sum_floats if self.dist.world > 1 else None,
             rollout_model=rollout_model,
-            before_update=lambda: self._before_update(rollout, held),
+            before_update=lambda: self._before_update(rollout, current),
         )
         self.weights_version = step
         reward = sum(s.reward for s in samples) / max(len(samples), 1)
         return reward, time.perf_counter() - t0, stats
 
-    def _before_update(self, rollout: RolloutPolicy | None, held: int) -> None:
+    def _before_update(self, rollout: RolloutPolicy | None, current: int) -> None:
         """What must happen before the optimizer moves the weights: the last version's state is copied,
         and the rollout copy takes the weights it needs."""
         self.states.before_update()
         if rollout is not None:
-            rollout.take(self.model, held)
+            rollout.take(self.model, current)
 
     def commit(self, step: int) -> VersionInfo:
         """Publish the weights of ``step`` as the next version (recording a pending rollback) and, when

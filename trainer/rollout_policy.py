@@ -52,8 +52,8 @@ class RolloutPolicy:
                 dst.copy_(src.to(dst.dtype))
         self.version = version
 
-    def hold(self, version: int, policy: torch.nn.Module, current: int) -> bool:
-        """Make this copy hold ``version``, the rollouts' one; ``policy`` holds ``current``. False when
+    def switch_to(self, version: int, policy: torch.nn.Module, current: int) -> bool:
+        """Make this copy hold ``version``, the rollouts' one (``policy`` is at ``current``). False when
         neither this copy nor the policy has that version's weights (the step is then trained without
         a correction, and said so)."""
         if self.version == version:

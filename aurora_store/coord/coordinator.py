@@ -82,19 +82,19 @@ class Coordinator:
         reply = self.call(self.r.xread, after, count=count, block=max(block_ms, 1))
         return {str(key): list(entries) for key, entries in reply or []}
 
-    def holds(self) -> tuple[dict[str, int], list[str]]:
-        """What ``aurora gc`` must not delete from under anyone: the version every live actor holds
+    def versions_in_use(self) -> tuple[dict[str, int], list[str]]:
+        """What ``aurora gc`` must not delete from under anyone: the version every live actor has applied
         and every region is at (relays copy what comes after it), by who (``actor a1 in eu``,
-        ``region eu``); and the entries that could not be read (a live worker whose held version is
-        unknown, a damaged region). Reads the live workers' registrations only (:meth:`Workers.held`)
+        ``region eu``); and the entries that could not be read (a live worker whose applied version is
+        unknown, a damaged region). Reads the live workers' registrations only (:meth:`Workers.versions`)
         and every region's entry: for gc, not for a loop."""
-        held, unreadable = self.workers.held()
+        in_use, unreadable = self.workers.versions()
         for region, got in self.regions.versions().items():
             if got is None:
                 unreadable.append(f"region {region!r:.80}: its version entry is damaged")
             else:
-                held[f"region {region}"] = got.version
-        return held, unreadable
+                in_use[f"region {region}"] = got.version
+        return in_use, unreadable
 
     # ------------------------------------------------------------ reports
 

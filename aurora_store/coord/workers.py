@@ -24,8 +24,8 @@ from aurora_store.coord.keyspace import Keyspace
 
 log = logging.getLogger("aurora.coord")
 
-HELD_BATCH = 1000
-"""Live workers' registrations read per round trip by :meth:`Workers.held`."""
+VERSIONS_BATCH = 1000
+"""Live workers' registrations read per round trip by :meth:`Workers.versions`."""
 
 PROTOCOL = 2
 """The coordination protocol workers declare when they register: 2 is push (job inboxes and commits
@@ -186,16 +186,16 @@ class Workers:
         self.keys.call(self._register, keys=self._keys(), args=[worker_id, json.dumps(merged), ""])
         self._docs[worker_id] = merged
 
-    def held(self) -> tuple[dict[str, int], list[str]]:
-        """The version each live actor holds, by ``actor {id} in {region}``, and the live workers whose
+    def versions(self) -> tuple[dict[str, int], list[str]]:
+        """The version each live actor has applied, by ``actor {id} in {region}``, and the live workers whose
         registration could not be read (counted as skipped too). Served from the liveness registry: the
-        ids alive now (a range of ``alive``), then only their registrations, :data:`HELD_BATCH` a round
+        ids alive now (a range of ``alive``), then only their registrations, :data:`VERSIONS_BATCH` a round
         trip; so for ``aurora gc`` it costs what the live fleet does, never every worker ever registered."""
-        held: dict[str, int] = {}
+        applied: dict[str, int] = {}
         unreadable: list[str] = []
         alive = sorted(self.alive())
-        for at in range(0, len(alive), HELD_BATCH):
-            ids = alive[at : at + HELD_BATCH]
+        for at in range(0, len(alive), VERSIONS_BATCH):
+            ids = alive[at : at + VERSIONS_BATCH]
             docs = self.keys.call(self.keys.r.hmget, self.keys.key("workers"), ids)
             for wid, doc in zip(ids, docs, strict=True):
                 if doc is None:
@@ -205,11 +205,13 @@ class Workers:
                     if parsed.get("role") == "actor" and "version" in parsed:
                         v = parsed["version"]  # a JSON number: what update wrote
                         v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                        held[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(v)
+                        applied[f"actor {wire.name(wid, 'worker_id')} in {parsed.get('region')!s:.40}"] = wire.version(
+                            v
+                        )
                 except wire.BadEntry as exc:
                     self.keys.skipped.skip(exc.reason, f"worker {wid!r:.80}: {exc}")
                     unreadable.append(f"worker {wid!r:.80}: {exc}")
-        return held, unreadable
+        return applied, unreadable
 
     def unregister(self, worker_id: str) -> None:
         self.keys.call(self._unregister, keys=self._keys(), args=[worker_id])

@@ -61,11 +61,11 @@ class Timing:
 class Weights(Protocol):
     """How one actor holds and advances its weights."""
 
-    def held(self) -> int:
+    def applied(self) -> int:
         """The version the next batch would run on."""
 
     def boundary(self, need: int, stop: threading.Event) -> None:
-        """At a safe point between batches: apply what is staged, and wait until ``held() >= need``."""
+        """At a safe point between batches: apply what is staged, and wait until ``applied() >= need``."""
 
     def threads(self, stop: threading.Event) -> list[tuple[str, Callable[[], None]]]:
         """Background work to run beside the actor (a stager) until ``stop`` is set."""
@@ -113,13 +113,13 @@ class Instant:
 
     def __init__(self, box: VersionBox) -> None:
         self._box = box
-        self._held = 0
+        self._applied = 0
 
-    def held(self) -> int:
-        return self._held
+    def applied(self) -> int:
+        return self._applied
 
     def boundary(self, need: int, stop: threading.Event) -> None:
-        self._held = self._box.wait_for(need, stop)
+        self._applied = self._box.wait_for(need, stop)
 
     def threads(self, stop: threading.Event) -> list[tuple[str, Callable[[], None]]]:
         return []
@@ -142,20 +142,20 @@ class Synced:
         self.applied_at: list[tuple[int, float]] = []
         """(version, when) each time the actor applied a version at a batch boundary."""
         self.joined_at = 0.0
-        """When it held its first version (0: from the start; a joining actor: when its bootstrap ended)."""
+        """When it applied its first version (0: from the start; a joining actor: when its bootstrap ended)."""
 
-    def held(self) -> int:
-        assert self.up.held is not None
-        return self.up.held.version
+    def applied(self) -> int:
+        assert self.up.applied is not None
+        return self.up.applied.version
 
     def boundary(self, need: int, stop: threading.Event) -> None:
         while True:
             staged = self.up.staged
-            if staged is not None and staged.version > self.held():
+            if staged is not None and staged.version > self.applied():
                 self.up.apply()
-                self.applied_at.append((self.held(), time.perf_counter()))
+                self.applied_at.append((self.applied(), time.perf_counter()))
                 self._applied.set()
-            if self.held() >= need or stop.is_set():
+            if self.applied() >= need or stop.is_set():
                 return
             self._staged.wait(POLL_S)
             self._staged.clear()
@@ -167,10 +167,10 @@ class Synced:
         after = self.coord.regions.last_event_id(self.region)
         while not stop.is_set():
             latest = self.up.latest()
-            held = self.held()
-            if latest is not None and latest > held:
+            applied = self.applied()
+            if latest is not None and latest > applied:
                 staged = self.up.staged
-                if staged is None or staged.version <= held:
+                if staged is None or staged.version <= applied:
                     done = self.up.stage(latest)
                     if done is not None:
                         self.staged_at.append((done.version, time.perf_counter()))
@@ -268,7 +268,7 @@ def _actor(
         start = time.perf_counter()
         if stop.is_set():
             return
-        version = w.held()
+        version = w.applied()
         if stop.wait(timing.generation_s):  # the generation stand-in
             return
         board.done(Batch(name, step, version, start - t0, start, time.perf_counter()))
@@ -331,7 +331,7 @@ def run_steps(
         first = board.join(e.actor)
         churned.append(
             {"step": e.step, "kind": "join", "actor": e.actor, "region": e.region, "bootstrap_s": ready - t0}
-            | {"ready_at_s": ready - t_start, "first_step": first, "version": w.held()}
+            | {"ready_at_s": ready - t_start, "first_step": first, "version": w.applied()}
         )
         launch(e.actor, w, first)
 

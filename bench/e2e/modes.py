@@ -188,8 +188,8 @@ def synced(
             relayed[rl.dest_region] = (rl.stats.versions - n0, rl.stats.bytes - b0)
         final = []
         for a in s.actors:
-            assert a.updater.held is not None
-            manifest = s.trainer.manifest(a.updater.held.version)
+            assert a.updater.applied is not None
+            manifest = s.trainer.manifest(a.updater.applied.version)
             final.append(final_check(a.name, a.updater, manifest, world.cfg.verify_live))
         phase.tracker.check()
     finally:

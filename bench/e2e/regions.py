@@ -230,17 +230,17 @@ def synced(
         final = []
         last = trainer.manifest(timing.total_steps)
         for actor, (_, up, _) in m.actors.items():
-            if actor in gone or up.held is None:
+            if actor in gone or up.applied is None:
                 continue
             deadline = time.monotonic() + sizes.timeout_s
-            while up.held.version < last.version and time.monotonic() < deadline:  # still on its way: untimed
+            while up.applied.version < last.version and time.monotonic() < deadline:  # still on its way: untimed
                 m.tracker.check()
                 if (up.latest() or 0) >= last.version:
                     up.stage(last.version)
                     up.apply()
                 else:
                     time.sleep(0.05)
-            final.append(final_check(actor, up, trainer.manifest(up.held.version), sizes.verify_live))
+            final.append(final_check(actor, up, trainer.manifest(up.applied.version), sizes.verify_live))
         for name in relays:  # every region holds the last version (its actors do): the links are settled
             while (rv := coord.regions.version(name)) is None or rv.version < last.version:
                 m.tracker.check()

@@ -99,8 +99,8 @@ def follow(
         if events:
             after = events[-1].id
         latest = up.latest()
-        assert up.held is not None
-        if latest is None or latest <= up.held.version:
+        assert up.applied is not None
+        if latest is None or latest <= up.applied.version:
             continue
         seen = time.perf_counter()
         if reload:
@@ -278,14 +278,14 @@ def await_relays(coord: Coordinator, count: int, tracker: Tracker, timeout_s: fl
 
 def final_check(name: str, up: Updater, manifest: Manifest, verify_live: bool) -> dict[str, Any]:
     """Each actor must hold the last version, bit for bit: its digest against the trainer's manifest."""
-    held = up.held
-    assert held is not None
+    applied = up.applied
+    assert applied is not None
     live = up.live_digest() if verify_live else None
-    ok = (held.version, held.weights_digest) == (manifest.version, manifest.weights_digest)
+    ok = (applied.version, applied.weights_digest) == (manifest.version, manifest.weights_digest)
     return {
         "actor": name,
-        "version": held.version,
-        "weights_digest": held.weights_digest,
+        "version": applied.version,
+        "weights_digest": applied.weights_digest,
         "live_digest": live,
         "manifest_digest": manifest.weights_digest,
         "bit_exact": ok and (live is None or live == manifest.weights_digest),

@@ -297,17 +297,17 @@ def _admission(d: Any, board: Any, fleet: Any, cfg: Config, tokens: int) -> dict
     from aurora_store.format import results as payloads
 
     w = fleet.workers[0]
-    held = w.up.held
+    applied = w.up.applied
     comp = w.engine.completion
     n = 64
     lease = Lease("bench:1:0", 1, 1, 0, 0, {})
     rows = [(comp.token_ids, comp.logprobs, "length", 0.0)] * cfg.group
     t0 = time.process_time()
-    data = payloads.encode(rows, failures={}, weights_digest=held.weights_digest)
+    data = payloads.encode(rows, failures={}, weights_digest=applied.weights_digest)
     encode_s = time.process_time() - t0
     after = board.results.last_id()
     for _ in range(n):
-        w.outbox.submit(lease, held.version, held.version_hash, data)
+        w.outbox.submit(lease, applied.version, applied.version_hash, data)
     got: list[Any] = []
     while len(got) < n:
         got += board.results.read(got[-1].id if got else after, block_ms=100)

@@ -5,7 +5,7 @@ local bucket as the trainer would (``kind="auto"``: a full version every ``--ful
 when the delta chain since the last full would cost more than a full copy). For each K an
 :class:`actor.updater.Updater` holding version t - K asks ``route(t)`` for its path to t, for every
 target t it can reach in the run; the bench reports, for the last version, the bytes of the chain as
-published (every version from the held one on: a full version stands in the chain in place of its
+published (every version from the applied one on: a full version stands in the chain in place of its
 delta, the format stores no delta for it), the bytes of the latest full in the window plus the
 deltas after it, the Updater's choice and its ratio to the cheaper of the two, then stages and
 applies that path (digest-checked) and times it. Over every target, the worst ratio.
@@ -109,9 +109,9 @@ def measure(cfg: Config) -> dict[str, Any]:
     size = [m.stats.bytes for m in manifests]
     fulls = [m.version for m in manifests if m.kind == "full"]
 
-    def options(held: int, target: int) -> dict[str, Any]:
-        window = range(held + 1, target + 1)
-        full = max((f for f in fulls if held < f <= target), default=None)
+    def options(applied: int, target: int) -> dict[str, Any]:
+        window = range(applied + 1, target + 1)
+        full = max((f for f in fulls if applied < f <= target), default=None)
         chain = sum(size[v] for v in window)
         via_full = None if full is None else sum(size[v] for v in range(full, target + 1))
         return {"chain_bytes": chain, "latest_full": full, "full_plus_chain_bytes": via_full}
@@ -129,21 +129,21 @@ def measure(cfg: Config) -> dict[str, Any]:
         u.bootstrap(0)
         sweep = []
         for target in range(k, cfg.versions + 1):
-            held = target - k
-            if u.held is not None and u.held.version < held:
-                u.stage(held)
+            applied = target - k
+            if u.applied is not None and u.applied.version < applied:
+                u.stage(applied)
                 u.apply()
-            sweep.append(choice(u, target, options(held, target)))
+            sweep.append(choice(u, target, options(applied, target)))
         last = cfg.versions
         opt = options(last - k, last)
-        head = {"target": last, "held": last - k, **opt, **sweep[-1]}
+        head = {"target": last, "applied": last - k, **opt, **sweep[-1]}
         head["deltas_only_chain_bytes"] = sum(only[last - k + 1 : last + 1])
         t = time.perf_counter()
         staged = u.stage(last)
         u.apply()
         head["stage_apply_s"] = time.perf_counter() - t
-        assert staged is not None and u.held is not None
-        head["digest_matches"] = u.held.weights_digest == manifests[last].weights_digest
+        assert staged is not None and u.applied is not None
+        head["digest_matches"] = u.applied.weights_digest == manifests[last].weights_digest
         worst = max(sweep, key=lambda r: r["ratio_to_cheaper"])
         per_k[str(k)] = {
             **head,
@@ -174,11 +174,11 @@ def measure(cfg: Config) -> dict[str, Any]:
         "worst_ratio_to_cheaper": worst_all,
         "target": {"ratio_to_cheaper_le": TARGET, "met": worst_all <= TARGET},
         "notes": [
-            "chain_bytes counts every version after the held one as published: a full version has no delta "
+            "chain_bytes counts every version after the applied one as published: a full version has no delta "
             "in this format, so a chain through it fetches the full version",
             "deltas_only_chain_bytes: the same trace published as deltas only (another run), what the chain "
             "would cost if every version also had a delta; not fetchable from this run",
-            "route() reads every manifest between the held version and the target",
+            "route() reads every manifest between the applied version and the target",
         ],
         "seconds": time.perf_counter() - started,
     }
