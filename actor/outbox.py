@@ -151,8 +151,8 @@ class Outbox:
         if self.reader is None:
             return None
         try:
-            identity = self.reader.identity()
-            if identity.signed_by is None:
+            lineage = self.reader.lineage()
+            if lineage.signed_by is None:
                 return None
             era = self.reader.keys_at(self.applied(), f"notice {n.id}").last
         except StoreError:

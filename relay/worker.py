@@ -236,11 +236,11 @@ class Relay:
                 f"{url}: parent version {m.parent.version} is not at the destination yet; "
                 "versions are committed in order"
             )
-        ident = self.dst.identity()
-        if m.run is not None and m.run.origin != ident.origin:  # its key: checked by the source's reader
+        lineage = self.dst.lineage()
+        if m.run is not None and m.run.origin != lineage.origin:  # its key: checked by the source's reader
             raise ChainError(
                 f"{url}: the source's version {m.version} is of run {m.run.origin}, "
-                f"the destination's run is {ident.origin}",
+                f"the destination's run is {lineage.origin}",
                 url=url,
             )
         if m.parent is not None and parent_there:

@@ -74,7 +74,7 @@ def _record(run: Any, retired: Retired, *, latest: int | None = None) -> tuple[s
     """An unsigned record of ``run`` (as gc writes one in an unsigned run), naming ``latest``
     (default: the run's latest version) as the latest committed."""
     latest = run.versions()[-1] if latest is None else latest
-    return retention.encode(retired, 1_700_000_000_000, latest=latest, origin=run.reader.identity().origin)
+    return retention.encode(retired, 1_700_000_000_000, latest=latest, origin=run.reader.lineage().origin)
 
 
 def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
@@ -86,10 +86,10 @@ def test_gc_keeps_what_is_asked_and_every_kept_chain(tmp_path: Path) -> None:
         name = StateName.of(s, m.version_hash)
         run.state.put(name, "tensors.safetensors", b"x" * 10)
         tensors = trainer_state.TensorFile.of("tensors.safetensors", b"x" * 10)
-        doc = trainer_state.new(s, m.version_hash, run.reader.identity().origin, tensors, {"opt_steps": {}}, None)
+        doc = trainer_state.new(s, m.version_hash, run.reader.lineage().origin, tensors, {"opt_steps": {}}, None)
         run.state.commit(name, doc.to_bytes())
     p = gc.plan(run, gc.RetentionPolicy(keep_last=2, keep_fulls=1, keep_states=2, holds={"actor a in eu": 10}))
-    # 0: identity; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
+    # 0: lineage; 12, 13: last 2; 12: last full; 10-13: at/after what the actor holds;
     # 9, 13: kept states; chains: 10 and 11 and 9 need 8
     assert sorted(p.kept) == [0, 8, 9, 10, 11, 12, 13]
     assert p.retire == [1, 2, 3, 4, 5, 6, 7]
@@ -386,7 +386,7 @@ def test_forged_retention_records_hide_no_version_from_a_relay(tmp_path: Path) -
     reports each of them (unsigned in a signed run, signed by another key, retiring the future)."""
     uri, _key, pub, weights = _signed_run(tmp_path, 6)
     run = aurora_store.open_run(uri, verify_key=pub.read_bytes())
-    origin = run.reader.identity().origin
+    origin = run.reader.lineage().origin
     assert origin is not None
     legacy = b'{"created_ms":1,"format":"aurora-retention/1","retired":[[1,1000000]]}\n'
     run.store.put_if_absent(f"retention/0000000000001-{hashlib.sha256(legacy).hexdigest()[:32]}.json", legacy)
@@ -410,13 +410,13 @@ def test_forged_retention_records_hide_no_version_from_a_relay(tmp_path: Path) -
     assert not home.ok and len(home.bad_records) == 3, home.bad_records
     why = "\n".join(home.bad_records)
     assert "honoured only below version 4" not in why and "honoured only below version 0" in why
-    assert "unsigned, in a run signed by key" in why and f"expected {run.reader.identity().signed_by}" in why
+    assert "unsigned, in a run signed by key" in why and f"expected {run.reader.lineage().signed_by}" in why
     assert home.retired == 0
 
     # and in an unsigned run, where anyone may write a record: never one retiring the latest or above
     plain = aurora_store.open_run((tmp_path / "plain").as_uri(), full_every=100)
     _publish(plain, 6)
-    plain_origin = plain.reader.identity().origin
+    plain_origin = plain.reader.lineage().origin
     assert plain_origin is not None
     ahead = retention.encode(Retired() | [1, 9], 4, latest=10, origin=plain_origin)
     plain.store.put_if_absent(*ahead)
@@ -453,7 +453,7 @@ def test_gc_signs_its_record_in_a_signed_run_and_relays_honour_it(tmp_path: Path
     assert found.retired.ranges == ((1, 7),) and not found.bad
     (record_key,) = found.keys
     doc = json.loads(run.store.get(record_key, max_bytes=1 << 20))
-    assert doc["signature"]["key_id"] == run.reader.identity().signed_by and doc["latest"] == 9
+    assert doc["signature"]["key_id"] == run.reader.lineage().signed_by and doc["latest"] == 9
 
     eu = (tmp_path / "eu" / "s").as_uri()
     r = _relay_once(uri, eu, pub)

@@ -23,7 +23,7 @@ from aurora_store.bucket.objectstore import ObjectStore
 from aurora_store.errors import CorruptError, StoreError, UnauthenticatedError
 from aurora_store.format import signing
 from aurora_store.format.keys import manifest_key, rotation_marker_key
-from aurora_store.format.manifest import FORMAT_V4, Manifest, RunIdentity, Signature
+from aurora_store.format.manifest import FORMAT_V4, Manifest, RunLineage, Signature
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.testing import damage
 from relay.worker import Relay
@@ -162,7 +162,7 @@ def test_the_old_key_cannot_sign_after_its_rotation(rotated: tuple[str, Any], ke
     honest.publish(_state(21))
     m = honest.manifest(VERSIONS)
     forged = signing.seal(
-        dataclasses.replace(m, run=RunIdentity(m.run.origin, keys.id("a"))),  # type: ignore[union-attr]
+        dataclasses.replace(m, run=RunLineage(m.run.origin, keys.id("a"))),  # type: ignore[union-attr]
         signing.load_signing_key(keys.private["a"]),
     )
     damage.overwrite(honest.store, manifest_key(VERSIONS), forged.to_bytes())
@@ -178,7 +178,7 @@ def test_the_old_key_cannot_sign_after_its_rotation(rotated: tuple[str, Any], ke
         dataclasses.replace(
             m,
             format=FORMAT_V4,
-            run=RunIdentity(m.run.origin, keys.id("x")),  # type: ignore[union-attr]
+            run=RunLineage(m.run.origin, keys.id("x")),  # type: ignore[union-attr]
             rotation=signing.rotation(
                 signing.load_signing_key(keys.private["a"]), signing.load_signing_key(keys.private["x"])
             ),
@@ -496,7 +496,7 @@ def test_rotation_fields_round_trip(old: bytes, new: bytes, version: int, signed
         return
     m = _base_manifest(version)
     m = dataclasses.replace(
-        m, format=FORMAT_V4, run=RunIdentity("ab" * 32, signing.key_id(b.public_key())), rotation=signing.rotation(a, b)
+        m, format=FORMAT_V4, run=RunLineage("ab" * 32, signing.key_id(b.public_key())), rotation=signing.rotation(a, b)
     )
     sealed = signing.seal(m, a, b) if signed else signing.seal(m, None)
     parsed = parse_manifest(sealed.to_bytes(), expect_version=version)
@@ -734,7 +734,7 @@ def test_a_rotated_out_key_cannot_retire_a_version_a_reader_needs(
 
     uri, states = rotated
     run = aurora_store.open_run(uri, verify_key=keys.public["c"])
-    origin = run.reader.identity().origin
+    origin = run.reader.lineage().origin
     assert origin is not None and run.manifest(2).kind == "delta"
     old = signing.load_signing_key(keys.private["a"])
     run.store.put_if_absent(*retention.encode(Retired() | [1, 1], 5, latest=2, origin=origin, key=old))
@@ -787,7 +787,7 @@ def test_planted_markers_cost_a_reader_one_warning_and_gc_removes_them(
     (warning,) = _marker_warnings(caplog)  # version 0's is not even read: no rotation can be there
     assert f"{len(planted) - 1} key-rotation marker(s)" in warning and "aurora gc --apply" in warning
     assert reader.reader.trust._not_rotations == set(planted) - {0}
-    assert reader.reader.trust.relearn(reader.reader.identity())  # learn the keys again: nothing re-read or re-warned
+    assert reader.reader.trust.relearn(reader.reader.lineage())  # learn the keys again: nothing re-read or re-warned
     reader.manifest(VERSIONS - 1)
     assert len(_marker_warnings(caplog)) == 1
 

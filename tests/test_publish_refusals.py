@@ -220,8 +220,8 @@ def test_a_full_version_is_never_counted_against_a_baseline_of_another_version()
     for i in range(3):
         w["w"][i] += 1
         run.publish(w)
-    identity = run.reader.identity()
-    versions = [Latest.of(run.manifest(v), identity) for v in range(3)]
+    lineage = run.reader.lineage()
+    versions = [Latest.of(run.manifest(v), lineage) for v in range(3)]
     ranges = {"w": (0, 8)}
     words = {"w": run.reader.materialize(2).words["w"]}
     old = Baseline(versions[1], dict(ranges), {"w": run.reader.materialize(1).words["w"]})

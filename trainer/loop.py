@@ -156,7 +156,7 @@ class Trainer:
         self.rollback: Rollback | None = None
         """Set after a resume from an older state than the latest version's, for the next version to record."""
         self.origin: str | None = None
-        """The run's identity (version 0's hash), which every saved state is bound to."""
+        """The run's origin (version 0's hash), which every saved state is bound to."""
         self.states = StateWriter(self.run, write=self.dist.main)
         """Saves the state of committed versions off the training thread."""
         self.metrics.watch_states(self.states.cost)
@@ -321,7 +321,7 @@ class Trainer:
 
     def _resume(self, latest: int, unrecorded: bool, spec: Any) -> None:
         newest = self.run.manifest(latest)
-        self.origin = newest.identity.origin if newest.identity is not None else None
+        self.origin = newest.lineage.origin if newest.lineage is not None else None
         trust = self.cfg.publish.trust_unsigned_state
         resumed = resume_state(self.run, latest, self.model, self.opt, self.rng, trust_unsigned=trust)
         state = resumed.state

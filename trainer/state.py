@@ -325,8 +325,8 @@ def save_state(
     try:
         sharded = any(getattr(p, "device_mesh", None) is not None for p in model.parameters())
         m = run.manifest(version)
-        identity = m.identity
-        origin = identity.origin if identity is not None else None
+        lineage = m.lineage
+        origin = lineage.origin if lineage is not None else None
         writer.save(version, m.version_hash, origin, model, opt, rng, extra, sharded=sharded)
         writer.flush()
     finally:

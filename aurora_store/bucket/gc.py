@@ -1,6 +1,6 @@
 """Retention: delete the versions and trainer states no one can still need (``aurora gc``).
 
-What is kept, whatever else is asked: version 0 (the run's identity, and the KL reference the
+What is kept, whatever else is asked: version 0 (the run's lineage, and the KL reference the
 trainer rebuilds from it), every key rotation (readers learn the run's signing keys from them),
 the last ``keep_last`` versions, the last ``keep_fulls`` full versions,
 every version at or after the oldest one a live actor holds or a region is at (the ``floor``:
@@ -149,7 +149,7 @@ def plan(run: Run, policy: RetentionPolicy) -> RetentionPlan:
         kept.setdefault(v, why)
 
     if 0 in committed:
-        keep(0, "version 0: the run's identity and the KL reference")
+        keep(0, "version 0: the run's lineage and the KL reference")
     for v in committed:
         if v in manifests and manifests[v].rotation is not None:
             keep(v, "a key rotation: readers learn the run's keys from it")
@@ -262,10 +262,10 @@ def _record_signer(run: Run, latest: int) -> tuple[str, Ed25519PrivateKey | None
     """The run's origin and the key its retention record is signed with: none in an unsigned run,
     the run's key at ``latest`` in a signed one (RetentionError, before anything is deleted, when
     this gc was not given that key)."""
-    identity = run.reader.identity()
-    assert identity.origin is not None
-    if identity.signed_by is None:
-        return identity.origin, None
+    lineage = run.reader.lineage()
+    assert lineage.origin is not None
+    if lineage.signed_by is None:
+        return lineage.origin, None
     url = run.store.url(retention.DIR)
     era = run.reader.keys_at(latest, url).era(latest)
     key = run.signing_key
@@ -279,7 +279,7 @@ def _record_signer(run: Run, latest: int) -> tuple[str, Ed25519PrivateKey | None
             f"{url}: the signing key given is {signing.key_id(key.public_key())}, the run's key at version "
             f"{latest} is {era.key_id}; nothing was deleted"
         )
-    return identity.origin, key
+    return lineage.origin, key
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Whom a run trusts: the run's identity (fixed by its version 0), its signing keys' history (learnt
+"""Whom a run trusts: the run's lineage (fixed by its version 0), its signing keys' history (learnt
 from its rotations), and whether a manifest is signed as that history requires.
 
 A :class:`KeyChain` is what a :class:`~aurora_store.bucket.reader.Reader` verifies every manifest with:
@@ -21,7 +21,7 @@ from aurora_store.bucket.limits import Limits
 from aurora_store.errors import ChainError, KeyHistoryError, MissingError, StoreError, UnauthenticatedError, about
 from aurora_store.format import signing
 from aurora_store.format.keys import VERSIONS_DIR, committed_version, manifest_key, rotation_marker_version
-from aurora_store.format.manifest import LEGACY, Manifest, RunIdentity
+from aurora_store.format.manifest import LEGACY, Manifest, RunLineage
 from aurora_store.format.manifest_parser import parse_manifest
 from aurora_store.format.run_keys import RunKeys
 
@@ -56,18 +56,18 @@ def read_manifest(store: ObjectStore, limits: Limits, version: int) -> tuple[Man
     return m, data
 
 
-def identity_of(origin: Manifest) -> RunIdentity:
-    """The identity of the run whose version 0 is ``origin``. A run of the legacy format (aurora/1)
+def lineage_of(origin: Manifest) -> RunLineage:
+    """The lineage of the run whose version 0 is ``origin``. A run of the legacy format (aurora/1)
     names none: its origin is version 0's hash and its signer version 0's key, so versions written
     by this code on top of it carry them from then on."""
     signed_by = origin.run.signed_by if origin.run is not None else None
     if origin.run is None and origin.signature is not None:
         signed_by = origin.signature.key_id
-    return RunIdentity(origin.version_hash, signed_by)
+    return RunLineage(origin.version_hash, signed_by)
 
 
-def check_member(m: Manifest, identity: RunIdentity, origin_format: str) -> None:
-    """``m`` (a version after 0) belongs to the run ``identity`` names: fulls too, which name no parent.
+def check_member(m: Manifest, lineage: RunLineage, origin_format: str) -> None:
+    """``m`` (a version after 0) belongs to the run ``lineage`` names: fulls too, which name no parent.
     (Which key signs it is :meth:`KeyChain.authenticate`'s to check: a signed run's key may rotate.)"""
     if m.run is None:
         if origin_format != LEGACY:
@@ -75,12 +75,12 @@ def check_member(m: Manifest, identity: RunIdentity, origin_format: str) -> None
                 f"version {m.version} is in the legacy format {LEGACY} in a run started in {origin_format}"
             )
         return
-    if m.run.origin != identity.origin or (identity.signed_by is None) != (m.run.signed_by is None):
-        raise ChainError(f"version {m.version} belongs to run {m.run}, not to this run ({identity})")
+    if m.run.origin != lineage.origin or (lineage.signed_by is None) != (m.run.signed_by is None):
+        raise ChainError(f"version {m.version} belongs to run {m.run}, not to this run ({lineage})")
 
 
 class KeyChain:
-    """One run's identity and key history as one reader has learnt them, and the checks of a manifest
+    """One run's lineage and key history as one reader has learnt them, and the checks of a manifest
     against them (:meth:`verify`)."""
 
     def __init__(
@@ -102,7 +102,7 @@ class KeyChain:
         """The key chain of another copy of the same run to learn its key history from (a relay's
         source, for the destination it fills in order: a rotation may not be there yet when its key is
         the one given)."""
-        self._identity: RunIdentity | None = None
+        self._lineage: RunLineage | None = None
         self._origin_format = LEGACY
         self._keys: RunKeys | None = None
         """A signed run's key history, as far as :attr:`_covered` (every rotation up to it is known)."""
@@ -119,24 +119,24 @@ class KeyChain:
         self._warned_markers: set[int] = set()
 
     def verify(self, m: Manifest, url: str) -> None:
-        """Whether to believe ``m`` (parsed from ``url``): of this run (its identity is the one version 0
+        """Whether to believe ``m`` (parsed from ``url``): of this run (its lineage is the one version 0
         fixed) and signed by the run's key at its version when the run is signed (a signed run cannot be
         read without one of its public keys) or when this chain holds a verify key. Version 0 fixes the
-        identity."""
+        lineage."""
         if m.version == 0:
-            identity = identity_of(m)
-            self.authenticate(m, identity, url)
-            self._hold_identity(identity, m.format, url)
+            lineage = lineage_of(m)
+            self.authenticate(m, lineage, url)
+            self._fix_lineage(lineage, m.format, url)
             return
-        identity = self.identity()
-        check_member(m, identity, self._origin_format)
-        self.authenticate(m, identity, url)
+        lineage = self.lineage()
+        check_member(m, lineage, self._origin_format)
+        self.authenticate(m, lineage, url)
 
-    def authenticate(self, m: Manifest, identity: RunIdentity, what: str) -> None:
+    def authenticate(self, m: Manifest, lineage: RunLineage, what: str) -> None:
         """Check ``m``'s signature as its run requires (see :meth:`verify`): in a signed
         run, by the key its run's key history says signs its version (the outgoing and incoming
         keys both, for a key rotation), with a verify key that is one of the run's keys."""
-        if identity.signed_by is None:
+        if lineage.signed_by is None:
             if m.rotation is not None:
                 raise UnauthenticatedError(f"{what}: version {m.version} rotates a key in an unsigned run")
             if self.verify_key is not None and self.insist:
@@ -144,26 +144,26 @@ class KeyChain:
             return
         if self.verify_key is None:
             raise UnauthenticatedError(
-                f"{what}: the run is signed by key {identity.signed_by}; give its public key "
+                f"{what}: the run is signed by key {lineage.signed_by}; give its public key "
                 "(--verify-key or AURORA_VERIFY_KEY) to read it"
             )
         try:
-            self._authenticate_signed(m, identity, what)
+            self._authenticate_signed(m, lineage, what)
         except UnauthenticatedError:
             # what this reader learnt of the run's keys may be what failed: a rotation its listing did not
             # show yet, could not read or read as junk since removed, or not yet made to the key it was given
-            if not self.relearn(identity):
+            if not self.relearn(lineage):
                 raise
-            self._authenticate_signed(m, identity, what)
+            self._authenticate_signed(m, lineage, what)
             self._relearn_wait = 0.0  # learnt again: the next fault starts the backoff afresh
 
-    def relearn(self, identity: RunIdentity) -> bool:
+    def relearn(self, lineage: RunLineage) -> bool:
         """Forget the run's key history, to be learnt again from a new listing, unless that was done less
         than the backoff ago (:data:`RELEARN_S`); whether it was forgotten. Nothing failed is ever held
         for good: a storage error or a planted junk rotation costs a reader a backoff, not its life."""
         src = self.source
-        if src is not None and src.identity() == identity:
-            return src.relearn(identity)
+        if src is not None and src.lineage() == lineage:
+            return src.relearn(lineage)
         with self._keys_lock:
             now = time.monotonic()
             if now < self._relearn_at:
@@ -174,9 +174,9 @@ class KeyChain:
             self._keys, self._covered, self._bad_rotation = None, -1, None
             return True
 
-    def _authenticate_signed(self, m: Manifest, identity: RunIdentity, what: str) -> None:
+    def _authenticate_signed(self, m: Manifest, lineage: RunLineage, what: str) -> None:
         assert self.verify_key is not None
-        keys = self.run_keys(m, identity, what)
+        keys = self.run_keys(m, lineage, what)
         era = keys.era(m.version)
         signer = m.run.signed_by if m.run is not None else era.key_id
         if signer != era.key_id:
@@ -208,7 +208,7 @@ class KeyChain:
         if not (signing.same_key(new, era.public) and signing.same_key(old, before.public)):
             raise UnauthenticatedError(f"{what}: version {m.version} names keys other than the run's key history")
 
-    def run_keys(self, m: Manifest, identity: RunIdentity, what: str) -> RunKeys:
+    def run_keys(self, m: Manifest, lineage: RunLineage, what: str) -> RunKeys:
         """The signed run's key history, known at least as far as ``m``'s version.
 
         Learned step by step as versions are read in order (a reader that holds version v and
@@ -216,36 +216,36 @@ class KeyChain:
         the run: every rotation has a ``key-rotation`` marker beside its manifest, and each marked
         manifest is verified as a rotation from the key before it. UnauthenticatedError for a
         version at or after a rotation that fails those checks."""
-        assert identity.signed_by is not None and self.verify_key is not None
+        assert lineage.signed_by is not None and self.verify_key is not None
         src = self.source
-        if src is not None and src.identity() == identity:
+        if src is not None and src.lineage() == lineage:
             return src.keys_at(m.version, what)
         with self._keys_lock:
-            keys = self._held_keys(identity)
+            keys = self._held_keys(lineage)
             v = m.version
             if v > self._covered:
                 if v == self._covered + 1 and v > 0 and self._bad_rotation is None:
                     self._step(keys, m, what)
                 else:
-                    self._scan(keys, identity)
+                    self._scan(keys, lineage)
                     if v == self._covered + 1 and self._bad_rotation is None:
                         self._step(keys, m, what)
             return self._known(keys, v, what)
 
     def keys_at(self, version: int, what: str) -> RunKeys:
         """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""
-        identity = self.identity()
-        assert identity.signed_by is not None and self.verify_key is not None
+        lineage = self.lineage()
+        assert lineage.signed_by is not None and self.verify_key is not None
         with self._keys_lock:
-            keys = self._held_keys(identity)
+            keys = self._held_keys(lineage)
             if version > self._covered and self._bad_rotation is None:
-                self._scan(keys, identity)
+                self._scan(keys, lineage)
             return self._known(keys, version, what)
 
-    def _held_keys(self, identity: RunIdentity) -> RunKeys:
-        assert identity.signed_by is not None
-        if self._keys is None or self._keys.first != identity.signed_by:
-            self._keys, self._covered, self._bad_rotation = RunKeys(identity.signed_by), -1, None
+    def _held_keys(self, lineage: RunLineage) -> RunKeys:
+        assert lineage.signed_by is not None
+        if self._keys is None or self._keys.first != lineage.signed_by:
+            self._keys, self._covered, self._bad_rotation = RunKeys(lineage.signed_by), -1, None
         return self._keys
 
     def _known(self, keys: RunKeys, version: int, what: str) -> RunKeys:
@@ -269,7 +269,7 @@ class KeyChain:
                 raise
         self._covered = m.version
 
-    def _scan(self, keys: RunKeys, identity: RunIdentity) -> None:
+    def _scan(self, keys: RunKeys, lineage: RunLineage) -> None:
         """Learn every rotation after :attr:`_covered` from the run's listing (one LIST, then the marked
         manifests read together: a reader's start costs one round trip however many markers there are).
         A marker beside a version that rotates no key (planted, or left by a trainer killed mid-rotation
@@ -288,8 +288,8 @@ class KeyChain:
                 try:
                     if isinstance(read, StoreError):
                         raise read
-                    if read.run is None or read.run.origin != identity.origin:
-                        raise ChainError(f"{url}: version {r} is not of this run ({identity.origin})")
+                    if read.run is None or read.run.origin != lineage.origin:
+                        raise ChainError(f"{url}: version {r} is not of this run ({lineage.origin})")
                     if read.rotation is None:
                         self._not_rotations.add(r)
                         continue
@@ -330,30 +330,30 @@ class KeyChain:
                 shown,
             )
 
-    def identity(self) -> RunIdentity:
-        """The run's identity, as its version 0 fixed it (read and verified once, then held: a version 0
-        replaced under a long-running reader is a foreign run, not a new identity)."""
-        if self._identity is None:
+    def lineage(self) -> RunLineage:
+        """The run's lineage, as its version 0 fixed it (read and verified once, then held: a version 0
+        replaced under a long-running reader is a foreign run, not a new lineage)."""
+        if self._lineage is None:
             url = self.store.url(manifest_key(0))
             try:
                 m, _ = read_manifest(self.store, self.limits, 0)
             except MissingError as exc:
                 raise ChainError(
-                    f"version 0 of {self.store.uri} is missing: it fixes the run's identity, and no "
+                    f"version 0 of {self.store.uri} is missing: it fixes the run's lineage, and no "
                     "version can be checked against it",
                     url=exc.url,
                 ) from None
             with about(url):
                 self.verify(m, url)
-        assert self._identity is not None
-        return self._identity
+        assert self._lineage is not None
+        return self._lineage
 
     @property
     def known(self) -> bool:
-        """Whether the run's identity is held already."""
-        return self._identity is not None
+        """Whether the run's lineage is known already."""
+        return self._lineage is not None
 
-    def _hold_identity(self, identity: RunIdentity, fmt: str, url: str) -> None:
-        if self._identity is not None and self._identity != identity:
-            raise ChainError(f"{url}: version 0 changed under this reader (run {identity}, was {self._identity})")
-        self._identity, self._origin_format = identity, fmt
+    def _fix_lineage(self, lineage: RunLineage, fmt: str, url: str) -> None:
+        if self._lineage is not None and self._lineage != lineage:
+            raise ChainError(f"{url}: version 0 changed under this reader (run {lineage}, was {self._lineage})")
+        self._lineage, self._origin_format = lineage, fmt

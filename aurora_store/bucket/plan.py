@@ -25,7 +25,7 @@ from aurora_store.format.manifest import (
     Parent,
     Rollback,
     Rotation,
-    RunIdentity,
+    RunLineage,
     Segment,
     Stats,
     TensorSpec,
@@ -84,21 +84,21 @@ class Latest:
     chain_bytes: int
     """Bytes of the deltas since the last full version, this one's included (0 for a full version)."""
     specs: tuple[TensorSpec, ...]
-    identity: RunIdentity
-    """The run's identity (origin: version 0's hash) and the key this version is signed by, which
+    lineage: RunLineage
+    """The run's lineage (origin: version 0's hash) and the key this version is signed by, which
     every next version carries (until a key rotation)."""
 
     @classmethod
-    def of(cls, m: Manifest, identity: RunIdentity) -> Latest:
+    def of(cls, m: Manifest, lineage: RunLineage) -> Latest:
         if m.run is not None and m.version > 0:
-            identity = RunIdentity(identity.origin, m.run.signed_by)  # the key in force, rotations included
+            lineage = RunLineage(lineage.origin, m.run.signed_by)  # the key in force, rotations included
         return cls(
             version=m.version,
             version_hash=m.version_hash,
             weights_digest=m.weights_digest,
             chain_bytes=0 if m.kind == "full" else m.stats.chain_bytes,
             specs=m.tensors,
-            identity=identity,
+            lineage=lineage,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +108,7 @@ class Latest:
             "weights_digest": self.weights_digest,
             "chain_bytes": self.chain_bytes,
             "specs": [s.to_dict() for s in self.specs],
-            "identity": self.identity.to_dict(),
+            "lineage": self.lineage.to_dict(),
         }
 
     @classmethod
@@ -120,7 +120,7 @@ class Latest:
             weights_digest=d["weights_digest"],
             chain_bytes=d["chain_bytes"],
             specs=specs,
-            identity=RunIdentity(d["identity"]["origin"], d["identity"]["signed_by"]),
+            lineage=RunLineage(d["lineage"]["origin"], d["lineage"]["signed_by"]),
         )
 
 
@@ -140,8 +140,8 @@ class PublishPlan:
     specs: tuple[TensorSpec, ...]
     kind: Kind
     full: bool
-    run: RunIdentity
-    """The run identity the version's manifest carries (version 0: no origin yet)."""
+    run: RunLineage
+    """The run lineage the version's manifest carries (version 0: no origin yet)."""
     rotation: Rotation | None = None
     """The key rotation the version carries (its ``run.signed_by`` is then the new key)."""
 
@@ -166,14 +166,14 @@ class PublishPlan:
     def tip_after(self, info: VersionInfo) -> Latest:
         """The latest once this plan's version is committed as ``info`` says."""
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + info.bytes
-        identity = RunIdentity(info.version_hash, self.run.signed_by) if self.version == 0 else self.run
+        lineage = RunLineage(info.version_hash, self.run.signed_by) if self.version == 0 else self.run
         return Latest(
             version=self.version,
             version_hash=info.version_hash,
             weights_digest=info.weights_digest,
             chain_bytes=chain,
             specs=self.specs,
-            identity=identity,
+            lineage=lineage,
         )
 
     def manifest(
@@ -279,7 +279,7 @@ class PublishPlan:
             specs=tuple(TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in d["specs"]),
             kind=d["kind"],
             full=d["full"],
-            run=RunIdentity(d["run"]["origin"], d["run"]["signed_by"]),
+            run=RunLineage(d["run"]["origin"], d["run"]["signed_by"]),
             rotation=None if d.get("rotation") is None else Rotation(**d["rotation"]),
         )
 
@@ -325,7 +325,7 @@ def plan_next(
         raise LayoutError("version 0 must be full; the first publish of a run cannot be a delta")
     if latest is not None and latest.specs != specs and kind != "full":
         raise LayoutError(layout_message(latest.specs, specs, nxt))
-    run = RunIdentity(None, signer) if latest is None else latest.identity
+    run = RunLineage(None, signer) if latest is None else latest.lineage
     if run.signed_by != signer:
         raise UnauthenticatedError(signing_mismatch(url, run.signed_by, signer))
     if rotation is not None:
@@ -340,7 +340,7 @@ def plan_next(
             )
         if rotation.previous != signer or rotation.key_id == signer:
             raise StoreError(f"{url}: a rotation from key {rotation.previous} to {rotation.key_id} by signer {signer}")
-        run = RunIdentity(run.origin, rotation.key_id)
+        run = RunLineage(run.origin, rotation.key_id)
     full = latest is None or kind == "full" or (kind == "auto" and nxt % full_every == 0)
     return PublishPlan(version=nxt, parent=latest, specs=specs, kind=kind, full=full, run=run, rotation=rotation)  # type: ignore[arg-type]
 

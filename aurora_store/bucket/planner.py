@@ -38,7 +38,7 @@ class Planner:
                 raise committed_elsewhere(self.store.url(manifest_key(known.version + 1)), known.version + 1)
             return known
         versions = self.reader.versions()
-        return None if not versions else Latest.of(self.reader.manifest(versions[-1]), self.reader.identity())
+        return None if not versions else Latest.of(self.reader.manifest(versions[-1]), self.reader.lineage())
 
     def plan(
         self,

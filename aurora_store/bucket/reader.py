@@ -30,7 +30,7 @@ from aurora_store.format.keys import (
     committed_version,
     manifest_key,
 )
-from aurora_store.format.manifest import Manifest, RunIdentity, Segment, check_link
+from aurora_store.format.manifest import Manifest, RunLineage, Segment, check_link
 from aurora_store.format.run_keys import RunKeys
 from aurora_store.format.weights import WeightState, full_digest
 
@@ -64,7 +64,7 @@ class Reader:
         self.limits = limits
         source = keys_from.trust if keys_from is not None else None
         self.trust: KeyChain = KeyChain(store, limits, verify_key, insist=insist, source=source)
-        """Whom this run trusts: its identity, its key history, the checks every manifest passes."""
+        """Whom this run trusts: its lineage, its key history, the checks every manifest passes."""
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
         """Verified manifests, most recently used last (at most ``limits.cached_manifests``)."""
         self._verified_files: set[tuple[str, str]] = set()
@@ -90,7 +90,7 @@ class Reader:
     def manifest_with_bytes(self, version: int) -> tuple[Manifest, bytes]:
         """The verified manifest of ``version`` and its exact bytes (what a relay copies), in one GET.
 
-        Verified means: parsed by the readers' rules, hash-checked, of this run (its identity is
+        Verified means: parsed by the readers' rules, hash-checked, of this run (its lineage is
         the one version 0 fixed), and signed by the run's key at that version when the run is
         signed (whatever this reader was given: a signed run cannot be read without one of its
         public keys) or when this reader holds a verify key."""
@@ -103,12 +103,12 @@ class Reader:
             self._manifests.popitem(last=False)
         return m, data
 
-    def identity(self) -> RunIdentity:
-        """The run's identity, as its version 0 fixed it (see :meth:`KeyChain.identity`)."""
+    def lineage(self) -> RunLineage:
+        """The run's lineage, as its version 0 fixed it (see :meth:`KeyChain.lineage`)."""
         if not self.trust.known:
             with contextlib.suppress(MissingError):  # read through this reader: version 0 is cached
                 self.manifest_with_bytes(0)
-        return self.trust.identity()
+        return self.trust.lineage()
 
     def keys_at(self, version: int, what: str) -> RunKeys:
         """This (signed) run's key history, known at least as far as ``version`` (from a listing)."""

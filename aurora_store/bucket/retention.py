@@ -103,19 +103,19 @@ def _hides_nothing(reader: Reader, key: str, retired: Retired, committed: set[in
 def _check(reader: Reader, key: str, record: Record, newest: int) -> None:
     """StoreError unless format-2 ``record`` is the run's and signed as the run requires."""
     url = reader.store.url(key)
-    identity = reader.identity()
-    if record.origin != identity.origin:
-        raise UnauthenticatedError(f"{url}: a record of run {record.origin}, not of this run ({identity.origin})")
+    lineage = reader.lineage()
+    if record.origin != lineage.origin:
+        raise UnauthenticatedError(f"{url}: a record of run {record.origin}, not of this run ({lineage.origin})")
     if record.retired.ranges and record.retired.ranges[-1][1] >= newest:
         raise UnauthenticatedError(
             f"{url}: retires version {record.retired.ranges[-1][1]}, not below the latest committed version {newest}"
         )
-    if identity.signed_by is None:
+    if lineage.signed_by is None:
         if record.signature is not None:
             raise UnauthenticatedError(f"{url}: a signed record in an unsigned run")
         return
     if record.signature is None:
-        raise UnauthenticatedError(f"{url}: unsigned, in a run signed by key {identity.signed_by}")
+        raise UnauthenticatedError(f"{url}: unsigned, in a run signed by key {lineage.signed_by}")
     assert record.latest is not None
     at = min(record.latest, newest)
     keys = reader.keys_at(at, url)

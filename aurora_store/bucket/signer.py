@@ -54,11 +54,11 @@ class Signer:
         if self.rotating is None:
             return None
         new_id = signing.key_id(self.rotating.public_key())
-        if latest is not None and latest.identity.signed_by == new_id:
+        if latest is not None and latest.lineage.signed_by == new_id:
             self.key, self.rotating = self.rotating, None
             return None
         assert self.key is not None
-        if latest is not None and latest.identity.signed_by is not None:
+        if latest is not None and latest.lineage.signed_by is not None:
             used = [e.key_id for e in self.reader.keys_at(latest.version, self.uri).eras]
             if new_id in used:  # readers refuse a rotation back to a key the run used
                 raise StoreError(f"{self.uri}: key {new_id} signed this run before; rotate to a new key")
@@ -67,7 +67,7 @@ class Signer:
     def check_not_retired(self, latest: Latest | None) -> None:
         """UnauthenticatedError, saying so, if this signer's key is one the run rotated away from (a
         trainer restarted with the old key alone): rotating again is not the way on, its current key is."""
-        current = latest.identity.signed_by if latest is not None else None
+        current = latest.lineage.signed_by if latest is not None else None
         if current is None or self.key_id is None or self.key_id == current:
             return
         assert latest is not None

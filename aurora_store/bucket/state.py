@@ -113,8 +113,8 @@ def checked(
 def _key_of(reader: Reader, manifest: Manifest, where: str) -> Ed25519PublicKey | None:
     """The key a signed run's state of ``manifest``'s version must be signed by: the one that signs
     that version (after a key rotation, the new key); None in an unsigned run."""
-    identity = manifest.identity
-    if identity is None or identity.signed_by is None:
+    lineage = manifest.lineage
+    if lineage is None or lineage.signed_by is None:
         return None
     era = reader.keys_at(manifest.version, where).era(manifest.version)
     if era.public is None:

@@ -20,7 +20,7 @@ from aurora_store.format import dtypes
 
 FORMAT = "aurora/3"
 """What this code writes when a version uses the ``classed`` codec, which aurora/3 adds (aurora/2
-added ``run``: the version's run identity, see :class:`RunIdentity`)."""
+added ``run``: the version's run lineage, see :class:`RunLineage`)."""
 WITHOUT_CLASSED = "aurora/2"
 """What it writes for a version without classed blocks: readable by readers that predate aurora/3."""
 FORMAT_V4 = "aurora/4"
@@ -164,7 +164,7 @@ class Signature:
 
 
 @dataclass(frozen=True, slots=True)
-class RunIdentity:
+class RunLineage:
     """Which run a version belongs to, fixed at version 0 and carried by every version after it.
 
     ``origin`` is version 0's version hash (None in version 0 itself: a hash cannot name itself);
@@ -260,8 +260,8 @@ class Manifest:
     """The run's attached files (config, tokenizer) at publish time, so the signature covers them."""
     version_hash: str = ""
     signature: Signature | None = None
-    run: RunIdentity | None = None
-    """None only in a manifest of the legacy format (aurora/1), which has no run identity."""
+    run: RunLineage | None = None
+    """None only in a manifest of the legacy format (aurora/1), which has no run lineage."""
     format: str = FORMAT
     rotation: Rotation | None = None
     """Format aurora/4: the key this version rotates the run to (inside the version hash)."""
@@ -272,11 +272,11 @@ class Manifest:
     """Set when the version's weights continue from an older version's state than its parent's."""
 
     @property
-    def identity(self) -> RunIdentity | None:
-        """The run's identity as this version states it (version 0: its own hash is the origin)."""
+    def lineage(self) -> RunLineage | None:
+        """The run's lineage as this version states it (version 0: its own hash is the origin)."""
         if self.run is None:
             return None
-        return RunIdentity(self.version_hash, self.run.signed_by) if self.version == 0 else self.run
+        return RunLineage(self.version_hash, self.run.signed_by) if self.version == 0 else self.run
 
     def body(self) -> dict[str, Any]:
         """Every field the version hash covers."""
@@ -337,16 +337,16 @@ def check_link(parent: Manifest, child: Manifest) -> None:
             f"has {parent.version_hash}"
         )
     if (
-        parent.identity is not None
-        and child.identity is not None
-        and child.identity.origin == parent.identity.origin
-        and (child.rotation is not None or child.identity.signed_by != parent.identity.signed_by)
+        parent.lineage is not None
+        and child.lineage is not None
+        and child.lineage.origin == parent.lineage.origin
+        and (child.rotation is not None or child.lineage.signed_by != parent.lineage.signed_by)
     ):
         _check_rotation_link(parent, child)
-    elif parent.identity is not None and child.identity != parent.identity:
+    elif parent.lineage is not None and child.lineage != parent.lineage:
         raise ChainError(
-            f"version {child.version} belongs to run {child.identity}, its parent to run {parent.identity}"
-            if child.identity is not None
+            f"version {child.version} belongs to run {child.lineage}, its parent to run {parent.lineage}"
+            if child.lineage is not None
             else f"version {child.version} is in the legacy format {LEGACY} after a version in {parent.format}"
         )
     if child.kind == "delta" and child.tensors != parent.tensors:
@@ -355,8 +355,8 @@ def check_link(parent: Manifest, child: Manifest) -> None:
 
 def _check_rotation_link(parent: Manifest, child: Manifest) -> None:
     """The run's signer changes between ``parent`` and ``child`` only through a rotation naming the parent's signer."""
-    assert parent.identity is not None and child.identity is not None
-    was, now = parent.identity.signed_by, child.identity.signed_by
+    assert parent.lineage is not None and child.lineage is not None
+    was, now = parent.lineage.signed_by, child.lineage.signed_by
     r = child.rotation
     if r is None:
         raise ChainError(

@@ -33,7 +33,7 @@ from aurora_store.format.manifest import (
     Parent,
     Rollback,
     Rotation,
-    RunIdentity,
+    RunLineage,
     Segment,
     Signature,
     Stats,
@@ -359,7 +359,7 @@ def _parse_public_key(r: _Reader, raw: Any, name: str, key_id: str) -> str:
 
 
 def _parse_rotation(
-    r: _Reader, doc: dict[str, Any], version: int, run: RunIdentity | None
+    r: _Reader, doc: dict[str, Any], version: int, run: RunLineage | None
 ) -> tuple[Rotation, Signature | None]:
     """A key rotation (aurora/4): both keys named and bound to their ids, the run's signer the new key."""
     if not doc.keys() >= ROTATION_FIELDS:
@@ -383,7 +383,7 @@ def _parse_rotation(
     return rotation, None if raw_sig is None else _parse_signature(r, raw_sig, "rotation_signature")
 
 
-def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:
+def _parse_run(r: _Reader, raw: Any, version: int) -> RunLineage:
     d = r.obj(raw, "run", {"origin", "signed_by"})
     if version == 0:
         if d["origin"] is not None:
@@ -392,7 +392,7 @@ def _parse_run(r: _Reader, raw: Any, version: int) -> RunIdentity:
     else:
         origin = r.str_(d["origin"], "run.origin", HEX64)
     signed_by = None if d["signed_by"] is None else r.str_(d["signed_by"], "run.signed_by", KEY_ID)
-    return RunIdentity(origin, signed_by)
+    return RunLineage(origin, signed_by)
 
 
 def _parse_tensors(r: _Reader, raw: Any) -> tuple[TensorSpec, ...]:

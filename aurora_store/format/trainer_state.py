@@ -7,7 +7,7 @@ version and run and, in a signed run, is signed like a version:
 
 - ``version`` and ``version_hash``: the committed version whose weights the state holds (a loader
   refuses a state whose hash is not that version's);
-- ``origin``: the run's identity (version 0's version hash, in version 0's state too; null only in a
+- ``origin``: the run's lineage (version 0's version hash, in version 0's state too; null only in a
   run of the legacy manifest format), so a state of another run is refused;
 - ``tensors``: name, size and SHA-256 of the tensor file, so the document covers its bytes;
 - ``trainer``: what the trainer keeps (optimizer step counts and hyper-parameters, RNG states, data
@@ -173,8 +173,8 @@ def check(doc: StateDoc, version: Manifest, key: Ed25519PublicKey | None, what: 
         raise ChainError(
             f"{what}: belongs to version hash {doc.version_hash}, version {version.version} is {version.version_hash}"
         )
-    identity = version.identity
-    origin = identity.origin if identity is not None else None
+    lineage = version.lineage
+    origin = lineage.origin if lineage is not None else None
     if doc.origin != origin:
         raise ChainError(f"{what}: belongs to run {doc.origin}, this run is {origin}")
     if key is not None:

@@ -12,7 +12,7 @@ from aurora_store.format.manifest import TensorSpec
 
 @dataclass(slots=True)
 class WeightState:
-    """Bit patterns of every tensor at one version, with that version's identity (read as
+    """Bit patterns of every tensor at one version, with that version's lineage (read as
     :class:`~aurora_store.codec.base.Words` through :class:`~aurora_store.codec.words.HostWords`)."""
 
     specs: tuple[TensorSpec, ...]

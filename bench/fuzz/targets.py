@@ -2,7 +2,7 @@
 Seed inputs come from :mod:`bench.fuzz.seeds` (the project's own writers), mutants from
 :mod:`bench.fuzz.mutate`, and the Redis and attachment targets from :mod:`bench.fuzz.roles`.
 
-- ``manifest``: ``parse_manifest``, then a reader's run-identity and signature checks, on the manifests
+- ``manifest``: ``parse_manifest``, then a reader's run-lineage and signature checks, on the manifests
   of runs published here (signed and unsigned, full and delta) and of the golden ``aurora/1`` run.
 - ``segment``: ``decode_block`` (then ``apply_blocks``) on delta segments as an attacker who may rewrite
   an unsigned run's manifest sees them (segment hashes are not checked): block bytes, the zstd streams
@@ -34,7 +34,7 @@ ManifestCase = tuple[Published, bytes, int | None]
 
 
 def manifest(seed: int) -> Target[ManifestCase]:
-    from aurora_store.bucket.keychain import check_member, identity_of
+    from aurora_store.bucket.keychain import check_member, lineage_of
     from aurora_store.format.manifest_parser import parse_manifest
     from aurora_store.format.signing import verify
 
@@ -53,7 +53,7 @@ def manifest(seed: int) -> Target[ManifestCase]:
         p, data, v = case
         m = parse_manifest(data, expect_version=v)
         if m.version > 0:
-            check_member(m, identity_of(p.origin), p.origin.format)
+            check_member(m, lineage_of(p.origin), p.origin.format)
         if m.signature is not None and p.verify is not None:
             verify(m, p.verify, "fuzz")
 
