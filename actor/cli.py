@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from actor.config import CONFIG_FILE, WorkerConfig
+from actor.config import CONFIG_FILE, ActorConfig
 from aurora_store import config as configfile
 from aurora_store.options import add_options, build
 
@@ -19,11 +19,11 @@ configfile.declare(CONFIG_FILE)
 def register(sub: Any) -> None:
     p = sub.add_parser("actor", help="run a rollout actor: generate on leased jobs, stage and apply new versions")
     configfile.add_flag(p)
-    add_options(p, WorkerConfig, defaults=configfile.defaults("actor"))
+    add_options(p, ActorConfig, defaults=configfile.defaults("actor"))
     p.set_defaults(handler=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from actor.worker import run
 
-    return run(build(WorkerConfig, args))
+    return run(build(ActorConfig, args))

@@ -99,7 +99,7 @@ class EngineConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class WorkerConfig:
+class ActorConfig:
     """Everything ``aurora actor`` needs; how to sample and score comes from the run (aurora_run.json)."""
 
     sync: SyncConfig
@@ -145,7 +145,7 @@ def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
 
 CONFIG_FILE = RoleSchema(
     command="actor",
-    cls=WorkerConfig,
+    cls=ActorConfig,
     tables=(Table("actor", ("", "sync", "rollout", "engine"), per_region=True),),
     derive=_from_file,
     derived=frozenset(

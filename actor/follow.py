@@ -1,9 +1,9 @@
 """``python -m actor.follow``: a weight-sync-only actor that follows its region's versions.
 
 It bootstraps, then brings its weights to each new version as soon as its region's commit wakes
-it (the same :class:`~actor.wakeups.Wakeups` listener the RL worker uses, on the commits stream
+it (the same :class:`~actor.wakeups.Wakeups` listener the RL actor uses, on the commits stream
 only), staging and applying at once (there is no engine between batches here), through the same
-:class:`~actor.follower.Follower` the RL worker follows with. Used by the multi-process tests and
+:class:`~actor.follower.Follower` the RL actor follows with. Used by the multi-process tests and
 as the smallest example of following a run.
 """
 

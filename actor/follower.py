@@ -6,7 +6,7 @@ version ahead while a batch runs, the latest when idle), woken by the region's c
 actor applies what is staged at its safe points between batches (:meth:`Follower.apply`) or brings
 itself to exactly the version a job names (:meth:`Follower.advance_to`). Each applied version is
 verified against the engine's live weights where asked (``--verify-live``), counted in the actor's
-metrics and told to whoever listens. The RL worker (:mod:`actor.worker`) and the weight-sync-only
+metrics and told to whoever listens. The RL actor (:class:`actor.worker.Actor`) and the weight-sync-only
 follower (:mod:`actor.follow`) both follow through it.
 """
 

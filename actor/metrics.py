@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from aurora_store.coord.coordinator import Coordinator
 
 _LABELS = ("region", "actor")
-HELD_VERSION = Spec("aurora_actor_version", "gauge", "The version this actor holds (generates with).", _LABELS)
+APPLIED_VERSION = Spec("aurora_actor_version", "gauge", "The version this actor holds (generates with).", _LABELS)
 VERSION_LAG = Spec(
     "aurora_actor_version_lag",
     "gauge",
@@ -39,7 +39,7 @@ APPLY_SECONDS = Spec(
 PAUSE_SECONDS = Spec(
     "aurora_actor_generation_pause_seconds",
     "histogram",
-    "How long generation was held at a safe point for a version switch: the apply, and before it, when a "
+    "How long generation paused at a safe point for a version switch: the apply, and before it, when a "
     "job needed a version not applied yet, waiting for it to reach the region and staging it.",
     _LABELS,
 )
@@ -51,7 +51,7 @@ THROUGHPUT = Spec(
 )
 RESULTS = Spec("aurora_actor_results_submitted_total", "counter", "Results (one per job) submitted.", _LABELS)
 TOKENS = Spec("aurora_actor_generated_tokens_total", "counter", "Completion tokens generated for jobs.", _LABELS)
-SPECS = (HELD_VERSION, VERSION_LAG, STAGE_SECONDS, APPLY_SECONDS, PAUSE_SECONDS, THROUGHPUT, RESULTS, TOKENS)
+SPECS = (APPLIED_VERSION, VERSION_LAG, STAGE_SECONDS, APPLY_SECONDS, PAUSE_SECONDS, THROUGHPUT, RESULTS, TOKENS)
 
 
 class ActorMetrics:
@@ -69,10 +69,10 @@ class ActorMetrics:
         self._tau = self.m.gauge(THROUGHPUT).labels(*labels)
         self._results = self.m.counter(RESULTS).labels(*labels)
         self._tokens = self.m.counter(TOKENS).labels(*labels)
-        self.m.pull(HELD_VERSION, self._read_held, *labels)
+        self.m.pull(APPLIED_VERSION, self._read_applied, *labels)
         self.m.pull(VERSION_LAG, self._read_lag, *labels)
 
-    def _read_held(self) -> dict[tuple[str, ...], float]:
+    def _read_applied(self) -> dict[tuple[str, ...], float]:
         return {(): float(self._applied)} if self._applied >= 0 else {}  # nothing applied yet: no series
 
     def _read_lag(self) -> dict[tuple[str, ...], float]:

@@ -33,7 +33,7 @@ from typing import TypeVar
 import torch
 
 from actor import assemble
-from actor.config import WorkerConfig
+from actor.config import ActorConfig
 from actor.engines.base import Completion
 from actor.follower import Follower
 from actor.identity import Identity
@@ -69,8 +69,8 @@ CLOSE_WAIT_S = 10.0
 clients they use."""
 
 
-class Worker:
-    def __init__(self, cfg: WorkerConfig) -> None:
+class Actor:
+    def __init__(self, cfg: ActorConfig) -> None:
         self.cfg = cfg
         sync = cfg.sync
         self.wid = sync.worker_id
@@ -468,11 +468,11 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S UTC")
 
 
-def run(cfg: WorkerConfig) -> int:
+def run(cfg: ActorConfig) -> int:
     """Serve as an actor until SIGTERM or SIGINT."""
     setup_logging()
     torch.set_num_threads(cfg.engine.threads)
-    w = Worker(cfg)
+    w = Actor(cfg)
     w.metrics.m.serve(cfg.metrics_port, cfg.metrics_addr)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: w.halt())
@@ -489,8 +489,8 @@ def run(cfg: WorkerConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m actor.worker``: the same as ``aurora actor``."""
     p = Parser(prog="python -m actor.worker", description=__doc__)
-    add_options(p, WorkerConfig)
-    return run(build(WorkerConfig, p.parse_args(argv)))
+    add_options(p, ActorConfig)
+    return run(build(ActorConfig, p.parse_args(argv)))
 
 
 if __name__ == "__main__":

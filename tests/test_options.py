@@ -14,13 +14,13 @@ from typing import Annotated, Any
 
 import pytest
 
-from actor.config import SyncConfig, WorkerConfig
+from actor.config import ActorConfig, SyncConfig
 from aurora_store.options import COUNT, add_options, base_type, build, field_docs, leaves, option, ranges
 from relay.config import RelayConfig
 from trainer.config import DEMO_GIVES, DemoConfig, TrainerConfig
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = [TrainerConfig, DemoConfig, WorkerConfig, SyncConfig, RelayConfig]
+CONFIGS = [TrainerConfig, DemoConfig, ActorConfig, SyncConfig, RelayConfig]
 
 
 def _leaf_fields(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any]]]:
@@ -118,7 +118,7 @@ def test_the_demo_recipe_is_for_the_built_in_model_only(
 )
 def test_bad_values_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    add_options(parser, TrainerConfig if "--engine" not in argv else WorkerConfig)
+    add_options(parser, TrainerConfig if "--engine" not in argv else ActorConfig)
     base = ["--store", "s", "--redis", "r", "--run-id", "i"] if argv else []
     if "--engine" in argv:
         base = ["--store", "s", "--region", "eu", "--redis", "r", "--run-id", "i", "--worker-id", "w"]
@@ -150,7 +150,7 @@ def test_help_answers_without_torch(command: str) -> None:
 
 # ------------------------------------------------------------ ranges (issue 25, bug 8)
 
-ROLE_CONFIGS = [TrainerConfig, WorkerConfig, RelayConfig]
+ROLE_CONFIGS = [TrainerConfig, ActorConfig, RelayConfig]
 
 
 @pytest.mark.parametrize("cls", ROLE_CONFIGS, ids=lambda c: c.__name__)

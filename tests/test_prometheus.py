@@ -202,7 +202,7 @@ def checks() -> dict[tuple[str, str], Check]:
         got = by(now, "region", "actor")
         assert set(got) == ACTORS and all(v >= 0 for v in got.values()), got
 
-    def actor_held(now: list[Series], h: History, run: Run) -> None:
+    def actor_applied(now: list[Series], h: History, run: Run) -> None:
         got = by(now, "region", "actor")
         assert set(got) == ACTORS, got
         for (_, actor), v in got.items():
@@ -263,7 +263,7 @@ def checks() -> dict[tuple[str, str], Check]:
         ("Version per region", "{{region}} (relay)"): relayed,
         ("Region lag behind its source (versions)", "{{region}}"): region_lag,
         ("Actor version and lag", "lag {{region}}/{{actor}}"): actor_lag,
-        ("Actor version and lag", "held {{region}}/{{actor}}"): actor_held,
+        ("Actor version and lag", "applied {{region}}/{{actor}}"): actor_applied,
         ("Bucket bytes/s by direction", "{{role}} {{direction}}"): bytes_per_s,
         ("Actor apply time", "p50"): quantile,
         ("Actor apply time", "p95"): quantile,
@@ -436,8 +436,8 @@ def _evaluate(prom: PrometheusServer, run: Run, instants: list[float], tmp: Path
     variables = {v["name"]: v for v in doc["templating"]["list"]}
     assert variables["region"]["definition"] == "label_values(aurora_role_info, region)"
     assert prom.label_values("region", "aurora_role_info") == ["eu", "home"]
-    held = next(e for t, lg, e in queries if (t, lg) == ("Actor version and lag", "held {{region}}/{{actor}}"))
-    eu_only = prom.query(grafana(held, region="eu", rate_s=rate_s))
+    applied = next(e for t, lg, e in queries if (t, lg) == ("Actor version and lag", "applied {{region}}/{{actor}}"))
+    eu_only = prom.query(grafana(applied, region="eu", rate_s=rate_s))
     assert [(s.labels["region"], s.labels["actor"]) for s in eu_only] == [("eu", "eu-0")]
 
     # the shipped rules ran on the real series without an error, and say what this run was

@@ -208,15 +208,15 @@ def test_a_result_under_another_actors_name_is_refused(redis_server: Any) -> Non
 
 
 def test_an_actor_told_its_results_are_unusable_stops_and_one_told_they_are_late_goes_on(redis_server: Any) -> None:
-    from actor.config import SyncConfig, WorkerConfig
+    from actor.config import ActorConfig, SyncConfig
     from actor.outbox import MAX_REFUSED
-    from actor.worker import Worker
+    from actor.worker import Actor
 
-    def worker(wid: str) -> Worker:
+    def worker(wid: str) -> Actor:
         store = f"memory://redis-hostile/{uuid.uuid4().hex}/run"
         aurora_store.open_run(store).publish({"w": torch.zeros(8, dtype=torch.bfloat16)})  # an unsigned run
         sync = SyncConfig(store=store, region="home", redis=redis_server.url, run_id="r", worker_id=wid)
-        return Worker(WorkerConfig(sync=sync))
+        return Actor(ActorConfig(sync=sync))
 
     late, bad, framed = worker("late"), worker("bad"), worker("framed")
     for w in (late, bad, framed):  # each one's own submissions (their stream ids are what notices name)
@@ -243,9 +243,9 @@ def test_in_a_signed_run_only_the_trainers_signed_notices_stop_an_actor(redis_se
     another key, and a signed one replayed are not acted on; three the trainer signed stop it."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from actor.config import SyncConfig, WorkerConfig
+    from actor.config import ActorConfig, SyncConfig
     from actor.outbox import MAX_REFUSED
-    from actor.worker import Worker
+    from actor.worker import Actor
     from aurora_store.format import signing
 
     private, public = signing.generate_keypair()
@@ -255,7 +255,7 @@ def test_in_a_signed_run_only_the_trainers_signed_notices_stop_an_actor(redis_se
     sync = SyncConfig(
         store=store, region="home", redis=redis_server.url, run_id="r", worker_id="a", verify_key=public.decode()
     )
-    w = Worker(WorkerConfig(sync=sync))
+    w = Actor(ActorConfig(sync=sync))
     ids = [w.board.r.xadd(w.board._k("results"), {"job": f"j{i}"}) for i in range(2 * MAX_REFUSED + 1)]
     for rid in ids:
         w.outbox.submitted[rid] = None
@@ -317,11 +317,11 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     import os
     import signal
 
-    from actor.config import SyncConfig, WorkerConfig
+    from actor.config import ActorConfig, SyncConfig
     from actor.engines.base import Completion
     from actor.rewards import RewardPool
     from actor.updater import Applied
-    from actor.worker import Worker
+    from actor.worker import Actor
     from aurora_store.format import results as payloads
     from aurora_store.rl.tasks import Prompt
     from aurora_store.rl.tokenizers import CharTokenizer
@@ -351,7 +351,7 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         run_id=d.coord.run_id,
         worker_id="a",
     )
-    w = Worker(WorkerConfig(sync=sync))
+    w = Actor(ActorConfig(sync=sync))
     w.tok = CharTokenizer()
     w.rewards = RewardPool("tests.reward_fns:length_over_ten", timeout_s=5, stop=w.stop)
     try:
@@ -401,8 +401,8 @@ def test_an_actor_starting_on_a_damaged_region_reads_the_run_files_from_its_fall
     import shutil
 
     import aurora_store
-    from actor.config import SyncConfig, WorkerConfig
-    from actor.worker import Worker
+    from actor.config import ActorConfig, SyncConfig
+    from actor.worker import Actor
     from aurora_store.errors import CorruptError
 
     home = aurora_store.open_run((tmp_path / "home").as_uri())
@@ -415,7 +415,7 @@ def test_an_actor_starting_on_a_damaged_region_reads_the_run_files_from_its_fall
     v = tmp_path / "eu" / "versions"
     (v / "0000000001" / "manifest.json").write_bytes((v / "0000000000" / "manifest.json").read_bytes())
 
-    def worker(fallback: str | None) -> Worker:
+    def worker(fallback: str | None) -> Actor:
         sync = SyncConfig(
             store=(tmp_path / "eu").as_uri(),
             region="eu",
@@ -424,7 +424,7 @@ def test_an_actor_starting_on_a_damaged_region_reads_the_run_files_from_its_fall
             worker_id="eu-0",
             fallback=fallback,
         )
-        return Worker(WorkerConfig(sync=sync))
+        return Actor(ActorConfig(sync=sync))
 
     assert worker((tmp_path / "home").as_uri())._run_files()["config.json"] == b'{"k": 1}'
     with pytest.raises(CorruptError, match="declares version 0, expected 1"):

@@ -1,8 +1,9 @@
 """The worker registry of a run (:attr:`Coordinator.workers
 <aurora_store.coord.coordinator.Coordinator.workers>`): registrations, heartbeats and liveness, on
-Redis's clock.
+Redis's clock. A *worker* is any process that registers with the run: an actor (:class:`actor.worker.Actor`)
+or a relay (:class:`relay.worker.Relay`); its id is its worker id (``--worker-id`` for an actor).
 
-- ``workers`` (hash): worker id -> JSON registration (role, region, protocol, what it holds).
+- ``workers`` (hash): worker id -> JSON registration (role, region, protocol, the version an actor has applied).
 - ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on Redis's clock).
 - ``roster`` (sorted set): worker id -> the ``roster_seq`` number of its last change (registered,
   updated, gone, back after expiring), so a reader asks only what changed

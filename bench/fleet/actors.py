@@ -1,6 +1,6 @@
-"""The fleet of ``aurora bench coord``: real ``actor.worker.Worker`` loops with an instant engine.
+"""The fleet of ``aurora bench coord``: real ``actor.worker.Actor`` loops with an instant engine.
 
-Each actor is the real :class:`actor.worker.Worker` (its Coordinator, JobBoard, Updater, listener,
+Each actor is the real :class:`actor.worker.Actor` (its Coordinator, JobBoard, Updater, listener,
 stager and heartbeat threads, its take/serve/submit loop), built on a tiny published run, with
 what the benchmark does not measure replaced: the engine answers at once with fixed completions
 of ``tokens`` tokens (ids below the vocabulary, float32 log-probabilities), the reward scores 0
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from actor.config import RolloutConfig, SyncConfig, WorkerConfig
+from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
-from actor.worker import Worker
+from actor.worker import Actor
 from aurora_store.cli_parser import Parser
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -92,15 +92,15 @@ class Fleet:
     def __init__(
         self, n: int, *, store: str, redis: str, run_id: str, tokens: int, group: int, vocab: int, first: int = 0
     ) -> None:
-        self.workers: list[Worker] = []
+        self.workers: list[Actor] = []
         self.threads: list[threading.Thread] = []
         sampling = SamplingConfig(group=group, max_new_tokens=tokens)
         for i in range(first, first + n):
-            cfg = WorkerConfig(
+            cfg = ActorConfig(
                 sync=SyncConfig(store=store, region="home", redis=redis, run_id=run_id, worker_id=f"actor-{i:04d}"),
                 rollout=RolloutConfig(batch=8),  # the actor's defaults: heartbeat, check interval, inline cap
             )
-            w = Worker(cfg)
+            w = Actor(cfg)
             w.spec = _Spec(sampling)  # type: ignore[assignment]
             w.tok = _Tokenizer()  # type: ignore[assignment]
             w.rewards = _Reward()  # type: ignore[assignment]

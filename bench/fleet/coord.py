@@ -3,7 +3,7 @@
 For each row ``ACTORSxGROUPSxTOKENS`` a fresh ``redis-server`` is started and a tiny run is
 published to a local bucket; a real trainer :class:`~trainer.dispatch.Dispatcher` posts each
 step's ``GROUPS`` prompts as leased jobs, sweeps and admits; ``ACTORS`` real actor
-:class:`~actor.worker.Worker` loops (threads of this process, :mod:`bench.fleet.actors`) take
+:class:`~actor.worker.Actor` loops (threads of this process, :mod:`bench.fleet.actors`) take
 them, "generate" at once ``group`` completions of ``TOKENS`` tokens each and submit results as
 the worker builds them. Measured per row:
 
@@ -236,7 +236,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         idle_trips = made / idle_wall / actors
         idle_cpu = idle["cpu_s"] / idle_wall / actors
         fleet.stop()
-        local = Fleet(1, first=actors, **spec) if procs else fleet  # a Worker to encode and submit with
+        local = Fleet(1, first=actors, **spec) if procs else fleet  # an Actor to encode and submit with
         admission = _admission(d, board, local, cfg, tokens)
         d.close()
         admission["during_steps_tokens_per_cpu_s"] = round(d.payloads.tokens / max(d.payloads.cpu_s, 1e-9))

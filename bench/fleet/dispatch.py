@@ -3,7 +3,7 @@ a stream of forged entries costs training, and what forged payload references co
 
 Each scenario starts a fresh ``redis-server``, publishes a tiny run to a local bucket, and runs a
 real trainer :class:`~trainer.dispatch.Dispatcher` (its collector thread, as ``aurora train`` does)
-against real actor :class:`~actor.worker.Worker` loops (threads of this process,
+against real actor :class:`~actor.worker.Actor` loops (threads of this process,
 :mod:`bench.fleet.actors`, each engine answering after ``batch_s``). Each is measured with the fault
 and without it, in the same run:
 
