@@ -11,7 +11,7 @@ from typing import Any
 
 from actor.config import CONFIG_FILE, ActorConfig
 from aurora_store import config as configfile
-from aurora_store.options import add_options, build
+from aurora_store.config.options import add_options, build
 
 configfile.declare(CONFIG_FILE)
 

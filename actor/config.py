@@ -6,33 +6,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from aurora_store.config import Region, RoleSchema, RunFile, Table
+from aurora_store.config import HOST, RoleSchema, Table
+from aurora_store.config.options import COUNT, PORT, SECONDS, Range, option
 from aurora_store.errors import ConfigError
 from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
-from aurora_store.options import COUNT, PORT, SECONDS, Range, option
 
 
 @dataclass(kw_only=True, slots=True)
 class SyncConfig:
     """Where the actor's weights come from: its region's bucket, Redis, and how it reads."""
 
-    store: str
+    store: str = field(metadata=option(file="region.uri"))
     """This region's run URI (any fsspec URI)."""
-    region: str
+    region: str = field(metadata=option(file="region.name"))
     """This region's name in Redis."""
-    redis: str = field(metadata=option(env="AURORA_REDIS"))
+    redis: str = field(metadata=option(env="AURORA_REDIS", file="redis"))
     """Redis URL."""
-    run_id: str
+    run_id: str = field(metadata=option(file="run_id"))
     """The run's name in Redis."""
-    worker_id: str = field(metadata=option(env="AURORA_WORKER_ID"))
+    worker_id: str = field(metadata=option(env="AURORA_WORKER_ID", file=HOST))
     """This actor's id: a short name without spaces, '|' or braces, unique in the run."""
-    fallback: str | None = None
+    fallback: str | None = field(default=None, metadata=option(file="fallback.uri"))
     """Home run URI, read when the region's copy of a version is bad."""
     fallback_options: dict[str, Any] | None = field(
-        default=None, metadata=option(metavar="JSON", env="AURORA_FALLBACK_OPTIONS")
+        default=None, metadata=option(metavar="JSON", env="AURORA_FALLBACK_OPTIONS", file="fallback.storage_options")
     )
     """fsspec storage options of the fallback bucket, as a JSON object (default: --storage-options)."""
-    verify_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY"))
+    verify_key: str | None = field(
+        default=None, metadata=option(metavar="KEY", env="AURORA_VERIFY_KEY", file="verify_key")
+    )
     """The run's Ed25519 public key (a PEM file, or PEM text in the environment): refuse versions it
     did not sign. A signed run cannot be followed without it."""
     connections: Annotated[int, Range(ge=1, le=256)] = 8
@@ -41,7 +43,8 @@ class SyncConfig:
     """After the bootstrap and every apply, read the engine's weights back and check their digest against
     the version's manifest (O(model) per version: for audits and tests). A mismatch stops the actor."""
     storage_options: dict[str, Any] = field(
-        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
+        default_factory=dict,
+        metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS", file="region.storage_options"),
     )
     """fsspec storage options of this region's bucket, as a JSON object (credentials belong in the environment)."""
 
@@ -122,46 +125,10 @@ class ActorConfig:
             raise ConfigError("--identity-key and --identity-cert go together: give both or neither")
 
 
-def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
-    """An actor's options from a config file's common part: its region's bucket, home's as the
-    fallback, Redis, the verify key."""
-    assert region is not None  # an actor runs in a region the command line names
-    out: dict[str, Any] = {
-        "sync.store": region.uri,
-        "sync.storage_options": region.storage_options,
-        "sync.region": region.name,
-        "sync.run_id": f.run_id,
-    }
-    if region.name != f.home:
-        home = f.regions[f.home]
-        out["sync.fallback"] = home.uri
-        out["sync.fallback_options"] = home.storage_options
-    if f.redis is not None:
-        out["sync.redis"] = f.redis
-    if f.verify_key is not None:
-        out["sync.verify_key"] = f.verify_key
-    return out
-
-
 CONFIG_FILE = RoleSchema(
     command="actor",
     cls=ActorConfig,
     tables=(Table("actor", ("", "sync", "rollout", "engine"), per_region=True),),
-    derive=_from_file,
-    derived=frozenset(
-        f"sync.{k}"
-        for k in (
-            "store",
-            "storage_options",
-            "region",
-            "run_id",
-            "worker_id",
-            "fallback",
-            "fallback_options",
-            "redis",
-            "verify_key",
-        )
-    ),
     regions="each",
 )
 """How ``aurora actor --config aurora.toml --region R`` reads the file: ``[actor]`` holds its options of

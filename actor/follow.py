@@ -19,10 +19,10 @@ from actor.metrics import ActorMetrics
 from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
+from aurora_store.config.options import add_options, build
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.errors import ChainError
-from aurora_store.options import add_options, build
 
 CHECK_S = 0.5
 """How long the follower waits for a commit before it heartbeats and looks at the region again."""

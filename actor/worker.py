@@ -44,6 +44,7 @@ from actor.rewards import RewardPool
 from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
+from aurora_store.config.options import add_options, build
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -57,7 +58,6 @@ from aurora_store.errors import (
     UnsupportedError,
 )
 from aurora_store.format import results as payloads
-from aurora_store.options import add_options, build
 from aurora_store.redact import setup_logging
 from aurora_store.rl.tasks import Prompt, TaskError
 

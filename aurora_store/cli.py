@@ -21,7 +21,7 @@ from aurora_store.cli_config import register as register_config
 from aurora_store.cli_identity import register as register_identity
 from aurora_store.cli_identity import write_new
 from aurora_store.cli_parser import Parser
-from aurora_store.options import json_object, positive
+from aurora_store.config.options import json_object, positive
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,7 +1,7 @@
 """``aurora bench NAME``: registered through the ``aurora.commands`` entry point, like the roles.
 
 Each benchmark is a module (:data:`BENCHMARKS`) with a ``Flags`` dataclass (its command line, derived by
-:func:`aurora_store.options.add_options` as the roles' are), ``run(flags)``, and ``PRESETS`` when
+:func:`aurora_store.config.options.add_options` as the roles' are), ``run(flags)``, and ``PRESETS`` when
 some flags default to a preset's values (``--help`` shows them). It is imported only when it runs,
 so ``aurora --help`` stays fast. Every benchmark prints one JSON object with ``--json`` and a table
 otherwise.
@@ -89,7 +89,7 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """Import the benchmark's module, parse the rest of the command line (``args.rest``) into its
     ``Flags``, and run it."""
-    from aurora_store.options import build
+    from aurora_store.config.options import build
     from bench.output import parser_for
 
     module = importlib.import_module(BENCHMARKS[args.bench][0])

@@ -2,7 +2,7 @@
 
 ``aurora bench NAME`` is the one way in (:mod:`bench.cli` dispatches to ``bench.NAME``). Each
 benchmark declares its command line as a ``Flags`` dataclass deriving from :class:`Output`, and
-:func:`aurora_store.options.add_options` makes the flags from it, as for the roles. Every benchmark
+:func:`aurora_store.config.options.add_options` makes the flags from it, as for the roles. Every benchmark
 prints one JSON object with ``--json`` and a rich table otherwise.
 """
 
@@ -58,7 +58,7 @@ def parser_for(
 ) -> argparse.ArgumentParser:
     """The parser of ``aurora bench NAME``: one flag per field of ``flags``; ``presets`` (a label, such
     as ``--quick``, to a preset config or mapping) fill in the help of the flags that default to None."""
-    from aurora_store.options import add_options
+    from aurora_store.config.options import add_options
 
     note = preset_note(flags, presets or {})
     parser = Parser(prog=f"aurora bench {name}", description=description, epilog=note)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aurora_store.config.options import option, positive
 from aurora_store.errors import StoreError
-from aurora_store.options import option, positive
 from bench.output import Output, emit
 
 DENSITY_MAX = 0.10

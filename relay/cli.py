@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from aurora_store import config as configfile
-from aurora_store.options import add_options, build
+from aurora_store.config.options import add_options, build
 from aurora_store.redact import setup_logging
 from relay.config import CONFIG_FILE, RelayConfig
 

@@ -19,7 +19,7 @@ ROLES = ("trainer", "actor", "relay")
 
 LAYERS: dict[str, float] = {
     "aurora_store.errors": 0,
-    "aurora_store.options": 0.5,
+    "aurora_store.config.options": 0.5,
     "aurora_store.config": 0.6,
     "aurora_store.redact": 0,
     "aurora_store.localfile": 0,

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from aurora_store.options import build, field_docs
+from aurora_store.config.options import build, field_docs
 from bench.cli import BENCHMARKS
 from bench.e2e import e2e
 from bench.output import Output, overridden, parser_for

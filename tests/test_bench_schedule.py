@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from aurora_store.options import build
+from aurora_store.config.options import build
 from bench.fleet import schedule
 from bench.output import parser_for
 

@@ -69,6 +69,17 @@ def _file(tmp_path: Path, text: str = GOOD, name: str = "aurora.toml") -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def _no_request_left() -> Any:
+    """Every role has declared its part of the file before a test checks one (the roles declare when
+    they register their subcommands, as ``aurora`` does before it reads a file), whichever test runs
+    first in this process; and a test that notes a command line's config file (``requested``) leaves
+    none noted for the next, whose parsers would take this test's file as their defaults."""
+    build_parser()
+    yield
+    configfile.requested([])
+
+
 def _args(argv: list[str]) -> Any:
     """``argv`` parsed as ``aurora`` parses it, config file and all."""
     configfile.requested(argv)

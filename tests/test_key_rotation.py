@@ -395,7 +395,7 @@ def test_a_rotation_needs_a_signed_run_and_a_new_key(tmp_path: Path, keys: Keys)
 def test_the_trainer_option_reads_like_every_option(keys: Keys, tmp_path: Path) -> None:
     import argparse
 
-    from aurora_store.options import build
+    from aurora_store.config.options import build
     from trainer.cli import register
     from trainer.config import TrainerConfig
 

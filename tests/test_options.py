@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import pytest
 
 from actor.config import ActorConfig, SyncConfig
-from aurora_store.options import COUNT, add_options, base_type, build, field_docs, leaves, option, ranges
+from aurora_store.config.options import COUNT, add_options, base_type, build, field_docs, leaves, option, ranges
 from relay.config import RelayConfig
 from trainer.config import DEMO_GIVES, DemoConfig, TrainerConfig
 

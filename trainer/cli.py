@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from aurora_store import config as configfile
-from aurora_store.options import add_options, build, field_defaults
+from aurora_store.config.options import add_options, build, field_defaults
 from aurora_store.redact import setup_logging
 from trainer.config import (
     CONFIG_FILE,

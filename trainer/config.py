@@ -1,7 +1,7 @@
 """The trainer's options: one dataclass per section, the one source of ``aurora train``'s flags.
 
 ``aurora train --help`` lists them by section, with the docstrings below as help
-(:mod:`aurora_store.options`); ``aurora demo`` takes the same sections.
+(:mod:`aurora_store.config.options`); ``aurora demo`` takes the same sections.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from aurora_store.config import Region, RoleSchema, RunFile, Table
+from aurora_store.config import RoleSchema, Table
+from aurora_store.config.options import COUNT, NONNEGATIVE, PORT, SECONDS, Range, option
 from aurora_store.errors import ConfigError
 from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
-from aurora_store.options import COUNT, NONNEGATIVE, PORT, SECONDS, Range, option
 from aurora_store.rl.sampling import SamplingConfig
 
 
@@ -133,7 +133,9 @@ class PublishConfig:
     """Resume a signed run from an unsigned trainer state (format aurora-trainer-state/1, written by code
     from before states were signed). Off, a signed run never trusts one: anyone who can write the bucket
     can plant it. Give it once, to continue a run written by that code; every state saved after is signed."""
-    signing_key: str | None = field(default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY"))
+    signing_key: str | None = field(
+        default=None, metadata=option(metavar="KEY", env="AURORA_SIGNING_KEY", file="signing_key")
+    )
     """Sign every version with this Ed25519 private key (a PEM file, or PEM text in the environment;
     ``aurora keygen`` makes one). A run is signed or not from version 0 on: readers then refuse any
     version it did not sign."""
@@ -192,16 +194,17 @@ class ScheduleConfig:
 class TrainerConfig:
     """Everything ``aurora train`` needs."""
 
-    store: str
+    store: str = field(metadata=option(file="home.uri"))
     """The home run's URI (any fsspec URI: s3://, gs://, file://, memory://)."""
-    redis: str = field(metadata=option(env="AURORA_REDIS"))
+    redis: str = field(metadata=option(env="AURORA_REDIS", file="redis"))
     """Redis URL."""
-    run_id: str
+    run_id: str = field(metadata=option(file="run_id"))
     """The run's name in Redis."""
-    region: str = "home"
+    region: str = field(default="home", metadata=option(file="home.name"))
     """The home region's name in Redis."""
     storage_options: dict[str, Any] = field(
-        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS")
+        default_factory=dict,
+        metadata=option(metavar="JSON", env="AURORA_STORAGE_OPTIONS", file="home.storage_options"),
     )
     """fsspec storage options of the home bucket, as a JSON object (credentials belong in the environment)."""
     steps: Annotated[int, NONNEGATIVE] = 40
@@ -211,7 +214,7 @@ class TrainerConfig:
     and deadline, admission time, version, version hash, weights digest): an audit trail of what every
     step trained on."""
     result_regions: dict[str, Any] = field(
-        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_RESULT_REGIONS")
+        default_factory=dict, metadata=option(metavar="JSON", env="AURORA_RESULT_REGIONS", file="other_regions")
     )
     """Other regions' buckets, as a JSON object ``{region: {"uri": URI, "storage_options": {...}}}``: actors
     there put result payloads too large for Redis in their own region's bucket, and the trainer reads them
@@ -264,35 +267,12 @@ class DemoConfig:
     its CPU build, `make vllm-env`)."""
 
 
-def _from_file(f: RunFile, region: Region | None) -> dict[str, Any]:
-    """The trainer's options from a config file's common part: the home region's bucket, Redis, the signing key."""
-    home = f.regions[f.home]
-    out: dict[str, Any] = {
-        "store": home.uri,
-        "storage_options": home.storage_options,
-        "region": f.home,
-        "run_id": f.run_id,
-    }
-    others = {n: {"uri": r.uri, "storage_options": r.storage_options} for n, r in f.regions.items() if n != f.home}
-    if others:
-        out["result_regions"] = others
-    if f.redis is not None:
-        out["redis"] = f.redis
-    if f.signing_key is not None:
-        out["publish.signing_key"] = f.signing_key
-    return out
-
-
 CONFIG_FILE = RoleSchema(
     command="train",
     cls=TrainerConfig,
     tables=(
         Table("trainer", ("",)),
         *(Table(s, (s,)) for s in ("model", "data", "reward", "rollout", "sampling", "optim", "publish", "schedule")),
-    ),
-    derive=_from_file,
-    derived=frozenset(
-        {"store", "storage_options", "region", "run_id", "redis", "publish.signing_key", "result_regions"}
     ),
     regions="home",
 )

@@ -17,11 +17,25 @@ what was expected, all at once; a bad file never starts a role.
 from aurora_store.config.check import RoleCheck, check, role_values
 from aurora_store.config.flags import add_flag, confirm, defaults, requested
 from aurora_store.config.load import from_doc, load, parse
-from aurora_store.config.schema import COMMON, ENV, REGION_KEYS, Region, RoleSchema, RunFile, Table, declare, schemas
+from aurora_store.config.schema import (
+    COMMON,
+    ENV,
+    FACTS,
+    HOST,
+    REGION_KEYS,
+    Region,
+    RoleSchema,
+    RunFile,
+    Table,
+    declare,
+    schemas,
+)
 
 __all__ = [
     "COMMON",
     "ENV",
+    "FACTS",
+    "HOST",
     "REGION_KEYS",
     "Region",
     "RoleCheck",

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora_store.config.load import load
+from aurora_store.config.options import build, leaves, option_env
 from aurora_store.config.schema import ROLES, Region, RoleSchema, RunFile, table_values
 from aurora_store.errors import ConfigError
-from aurora_store.options import build, leaves, option_env
 from aurora_store.redact import redact_value
 
 

@@ -45,7 +45,7 @@ def requested(argv: Sequence[str]) -> None:
 
 def defaults(command: str) -> dict[str, Any]:
     """The file's options for ``command`` when it is the one being run with a config file (by
-    dest, for :func:`aurora_store.options.add_options`); {} otherwise."""
+    dest, for :func:`aurora_store.config.options.add_options`); {} otherwise."""
     req = _REQUEST.get()
     schema = ROLES.get(command)
     if req is None or req.command != command or req.path is None or schema is None:

@@ -10,6 +10,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from aurora_store.config.options import MAX_DEPTH, holds_private_key
 from aurora_store.config.schema import (
     COMMON,
     MAX_FILE_BYTES,
@@ -24,7 +25,6 @@ from aurora_store.config.schema import (
 )
 from aurora_store.errors import ConfigError
 from aurora_store.localfile import read_regular
-from aurora_store.options import MAX_DEPTH, holds_private_key
 from aurora_store.redact import is_secret, redact
 
 

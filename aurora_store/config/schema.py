@@ -4,14 +4,15 @@ each role declares (which of its options a table fills, and the options' types).
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from aurora_store.config.options import base_type, leaves, option_file, out_of_range, shown
 from aurora_store.errors import ConfigError
-from aurora_store.options import base_type, leaves, out_of_range, shown
 from aurora_store.redact import redact
 
 MAX_FILE_BYTES = 1 << 20
@@ -73,6 +74,51 @@ class RunFile:
         return self.regions[name]
 
 
+def _source(f: RunFile, r: Region | None) -> Region | None:
+    return f.regions[r.source] if r is not None and r.source is not None else None
+
+
+def _fallback(f: RunFile, r: Region | None) -> Region | None:
+    return f.regions[f.home] if r is not None and r.name != f.home else None
+
+
+def _others(f: RunFile) -> dict[str, Any] | None:
+    out = {n: {"uri": r.uri, "storage_options": r.storage_options} for n, r in f.regions.items() if n != f.home}
+    return out or None
+
+
+def _of(region: Region | None, attr: str) -> Any:
+    return None if region is None else getattr(region, attr)
+
+
+HOST = "host"
+"""``option(file=HOST)``: an option set per host (a flag or a variable), never in the run's file."""
+
+FACTS: dict[str, Callable[[RunFile, Region | None], Any]] = {
+    "run_id": lambda f, r: f.run_id,
+    "redis": lambda f, r: f.redis,
+    "signing_key": lambda f, r: f.signing_key,
+    "verify_key": lambda f, r: f.verify_key,
+    "home.name": lambda f, r: f.home,
+    "home.uri": lambda f, r: f.regions[f.home].uri,
+    "home.storage_options": lambda f, r: f.regions[f.home].storage_options,
+    "region.name": lambda f, r: _of(r, "name"),
+    "region.uri": lambda f, r: _of(r, "uri"),
+    "region.storage_options": lambda f, r: _of(r, "storage_options"),
+    "source.name": lambda f, r: _of(_source(f, r), "name"),
+    "source.uri": lambda f, r: _of(_source(f, r), "uri"),
+    "source.storage_options": lambda f, r: _of(_source(f, r), "storage_options"),
+    "fallback.uri": lambda f, r: _of(_fallback(f, r), "uri"),
+    "fallback.storage_options": lambda f, r: _of(_fallback(f, r), "storage_options"),
+    "other_regions": lambda f, r: _others(f),
+    HOST: lambda f, r: None,
+}
+"""What an option may take from a config file's common part (``option(file=NAME)``), for the region a
+role runs in: the run, Redis and the keys; the home region's, this region's, its relay source's and
+(outside home) the fallback's bucket; every region but home's buckets. None: the file gives nothing
+(no Redis in the file, no fallback at home), and the option keeps its flag, variable or default."""
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
     """A file table that fills some sections of a role's options."""
@@ -94,17 +140,34 @@ class RoleSchema:
     cls: type
     """The role's options dataclass."""
     tables: tuple[Table, ...]
-    derive: Callable[[RunFile, Region | None], dict[str, Any]]
-    """The options that come from the common part (URIs, Redis, keys), by dest, for one region."""
-    derived: frozenset[str]
-    """The dests :attr:`derive` owns: tables may not set them."""
     regions: Literal["home", "each", "not_home"]
     """Where the role runs: once at home, in every region, or in every region but home."""
+
+    @property
+    def derived(self) -> dict[str, str]:
+        """The options the file's common part gives (or that are per host), by dest: each field's
+        ``option(file=...)``. Tables may not set them."""
+        return file_facts(self.cls)
+
+    def derive(self, f: RunFile, region: Region | None) -> dict[str, Any]:
+        """The options the common part gives for ``region`` (URIs, Redis, keys), by dest."""
+        out = {dest: FACTS[fact](f, region) for dest, fact in self.derived.items()}
+        return {dest: value for dest, value in out.items() if value is not None}
 
     def runs_in(self, f: RunFile) -> list[Region | None]:
         if self.regions == "home":
             return [f.regions[f.home]]
         return [r for r in f.regions.values() if self.regions == "each" or r.name != f.home]
+
+
+@functools.cache
+def file_facts(cls: type) -> dict[str, str]:
+    """Every leaf option of ``cls`` that the file's common part gives, by dest: its fact's name."""
+    out = {dest: option_file(f) for _, dest, f, _, _ in leaves(cls)}
+    unknown = sorted(f"{d}: {v!r}" for d, v in out.items() if v is not None and v not in FACTS)
+    if unknown:
+        raise TypeError(f"{cls.__name__}: option(file=...) names no fact of a config file: {', '.join(unknown)}")
+    return {d: v for d, v in out.items() if v is not None}
 
 
 ROLES: dict[str, RoleSchema] = {}
@@ -145,8 +208,14 @@ def table_values(
     out = {}
     for key, value in values.items():
         if key not in by_key:
-            taken = [d.rsplit(".", 1)[-1] for _, d, *_ in leaves(schema.cls) if d in schema.derived]
-            hint = " (it comes from the file's common part: regions, redis, keys)" if key in taken else ""
+            taken = {d.rsplit(".", 1)[-1]: fact for d, fact in schema.derived.items()}
+            hint = ""
+            if key in taken:
+                hint = (
+                    " (it is set per host: a flag or its variable)"
+                    if taken[key] == HOST
+                    else " (it comes from the file's common part: regions, redis, keys)"
+                )
             errors.append(
                 f"{where}.{key}: unknown key{hint}{near(key, by_key)} ([{table.name}] takes: {', '.join(by_key)})"
             )

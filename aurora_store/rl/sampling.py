@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from aurora_store.options import Range
+from aurora_store.config.options import Range
 
 MAX_GROUP = 4096
 MAX_NEW_TOKENS = 1 << 20

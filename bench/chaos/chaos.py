@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aurora_store.config.options import option
 from aurora_store.errors import ConfigError
 from aurora_store.format.keys import manifest_key
-from aurora_store.options import option
 from bench.chaos import schedule as chaos_schedule
 from bench.chaos.check import summarize
 from bench.chaos.config import Config, from_replayable, replayable

@@ -30,9 +30,9 @@ from aurora_store import codec
 from aurora_store.codec import classes, kernels, ranks, sparse
 from aurora_store.codec.base import BlockWords, Decoded, Encoded, Lookup, Overlay
 from aurora_store.codec.words import block_of
+from aurora_store.config.options import option, positive
 from aurora_store.format import dtypes
 from aurora_store.format.delta import code_block
-from aurora_store.options import option, positive
 from bench.codec.baselines import BASELINES
 from bench.output import Output, emit
 

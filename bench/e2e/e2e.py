@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.codec.workload import Workload, make_workload
 from bench.e2e import modes as e2e_modes
 from bench.e2e.loop import Timing

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     answer SIGUSR1 with its round trips until SIGTERM."""
     import logging
 
-    from aurora_store.options import add_options, build
+    from aurora_store.config.options import add_options, build
 
     p = Parser(prog="python -m bench.fleet.actors")
     add_options(p, ProcessFlags)

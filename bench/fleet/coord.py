@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.output import Output, overridden
 
 ROWS = "8x64x256,256x512x4096,1024x512x4096,1024x512x16384"

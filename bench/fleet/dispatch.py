@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aurora_store.options import option
+from aurora_store.config.options import option
 from bench.output import Output, comma_list, overridden
 
 SCENARIOS = ("fake", "hung", "forged", "refs")

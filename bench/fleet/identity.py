@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.output import Output, emit
 
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from aurora_store.config.options import option, positive
 from aurora_store.coord import schedule
-from aurora_store.options import option, positive
 from bench.output import Output, emit, overridden
 
 SPEEDS = {"fast": 1.0, "mid": 0.5, "slow": 0.3, "fading": 0.8}

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from aurora_store.config.options import option, positive
 from aurora_store.errors import AuroraError
-from aurora_store.options import option, positive
 from bench.fuzz.target import Target
 from bench.output import Output, emit, overridden
 

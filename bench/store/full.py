@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.output import Output, emit, overridden
 
 TARGETS = {"publish_vs_safetensors_save": 2.0, "materialize_vs_safetensors_read": 2.0}

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.output import Output, overridden
 
 

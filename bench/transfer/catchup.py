@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.output import Output, comma_list, overridden
 
 TARGET = 1.05

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aurora_store.options import option, positive
+from aurora_store.config.options import option, positive
 from bench.codec.workload import Workload, make_workload
 from bench.emulation.wan import describe
 from bench.emulation.world import MIB, MODES, Config, World, cpus, own_peak_rss_mb, redis_kind

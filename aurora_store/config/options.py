@@ -112,13 +112,27 @@ def option(
     metavar: str | None = None,
     nargs: int | None = None,
     parse: Callable[[str], Any] | None = None,
+    file: str | None = None,
 ) -> dict[str, Any]:
     """Field metadata for :func:`add_options`: ``flag`` instead of ``--field-name``; ``aliases``, more
     flags for the same option; ``env``, an
     environment variable that gives the default (the option is then not required); ``nargs``
     values for a list field; ``parse``, the argument's type when the annotation's is not enough (for a
-    list or tuple field without ``nargs``, one argument that ``parse`` reads whole, e.g. comma-separated)."""
-    return {_KEY: {"flag": flag, "aliases": aliases, "env": env, "metavar": metavar, "nargs": nargs, "parse": parse}}
+    list or tuple field without ``nargs``, one argument that ``parse`` reads whole, e.g. comma-separated).
+    ``file``: what of a run's config file's common part gives this option (one of
+    :data:`aurora_store.config.schema.FACTS`, e.g. ``"region.uri"``, or ``"host"`` for an option set per
+    host, never in the file); a role's tables may not set such an option."""
+    return {
+        _KEY: {
+            "flag": flag,
+            "aliases": aliases,
+            "env": env,
+            "metavar": metavar,
+            "nargs": nargs,
+            "parse": parse,
+            "file": file,
+        }
+    }
 
 
 def positive(text: str) -> int:
@@ -231,6 +245,11 @@ def out_of_range(cls: type, dest: str, value: Any) -> str | None:
 def option_env(f: dataclasses.Field[Any]) -> str | None:
     """The environment variable that gives field ``f``'s default, if any."""
     return f.metadata.get(_KEY, {}).get("env")
+
+
+def option_file(f: dataclasses.Field[Any]) -> str | None:
+    """What of a config file's common part gives field ``f`` (its ``option(file=...)``), if anything."""
+    return f.metadata.get(_KEY, {}).get("file")
 
 
 def field_defaults(cls: type) -> dict[str, Any]:
