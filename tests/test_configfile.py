@@ -201,6 +201,10 @@ BAD = [
         "comes from the file's common part",
     ),
     (
+        'run_id = "x"\nhome = "a"\n[regions.a]\nuri = "file:///a"\n[actor]\nworker_id = "a-0"',
+        "actor.worker_id: unknown key (it is set per host: a flag or its variable)",
+    ),
+    (
         'run_id = "x"\nhome = "a"\n[regions.a]\nuri = "file:///a"\n[regions.a.model]\nhidden = 3',
         "regions.a.model: unknown key",
     ),
@@ -227,6 +231,24 @@ def test_a_bad_file_says_which_key_and_what_was_expected(tmp_path: Path, text: s
     configfile.requested(["train", "--config", path])
     with pytest.raises(ConfigError):
         build_parser()  # no role starts from it
+
+
+def test_an_option_that_names_no_fact_of_the_file_is_refused_when_its_role_declares() -> None:
+    """A role's field that says the file gives it (``option(file=...)``) must name one of the facts
+    the file has: a typo fails when the role registers, not when a user's file is read."""
+    from dataclasses import dataclass, field
+
+    from aurora_store.config.options import option
+
+    @dataclass(kw_only=True, slots=True)
+    class Options:
+        store: str = field(metadata=option(file="region.url"))
+        """Where."""
+
+    schema = configfile.RoleSchema(command="nope", cls=Options, tables=(), regions="each")
+    with pytest.raises(TypeError, match=r"store: 'region\.url'"):
+        configfile.declare(schema)
+    assert "nope" not in configfile.schemas()
 
 
 def test_every_problem_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -175,6 +175,7 @@ ROLES: dict[str, RoleSchema] = {}
 
 def declare(schema: RoleSchema) -> None:
     """Register a role's reading of the file (each role does, when it registers its subcommand)."""
+    file_facts(schema.cls)  # every option(file=...) names a fact of the file
     options = {dest for _, dest, *_ in leaves(schema.cls)}
     for table in schema.tables:
         for key in table_keys(schema, table):
