@@ -74,6 +74,10 @@ BENCHMARKS = {
         "bench.fleet.dispatch",
         "the trainer's dispatch against Redis writers: fake and hung actors, forged results; see --help",
     ),
+    "walk": (
+        "bench.structure.walk",
+        "the modules a publish and an actor's stage call walk through; the longest modules and classes; see --help",
+    ),
 }
 """Each benchmark's module (grouped by concern: bench/chaos, bench/fuzz, bench/e2e, ...) and what it
 measures, as ``aurora bench --help`` lists it."""
