@@ -225,7 +225,7 @@ class Trainer:
     def _check_bucket(self) -> None:
         """What a trainer makes sure of in its bucket before it builds on it (reads, and idempotent)."""
         self.run.store.sweep_temporaries()  # what a killed predecessor left half-written
-        self._check_tip()
+        self._check_latest()
         if self.run.latest() is not None or self.cfg.publish.rotate_signing_key is not None:
             self.run.publisher.planner.check_signer()  # the trainer's keys can sign the next version, or why not
 
@@ -249,7 +249,7 @@ class Trainer:
                 time.sleep(pause)
                 pause = min(2 * pause, 15.0)
 
-    def _check_tip(self) -> None:
+    def _check_latest(self) -> None:
         """The run's latest version verifies, or the trainer stops before anything, saying how to repair
         the bucket: a trainer never builds on a version it cannot verify, and that version's name is
         taken (objects are create-only), so there is no safe way on until someone repairs it. Where the

@@ -163,7 +163,7 @@ class PublishPlan:
     def as_full(self) -> PublishPlan:
         return dataclasses.replace(self, full=True)
 
-    def tip_after(self, info: VersionInfo) -> Latest:
+    def latest_after(self, info: VersionInfo) -> Latest:
         """The latest once this plan's version is committed as ``info`` says."""
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + info.bytes
         lineage = RunLineage(info.version_hash, self.run.signed_by) if self.version == 0 else self.run

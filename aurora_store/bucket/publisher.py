@@ -177,7 +177,7 @@ class Publisher:
         info = dataclasses.replace(info, seconds=time.perf_counter() - t0)
         if plan.rotation is not None:
             self.signer.rotated()  # the run is signed by the new key from now on
-        self._advance(plan.tip_after(info), share, builder, after_full)
+        self._advance(plan.latest_after(info), share, builder, after_full)
         if info.kind == "delta":
             self._last_delta_bytes = info.bytes
         return info
