@@ -19,6 +19,7 @@ import torch
 from actor.config import EngineConfig
 from actor.engines.base import Engine
 from actor.engines.torch import TorchEngine
+from aurora_store.bucket.lora_base import base_files
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
 from aurora_store.rl.errors import ModelError
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 
 def run_files(run: Run, version: int) -> dict[str, bytes]:
     """The run's attached files as verified ``version``'s manifest lists them (their hashes checked
-    against it), never as the bucket merely holds them."""
-    return run.reader.files(run.manifest(version))
+    against it), never as the bucket merely holds them; a LoRA run's base is not among them (it is
+    loaded on its own, :mod:`aurora_store.bucket.lora_base`)."""
+    return run.reader.files(run.manifest(version), names=lambda name: not base_files(name))
 
 
 def run_spec(run: Run, files: Mapping[str, bytes]) -> RunSpec:

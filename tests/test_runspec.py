@@ -3,16 +3,19 @@ without breaking readers (unknown optional fields ignored, unknown required ones
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import aurora_store
 from actor import assemble
-from aurora_store.rl.runspec import FIRST, FORMAT, NAME, Artefact, RunSpec, RunSpecError
+from aurora_store.rl.runspec import FIRST, FORMAT, LORA_FORMAT, NAME, Artefact, LoraSpec, RunSpec, RunSpecError
 from aurora_store.rl.sampling import SamplingConfig
 
 SPEC = RunSpec(
@@ -74,14 +77,15 @@ def test_an_unknown_required_field_is_refused() -> None:
     ("doc", "match"),
     [
         (_doc(artefact={"kind": "weights", "dtype": "float8_e4m3fn"}), "dtype 'float8_e4m3fn'"),
-        (_doc(artefact={"kind": "lora", "dtype": "bfloat16"}), "kind 'lora'"),
+        (_doc(artefact={"kind": "lora", "dtype": "bfloat16"}), "a LoRA artefact is an aurora-run/3 document"),
+        (_doc(format="aurora-run/3", artefact={"kind": "lora", "dtype": "bfloat16"}), "artefact.lora must hold"),
         (_doc(artefact={"dtype": "bfloat16"}), "artefact must name its kind and dtype"),
         (_doc(artefact=["weights"]), "artefact must name its kind and dtype"),
         (_doc(required="artefact"), "required must list"),
         (_doc(required=[1]), "required must list"),
         (_doc(required=["x"] * 65), "required must list"),
         (_doc(artefact=_DROP), "must have field 'artefact'"),
-        (_doc(format="aurora-run/3"), "not an aurora-run/2"),
+        (_doc(format="aurora-run/4"), "not an aurora-run/2"),
         (_doc(eos_ids=_DROP), "must have field 'eos_ids'"),
     ],
 )
@@ -102,3 +106,85 @@ def test_the_trainer_records_its_publish_dtype() -> None:
     assert made.full_bytes(model) == (3 * 2 + 2) * 2 + 5 * 8
     share = made.state_for_publish(model, group=None, keep_device=False)
     assert {s.name: s.dtype for s in share.specs} == {"bias": "BF16", "count": "I64", "weight": "BF16"}
+
+
+LORA = LoraSpec(
+    rank=16,
+    alpha=32.0,
+    targets=("q_proj", "v_proj"),
+    base_digest="0123456789abcdef" * 2,
+    base_files=("lora-base-00001-of-00002.safetensors", "lora-base-00002-of-00002.safetensors"),
+)
+
+
+def _lora_doc(**lora: Any) -> dict[str, Any]:
+    doc = json.loads(dataclasses.replace(SPEC, artefact=Artefact(kind="lora", lora=LORA)).to_bytes())
+    doc["artefact"]["lora"].update(lora)
+    doc["artefact"]["lora"] = {k: v for k, v in doc["artefact"]["lora"].items() if v is not _DROP}
+    return doc
+
+
+def test_a_lora_run_is_an_aurora_run_3_document_and_a_weights_run_stays_2() -> None:
+    """Issue 36: a LoRA artefact bumps the schema; a run of full weights is written as before, so the
+    actors of the release before keep reading it."""
+    spec = dataclasses.replace(SPEC, artefact=Artefact(kind="lora", lora=LORA))
+    doc = json.loads(spec.to_bytes())
+    assert doc["format"] == LORA_FORMAT and doc["artefact"]["lora"]["targets"] == ["q_proj", "v_proj"]
+    assert RunSpec.from_bytes(spec.to_bytes()) == spec
+    assert json.loads(SPEC.to_bytes())["format"] == FORMAT
+    assert spec.differences(SPEC) and "artefact" in spec.differences(SPEC)[0]
+
+
+@given(
+    rank=st.integers(1, 4096),
+    alpha=st.floats(min_value=1e-6, max_value=1e6, allow_nan=False),
+    targets=st.lists(st.from_regex(r"[a-z_][a-z0-9_.]{0,20}", fullmatch=True), min_size=1, max_size=8, unique=True),
+    digest=st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
+    files=st.integers(1, 40),
+)
+def test_lora_specs_round_trip(rank: int, alpha: float, targets: list[str], digest: str, files: int) -> None:
+    from aurora_store.format.keys import lora_base_file
+
+    lora = LoraSpec(
+        rank=rank,
+        alpha=alpha,
+        targets=tuple(targets),
+        base_digest=digest,
+        base_files=tuple(lora_base_file(i, files) for i in range(files)),
+    )
+    spec = dataclasses.replace(SPEC, artefact=Artefact(kind="lora", lora=lora))
+    assert RunSpec.from_bytes(spec.to_bytes()) == spec
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        (_lora_doc(rank=0), "rank must be an integer in"),
+        (_lora_doc(rank=True), "rank must be an integer in"),
+        (_lora_doc(rank=1 << 70), "rank must be an integer in"),
+        (_lora_doc(alpha=0), r"alpha must be a number in \(0, 1e6\]"),
+        (_lora_doc(alpha="2"), "alpha must be a number"),
+        (_lora_doc(targets=[]), "targets must name 1 to 64"),
+        (_lora_doc(targets=["q_proj", "q_proj"]), "distinct"),
+        (_lora_doc(targets=["q_proj; rm -rf /"]), "is not a module name"),
+        (_lora_doc(targets=[3]), "is not a module name"),
+        (_lora_doc(targets="q_proj"), "must be arrays"),
+        (_lora_doc(base_digest="ABC"), "base_digest must be 32 lowercase hex"),
+        (_lora_doc(base_files=[]), "base_files must list 1 to"),
+        (_lora_doc(base_files=["../../etc/passwd"]), "base_files must be 'lora-base-00001-of-00001.safetensors'"),
+        (
+            _lora_doc(base_files=["lora-base-00002-of-00002.safetensors", "lora-base-00001-of-00002.safetensors"]),
+            "in order",
+        ),
+        (_lora_doc(base_files=["x"] * 10_001), "must be arrays"),
+        (_lora_doc(extra=1), "artefact.lora must hold exactly"),
+        (_lora_doc(rank=_DROP), "artefact.lora must hold exactly"),
+        ({**_lora_doc(), "artefact": {"kind": "weights", "dtype": "bfloat16", "lora": LORA.to_dict()}}, None),
+    ],
+)
+def test_hostile_lora_tables_are_clear_errors(doc: dict[str, Any], match: str | None) -> None:
+    if match is None:  # a weights artefact ignores a lora table it does not need (an unknown field, unrequired)
+        assert _read(doc).artefact == Artefact()
+        return
+    with pytest.raises(RunSpecError, match=match):
+        _read(doc)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from aurora_store.bucket.lora_base import base_files
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
 from aurora_store.rl import gguf
@@ -125,9 +126,10 @@ def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
 
 def verified_files(run: Run) -> dict[str, bytes]:
     """The run's attached files as its latest version's verified manifest lists them (hash-checked):
-    a file swapped in the bucket since is refused, and one no version names is not read."""
+    a file swapped in the bucket since is refused, and one no version names is not read. A LoRA
+    run's base is left out (read on its own, :mod:`aurora_store.bucket.lora_base`)."""
     latest = run.latest()
-    return {} if latest is None else run.reader.files(run.manifest(latest))
+    return {} if latest is None else run.reader.files(run.manifest(latest), names=lambda name: not base_files(name))
 
 
 def recorded_spec(run: Run) -> RunSpec | None:

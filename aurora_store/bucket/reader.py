@@ -172,12 +172,16 @@ class Reader:
             url = self.store.url(seg.key)
             raise CorruptError(f"{url}: sha256 {got}, manifest says {seg.sha256}", url=url)
 
-    def files(self, m: Manifest) -> dict[str, bytes]:
-        """The attachments ``m`` vouches for, by name, each checked against its size and SHA-256 there:
-        what a role reads of a run's files (a file swapped behind the manifest's back is an error)."""
+    def files(self, m: Manifest, names: Callable[[str], bool] | None = None) -> dict[str, bytes]:
+        """The attachments ``m`` vouches for (those whose name ``names`` accepts, when given), by name,
+        each checked against its size and SHA-256 there: what a role reads of a run's files (a file
+        swapped behind the manifest's back is an error)."""
         out = {}
         for f in m.files:
-            out[f.key.removeprefix(f"{FILES_DIR}/")] = bytes(self.fetch(f))
+            name = f.key.removeprefix(f"{FILES_DIR}/")
+            if names is not None and not names(name):
+                continue
+            out[name] = bytes(self.fetch(f))
             self._verified_files.add((f.key, f.sha256))
         return out
 

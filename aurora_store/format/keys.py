@@ -189,3 +189,12 @@ def check_object_key(key: str, version: int, what: str) -> str:
             "(NNNNN-<sha256[:32]>.seg|.safetensors, model.safetensors.index-<sha256[:32]>.json)"[:300]
         )
     return key
+
+
+LORA_BASE_FILE = re.compile(r"^lora-base-[0-9]{5}-of-[0-9]{5}\.safetensors$")
+"""The name of one of a LoRA run's attachments that hold its frozen base (``lora-base-00001-of-00002.safetensors``)."""
+
+
+def lora_base_file(i: int, n: int) -> str:
+    """The name of the ``i``-th (from 0) of ``n`` attachments that hold a LoRA run's base."""
+    return f"lora-base-{i + 1:05d}-of-{n:05d}.safetensors"

@@ -11,6 +11,9 @@ Schema: ``aurora-run/2`` names the published artefact (what each version holds: 
 and the dtype of its float tensors), and lets the document grow without breaking readers: a field
 this reader does not know is ignored, unless the document lists it under ``required`` (a
 reader that cannot honour it must refuse the run rather than sample from the wrong model).
+``aurora-run/3`` is ``aurora-run/2`` whose artefact may be a LoRA adapter (:class:`LoraSpec`: its
+rank, alpha and target modules, and the frozen base it adapts, named by content); a run of full
+weights is still written as ``aurora-run/2``, so actors of the release before read it.
 ``aurora-run/1`` documents (no artefact: BF16 weights) stay readable.
 """
 
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from aurora_store.format import hostile_json
+from aurora_store.format.keys import lora_base_file
 from aurora_store.rl import sampling as sampling_bounds
 from aurora_store.rl.errors import RLError
 from aurora_store.rl.sampling import SamplingConfig
@@ -31,9 +36,18 @@ NAME = "aurora_run.json"
 FORMAT = "aurora-run/2"
 FIRST = "aurora-run/1"
 """The first schema: a closed set of fields and no artefact (every run then published BF16 weights)."""
+LORA_FORMAT = "aurora-run/3"
+"""``aurora-run/2`` with a LoRA artefact: written only for a LoRA run."""
 MAX_BYTES = 1 << 20
-ARTEFACT_KINDS = ("weights",)
-"""What a version may hold: ``weights`` (every parameter). LoRA adapters would be another kind."""
+ARTEFACT_KINDS = ("weights", "lora")
+"""What a version may hold: ``weights`` (every parameter) or ``lora`` (a LoRA adapter's matrices
+over a frozen base the run carries, :class:`LoraSpec`)."""
+MAX_LORA_RANK = 4096
+MAX_TARGETS = 64
+TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")
+"""A target module's name, as PEFT's ``target_modules`` takes it (``q_proj``, ``mlp.down_proj``)."""
+MAX_BASE_FILES = 10_000
+DIGEST = re.compile(r"^[0-9a-f]{32}$")
 DTYPES = ("bfloat16",)
 """Dtypes float tensors may be published in. Only BF16 is implemented; FP8 would add its name and scales."""
 _V1_FIELDS = frozenset(
@@ -47,19 +61,95 @@ class RunSpecError(RLError):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LoraSpec:
+    """A LoRA adapter (PEFT's ``LoraConfig``: ``r``, ``lora_alpha``, ``target_modules``) over a frozen base.
+
+    Every version holds the adapter's matrices only, named as PEFT saves them
+    (``base_model.model.<module>.lora_A.weight``). The base is carried by the run once, as the
+    attachments ``base_files`` (safetensors, the base model's own tensor names, in the run's dtype),
+    and named by content: ``base_digest`` is the weight digest of those tensors (the digest every
+    manifest records of its weights), so an engine holding another base is refused."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    base_digest: str
+    base_files: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if type(self.rank) is not int or not 1 <= self.rank <= MAX_LORA_RANK:
+            raise RunSpecError(f"lora rank must be an integer in [1, {MAX_LORA_RANK}], got {self.rank!r:.40}")
+        a = self.alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or not 0 < a <= 1e6:
+            raise RunSpecError(f"lora alpha must be a number in (0, 1e6], got {a!r:.40}")
+        t = self.targets
+        if not isinstance(t, tuple) or not 1 <= len(t) <= MAX_TARGETS or len(set(t)) != len(t):
+            raise RunSpecError(f"lora targets must name 1 to {MAX_TARGETS} distinct modules")
+        bad = next((x for x in t if not isinstance(x, str) or not TARGET.match(x)), None)
+        if bad is not None:
+            raise RunSpecError(f"lora target {bad!r:.60} is not a module name")
+        if not isinstance(self.base_digest, str) or not DIGEST.match(self.base_digest):
+            raise RunSpecError(f"lora base_digest must be 32 lowercase hex digits, got {self.base_digest!r:.60}")
+        f = self.base_files
+        if not isinstance(f, tuple) or not 1 <= len(f) <= MAX_BASE_FILES:
+            raise RunSpecError(f"lora base_files must list 1 to {MAX_BASE_FILES} attachments")
+        expected = tuple(lora_base_file(i, len(f)) for i in range(len(f)))
+        if f != expected:
+            raise RunSpecError(f"lora base_files must be {expected[0]!r} ... {expected[-1]!r}, in order")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "targets": list(self.targets),
+            "base_digest": self.base_digest,
+            "base_files": list(self.base_files),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, what: str) -> LoraSpec:
+        keys = {"rank", "alpha", "targets", "base_digest", "base_files"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise RunSpecError(f"{what}: artefact.lora must hold exactly {sorted(keys)}")
+        targets, files = d["targets"], d["base_files"]
+        if not isinstance(targets, list) or not isinstance(files, list) or len(files) > MAX_BASE_FILES:
+            raise RunSpecError(f"{what}: artefact.lora targets and base_files must be arrays")
+        try:
+            return cls(
+                rank=d["rank"],
+                alpha=d["alpha"],
+                targets=tuple(targets),
+                base_digest=d["base_digest"],
+                base_files=tuple(files),
+            )
+        except RunSpecError as exc:
+            raise RunSpecError(f"{what}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Artefact:
     """What every version of the run holds; engines build their model from it."""
 
     kind: str = "weights"
-    """``weights``: every parameter of the model (the only kind implemented)."""
+    """``weights``: every parameter of the model; ``lora``: a LoRA adapter's matrices (:attr:`lora`)."""
     dtype: str = "bfloat16"
     """The dtype of every published float tensor, as torch names it."""
+    lora: LoraSpec | None = None
+    """The adapter and its base, for kind ``lora`` (None for ``weights``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ARTEFACT_KINDS:
             raise RunSpecError(f"artefact kind {self.kind!r:.60}: this release publishes and reads {ARTEFACT_KINDS}")
         if self.dtype not in DTYPES:
             raise RunSpecError(f"artefact dtype {self.dtype!r:.60}: this release publishes and reads {DTYPES}")
+        if (self.kind == "lora") != (self.lora is not None):
+            raise RunSpecError("artefact kind 'lora' and its lora table go together")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "dtype": self.dtype}
+        if self.lora is not None:
+            out["lora"] = self.lora.to_dict()
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,8 +169,8 @@ class RunSpec:
 
     def to_bytes(self) -> bytes:
         doc = {
-            "format": FORMAT,
-            "artefact": {"kind": self.artefact.kind, "dtype": self.artefact.dtype},
+            "format": FORMAT if self.artefact.lora is None else LORA_FORMAT,
+            "artefact": self.artefact.to_dict(),
             "required": [],
             "tokenizer": self.tokenizer,
             "chat_template": self.chat_template,
@@ -105,8 +195,8 @@ class RunSpec:
             doc = hostile_json.loads(data)
         except ValueError as exc:
             raise RunSpecError(f"{what}: not JSON ({exc})"[:300]) from None
-        if not isinstance(doc, dict) or doc.get("format") not in (FIRST, FORMAT):
-            raise RunSpecError(f"{what}: not an {FORMAT} (or {FIRST}) document")
+        if not isinstance(doc, dict) or doc.get("format") not in (FIRST, FORMAT, LORA_FORMAT):
+            raise RunSpecError(f"{what}: not an {FORMAT} (or {FIRST}, or {LORA_FORMAT}) document")
         artefact = Artefact()
         if doc["format"] == FIRST:
             if set(doc) != _V1_FIELDS:
@@ -179,8 +269,13 @@ def _open_schema(doc: dict[str, Any], what: str) -> Artefact:
     a = doc["artefact"]
     if not isinstance(a, dict) or not isinstance(a.get("kind"), str) or not isinstance(a.get("dtype"), str):
         raise RunSpecError(f"{what}: artefact must name its kind and dtype")
+    lora = None
+    if a["kind"] == "lora":
+        if doc["format"] != LORA_FORMAT:
+            raise RunSpecError(f"{what}: a LoRA artefact is an {LORA_FORMAT} document, not {doc['format']}")
+        lora = LoraSpec.from_dict(a.get("lora"), what)
     try:
-        return Artefact(kind=a["kind"], dtype=a["dtype"])
+        return Artefact(kind=a["kind"], dtype=a["dtype"], lora=lora)
     except RunSpecError as exc:
         raise RunSpecError(f"{what}: {exc}") from None
 
