@@ -1,10 +1,11 @@
 """What the trainer publishes of its model, and the publisher that commits it every step.
 
 The run's artefact (``aurora_run.json``: what every version holds) is made from the model by one
-seam, :meth:`Artefact.state_for_publish`: this rank's share of the published tensors. Full
-weights in BF16 is the only artefact implemented. LoRA adapters (their matrices only) or FP8
-weights (with their scales as extra tensors) would each be one more class here and one more name
-in :mod:`aurora_store.rl.runspec`; the store and the publisher would not change.
+seam, :meth:`Artefact.state_for_publish`: this rank's share of the published tensors. Two are
+implemented: full weights (:class:`FullWeights`) and a LoRA adapter's matrices over a base the run
+carries (:class:`LoraAdapter`). FP8 weights (with their scales as extra tensors) would be one more
+class here and one more name in :mod:`aurora_store.rl.runspec`; the store and the publisher would
+not change.
 """
 
 from __future__ import annotations
@@ -71,10 +72,37 @@ class FullWeights:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter's matrices only (a model wrapped by :func:`trainer.adapter.wrap`), by the names
+    PEFT saves them under, cast to the run's dtype; the frozen base travels with the run once
+    (:func:`trainer.adapter.attach`)."""
+
+    spec: runspec.Artefact
+
+    @property
+    def dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.spec.dtype)
+        assert isinstance(dtype, torch.dtype)
+        return dtype
+
+    def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
+        from trainer.adapter import adapter_state
+
+        return local_share(model, dtype=self.dtype, group=group, keep_device=keep_device, state=adapter_state(model))
+
+    def full_bytes(self, model: torch.nn.Module) -> int:
+        from trainer.adapter import adapter_state
+
+        return sum(t.numel() * self.dtype.itemsize for t in adapter_state(model).values())
+
+
 def artefact_for(spec: runspec.Artefact) -> Artefact:
     """The artefact a run records (``aurora_run.json``), made from a model."""
     if spec.kind == "weights":
         return FullWeights(spec)
+    if spec.kind == "lora":
+        return LoraAdapter(spec)
     raise runspec.RunSpecError(f"artefact kind {spec.kind!r}: this trainer publishes {runspec.ARTEFACT_KINDS}")
 
 

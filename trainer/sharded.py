@@ -7,6 +7,7 @@ range of the flattened tensor; tensors every rank holds whole are published by r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,15 @@ def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def local_share(
-    module: torch.nn.Module, *, dtype: torch.dtype | None = torch.bfloat16, group: Any = None, keep_device: bool = False
+    module: torch.nn.Module,
+    *,
+    dtype: torch.dtype | None = torch.bfloat16,
+    group: Any = None,
+    keep_device: bool = False,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> Share:
-    """The words this rank publishes of :func:`published_state`: each DTensor's local shard (a
+    """The words this rank publishes of :func:`published_state` (or of ``state``, a part of the
+    module's state dict such as a LoRA adapter's): each DTensor's local shard (a
     contiguous range of the flattened tensor) and, on rank 0 of ``group`` only, the tensors every
     rank holds whole (buffers, unsharded parameters). Floating-point tensors are cast to ``dtype``
     (round to nearest even, as the actors hold them); None publishes them as they are. With
@@ -41,7 +48,7 @@ def local_share(
 
     first = not dist.is_initialized() or dist.get_rank(group) == 0
     specs, ranges, words = [], {}, {}
-    for name, t in published_state(module).items():
+    for name, t in (published_state(module) if state is None else state).items():
         if isinstance(t, DTensor):
             rng = _flat_range(name, t)
             local = t.to_local().detach()
