@@ -90,6 +90,12 @@ def build_parser() -> Parser:
         help="replace an --out an earlier replay wrote: only files under replay's own names, and attachments "
         "whose bytes the run vouches for (never other files, links or directories)",
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="of a LoRA run: write the base with the adapter merged into it, one HF directory (default: a PEFT "
+        "adapter directory, its base in base/)",
+    )
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
@@ -340,6 +346,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             shard_bytes=args.shard_bytes or DEFAULT_SHARD_BYTES,
             force=args.force,
             progress=step,
+            adapter=_adapter_of(run, args.version),
+            merge=args.merge,
         )
     for name in result.skipped:
         print(f"{PROG}: note: attached file {name!r} not copied: it would shadow the replayed weights", file=sys.stderr)
@@ -348,6 +356,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"{result.total_size:,} bytes, {len(result.files)} attached file(s)"
     )
     return 0
+
+
+def _adapter_of(run: Any, version: int | None) -> Any:
+    """A LoRA run's adapter and base as its run spec (at ``version``, verified) names them; None for a
+    run of full weights, or one without a run spec (started by an earlier trainer)."""
+    from aurora_store.bucket.replay import Adapter
+    from aurora_store.rl.runspec import NAME, RunSpec
+
+    at = run.latest() if version is None else version
+    if at is None:
+        return None
+    files = run.reader.files(run.manifest(at), names={NAME}.__contains__)
+    if NAME not in files:
+        return None
+    lora = RunSpec.from_bytes(files[NAME], f"{run.uri}/files/{NAME}").artefact.lora
+    if lora is None:
+        return None
+    return Adapter(lora.rank, lora.alpha, lora.targets, lora.base_files, lora.base_digest)
 
 
 # ---------------------------------------------------------------- audit

@@ -4,6 +4,12 @@ The weights come from :meth:`Run.materialize_words` (every hash, link, digest an
 verify key, signature checked), go out as safetensors shards with a HF index, next to the
 run's attached files and an ``aurora_replay.json`` provenance record. The directory is
 built beside the target and renamed into place, so a reader never sees half of it. No torch.
+
+A LoRA run's version (:class:`Adapter`: what its run spec says) replays as a PEFT adapter directory
+(``adapter_model.safetensors``, ``adapter_config.json``) with its base as a HF directory in
+``base/`` (``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out + "/base"), out)``),
+or with ``merge`` as one HF directory of the merged weights: each target's ``W + (alpha / r) B A``,
+computed in FP32 from the BF16 words and rounded to BF16 (to nearest, ties to even).
 """
 
 from __future__ import annotations
@@ -21,20 +27,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from aurora_store.errors import ConflictError, StoreError
 from aurora_store.format import safetensors_file
 from aurora_store.format.full import plan_shards
+from aurora_store.format.keys import LORA_BASE_FILE
+from aurora_store.format.weights import WeightState, full_digest
 from aurora_store.localfile import open_regular, read_regular
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
     from aurora_store.format.manifest import Manifest, Segment
-    from aurora_store.format.weights import WeightState
 
 log = logging.getLogger("aurora.replay")
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 PROVENANCE = "aurora_replay.json"
+ADAPTER = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+BASE_DIR = "base"
+PEFT_PREFIX = "base_model.model."
+"""What PEFT puts before a module's name in an adapter's tensor names."""
 DEFAULT_SHARD_BYTES = 2 << 30
 """Target shard size; each shard is built in memory, so this bounds replay's extra memory."""
 
@@ -59,6 +73,18 @@ class ReplayResult:
     """Attached files not copied: they would shadow or add to the replayed weights."""
 
 
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA run's adapter and base, as its run spec names them (the store reads no run spec: the
+    caller passes these)."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    base_files: tuple[str, ...]
+    base_digest: str
+
+
 def replay(
     run: Run,
     version: int | None,
@@ -67,23 +93,46 @@ def replay(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     force: bool = False,
     progress: Progress | None = None,
+    adapter: Adapter | None = None,
+    merge: bool = False,
 ) -> ReplayResult:
-    """Write ``version`` (latest when None) of ``run`` bit-exact as a HF model directory at ``out``."""
+    """Write ``version`` (latest when None) of ``run`` bit-exact as a HF model directory at ``out``;
+    of a LoRA run (``adapter``), a PEFT adapter directory with its base in ``base/``, or with
+    ``merge`` the merged weights as one HF directory."""
     if shard_bytes < 1:
         raise StoreError(f"shard_bytes must be >= 1, got {shard_bytes}")
+    if merge and adapter is None:
+        raise StoreError("--merge is for a LoRA run: this run's versions hold full weights")
     out = os.path.abspath(os.fspath(out))
+    if adapter is not None and not merge and force and os.path.isdir(out) and os.listdir(out):
+        raise ConflictError(f"{out} is not empty; --force replaces full-weight replays only: remove it first")
     replaced = _check_target(run, out, force)
     step = progress or (lambda stage, done, total: None)
     step("materialize", 0, 1)
     state = run.materialize_words(version)
     step("materialize", 1, 1)
     m = run.manifest(state.version)
+    if adapter is not None:
+        from aurora_store.bucket.lora_base import load_base
+
+        base = load_base(run, m, adapter.base_files, adapter.base_digest)
+        if merge:
+            state = merged(base, state, adapter)
     tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
     os.makedirs(tmp)
     try:
-        shards, total = _write_shards(tmp, state, shard_bytes, step)
-        files, skipped = _write_attachments(run, m, tmp, set(shards) | {INDEX, PROVENANCE}, step)
-        record = {
+        if adapter is None or merge:
+            shards, total = _write_shards(tmp, state, shard_bytes, step)
+            files, skipped = _write_attachments(run, m, tmp, set(shards) | {INDEX, PROVENANCE}, step)
+        else:
+            shards, total = _write_adapter(tmp, state, adapter)
+            os.makedirs(os.path.join(tmp, BASE_DIR))
+            base_dir = os.path.join(tmp, BASE_DIR)
+            base_shards, _ = _write_shards(base_dir, base, shard_bytes, step)
+            files, skipped = _write_attachments(run, m, base_dir, set(base_shards) | {INDEX, PROVENANCE}, step)
+            shards += [f"{BASE_DIR}/{n}" for n in base_shards]
+            _fsync_dir(base_dir)
+        record: dict[str, object] = {
             "format": "aurora-replay/1",
             "run": run.uri,
             "version": m.version,
@@ -96,6 +145,10 @@ def replay(
             "shards": shards,
             "files": files,
         }
+        if adapter is not None:
+            record["lora"] = {"layout": "merged" if merge else "peft", "base_digest": adapter.base_digest}
+            if merge:
+                record["merged_digest"] = state.digest.hex()
         _write(tmp, PROVENANCE, json.dumps(record, indent=2).encode() + b"\n")
         _fsync_dir(tmp)
         _install(tmp, out, replaced)
@@ -103,6 +156,67 @@ def replay(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ReplayResult(out, m.version, m.version_hash, m.weights_digest, shards, total, files, skipped)
+
+
+def _write_adapter(tmp: str, state: WeightState, adapter: Adapter) -> tuple[list[str], int]:
+    """The PEFT adapter files: the version's matrices as PEFT saves them, and the config that names them."""
+    data = safetensors_file.build(
+        [(s.name, s.dtype, s.shape, state.words[s.name]) for s in state.specs], metadata={"format": "pt"}
+    )
+    _write(tmp, ADAPTER, data)
+    config = {
+        "peft_type": "LORA",
+        "r": adapter.rank,
+        "lora_alpha": adapter.alpha,
+        "target_modules": list(adapter.targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "base_model_name_or_path": BASE_DIR,
+    }
+    _write(tmp, ADAPTER_CONFIG, json.dumps(config, indent=2).encode() + b"\n")
+    return [ADAPTER], sum(s.numel * s.width for s in state.specs)
+
+
+def _bf16_to_f32(words: np.ndarray) -> np.ndarray:
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to BF16, to nearest with ties to even (NaN stays a quiet NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def merged(base: WeightState, adapter: WeightState, shape: Adapter) -> WeightState:
+    """``base`` with every adapted weight replaced by ``W + (alpha / r) B A`` (FP32, rounded to BF16)."""
+    scale = np.float32(shape.alpha / shape.rank)
+    specs = {s.name: s for s in base.specs}
+    words = dict(base.words)
+    done = set()
+    for s in adapter.specs:
+        if not s.name.endswith(".lora_A.weight"):
+            continue
+        module = s.name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+        b_name = s.name.replace(".lora_A.weight", ".lora_B.weight")
+        target = specs.get(f"{module}.weight")
+        b_spec = adapter.spec(b_name) if b_name in adapter.words else None
+        if target is None or b_spec is None or not s.name.startswith(PEFT_PREFIX):
+            raise StoreError(f"adapter tensor {s.name!r}: the base has no {module}.weight, or the adapter no lora_B")
+        if {target.dtype, s.dtype, b_spec.dtype} != {"BF16"} or len(target.shape) != 2:
+            raise StoreError(f"{module}: merging needs BF16 matrices, got {target.dtype} {target.shape}")
+        a = _bf16_to_f32(adapter.words[s.name]).reshape(s.shape)
+        b = _bf16_to_f32(adapter.words[b_name]).reshape(b_spec.shape)
+        w = _bf16_to_f32(base.words[target.name]).reshape(target.shape)
+        if b.shape[0] != w.shape[0] or a.shape[1] != w.shape[1] or a.shape[0] != b.shape[1]:
+            raise StoreError(f"{module}: adapter shapes {b.shape} x {a.shape} do not fit the weight's {w.shape}")
+        words[target.name] = _f32_to_bf16(w + scale * (b @ a)).reshape(-1)
+        done.add(target.name)
+    if not done:
+        raise StoreError("the adapter adapts no weight of the base")
+    return WeightState(base.specs, words, digest=full_digest(base.specs, words))
 
 
 def _check_target(run: Run, out: str, force: bool) -> list[str]:
@@ -236,6 +350,8 @@ def _write_attachments(
     skipped = []
     for i, f in enumerate(m.files):
         name = f.key.split("/", 1)[1]
+        if LORA_BASE_FILE.match(name):
+            continue  # a LoRA run's base: replayed as weights, never copied as a file
         if name in reserved or name.endswith((".safetensors", ".safetensors.index.json")):
             skipped.append(name)
         else:
