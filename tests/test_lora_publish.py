@@ -10,11 +10,12 @@ import torch
 
 import aurora_store
 from aurora_store.bucket.lora_base import load_base
+from aurora_store.rl.adapters import adapter_state
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, tiny_config
 from aurora_store.rl.runspec import Artefact
 from aurora_store.tensors import host_words, word_views
-from trainer.adapter import LoraSettings, adapter_state, attach, round_base, wrap
+from trainer.adapter import LoraSettings, attach, round_base, wrap
 from trainer.publication import LoraAdapter, ModelPublisher, artefact_for
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))

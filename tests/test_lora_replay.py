@@ -14,10 +14,11 @@ import torch
 
 import aurora_store
 from aurora_store.cli import main
+from aurora_store.rl.adapters import adapter_state
 from aurora_store.rl.models import build_model, model_files, tiny_config
 from aurora_store.rl.runspec import NAME, Artefact, RunSpec
 from aurora_store.rl.sampling import SamplingConfig
-from trainer.adapter import LoraSettings, adapter_state, attach, round_base, wrap
+from trainer.adapter import LoraSettings, attach, round_base, wrap
 from trainer.publication import ModelPublisher, artefact_for
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))

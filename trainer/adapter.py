@@ -10,7 +10,6 @@ saves them, are what each version publishes (:class:`trainer.publication.LoraAda
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from aurora_store.bucket.lora_base import attach_base
 from aurora_store.bucket.run import Run
 from aurora_store.format.keys import lora_base_file
+from aurora_store.rl import adapters
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.runspec import LoraSpec, RunSpecError
 from aurora_store.tensors import host_words, word_views
@@ -43,35 +43,8 @@ def round_base(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
-    """``model`` frozen under a new LoRA adapter (PEFT's initialisation: B is zero, so version 0 computes
-    exactly as the base). A ModelError names targets the model does not have."""
-    import peft
-
-    config = peft.LoraConfig(
-        r=settings.rank,
-        lora_alpha=settings.alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by alpha / r
-        target_modules=list(settings.targets),
-        lora_dropout=0.0,
-        bias="none",
-    )
-    try:
-        with warnings.catch_warnings():  # PEFT asks transformers a deprecated question; nothing for a user to do
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return peft.get_peft_model(model, config)
-    except ValueError as exc:
-        present = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ModelError(
-            f"LoRA targets {', '.join(settings.targets)}: {str(exc).splitlines()[0][:200]} "
-            f"(the model's linear layers: {', '.join(present)})"
-        ) from None
-
-
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's matrices of a wrapped model, by the names PEFT saves them under
-    (``base_model.model.<module>.lora_A.weight``): what a version of a LoRA run holds."""
-    import peft
-
-    return dict(peft.get_peft_model_state_dict(model))
+    """``model`` frozen under a new LoRA adapter of ``settings`` (:func:`aurora_store.rl.adapters.wrap`)."""
+    return adapters.wrap(model, rank=settings.rank, alpha=settings.alpha, targets=settings.targets)
 
 
 def check(settings: LoraSettings) -> None:

@@ -87,12 +87,12 @@ class LoraAdapter:
         return dtype
 
     def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
-        from trainer.adapter import adapter_state
+        from aurora_store.rl.adapters import adapter_state
 
         return local_share(model, dtype=self.dtype, group=group, keep_device=keep_device, state=adapter_state(model))
 
     def full_bytes(self, model: torch.nn.Module) -> int:
-        from trainer.adapter import adapter_state
+        from aurora_store.rl.adapters import adapter_state
 
         return sum(t.numel() * self.dtype.itemsize for t in adapter_state(model).values())
 

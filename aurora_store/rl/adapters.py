@@ -1,0 +1,67 @@
+"""LoRA adapters, for the trainer and the actors alike: PEFT wraps a base model, and an adapter's
+matrices are named as PEFT saves them (``base_model.model.<module>.lora_A.weight``).
+
+PEFT does the adapter (``get_peft_model``, target matching); this module only says how a run's
+adapter maps onto a wrapped model's parameters, so a version's tensors are written into them in
+place (:func:`adapter_parameters`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from aurora_store.rl.errors import ModelError
+
+ADAPTER_NAME = "default"
+"""The one adapter a wrapped model holds (PEFT's default name, which its saved names leave out)."""
+
+
+def wrap(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequence[str]) -> torch.nn.Module:
+    """``model`` frozen under a new LoRA adapter (PEFT's initialisation: B is zero, so it computes
+    exactly as the base until the adapter moves). A ModelError names targets the model does not have."""
+    import peft
+
+    config = peft.LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by alpha / r
+        target_modules=list(targets),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    try:
+        with warnings.catch_warnings():  # PEFT asks transformers a deprecated question; nothing for a user to do
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(model, config)
+    except ValueError as exc:
+        present = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ModelError(
+            f"LoRA targets {', '.join(targets)}: {str(exc).splitlines()[0][:200]} "
+            f"(the model's linear layers: {', '.join(present)})"
+        ) from None
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's matrices of a wrapped model, by the names PEFT saves them under: what a version
+    of a LoRA run holds."""
+    import peft
+
+    return dict(peft.get_peft_model_state_dict(model))
+
+
+def parameter_name(saved: str) -> str:
+    """The wrapped model's parameter that a saved adapter tensor's name stands for
+    (``...q_proj.lora_A.weight`` -> ``...q_proj.lora_A.default.weight``)."""
+    for part in (".lora_A.", ".lora_B."):
+        if part in saved:
+            return saved.replace(part, f"{part}{ADAPTER_NAME}.", 1)
+    raise ModelError(f"{saved!r} is not a LoRA adapter's tensor")
+
+
+def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The wrapped model's adapter parameters by their saved names: the tensors a version's adapter is
+    written into, in place."""
+    params = dict(model.named_parameters())
+    return {name: params[parameter_name(name)] for name in adapter_state(model)}
