@@ -19,15 +19,17 @@ import torch
 from actor.config import EngineConfig
 from actor.engines.base import Engine
 from actor.engines.torch import TorchEngine
-from aurora_store.bucket.lora_base import base_files
+from aurora_store.bucket.lora_base import base_files, load_base
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
+from aurora_store.rl.adapters import adapter_parameters, wrap
 from aurora_store.rl.errors import ModelError
-from aurora_store.rl.models import build_model, check_config
+from aurora_store.rl.models import build_model, check_config, tied_names
 from aurora_store.rl.runspec import NAME as RUN_SPEC
 from aurora_store.rl.runspec import RunSpec, RunSpecError
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tokenizers import CHAR_KIND, EOS, Tokenizer, from_files
+from aurora_store.tensors import from_words
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -104,6 +106,15 @@ def _check_ties(run: Run, config: Mapping[str, Any]) -> None:
 def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfig, worker_id: str) -> Engine:
     config = _config(run, files)
     _check_ties(run, config)
+    if spec.artefact.lora is not None:
+        if cfg.engine != "torch":
+            raise ModelError(
+                f"{run.uri}: a LoRA run; the {cfg.engine} engine does not serve LoRA adapters in this release "
+                "(vLLM's enable_lora path is not built yet): start this actor with --engine torch"
+            )
+        return TorchEngine(
+            lora_model(run, config, spec), device=cfg.device, eos_ids=spec.eos_ids, live=adapter_parameters
+        )
     if cfg.engine == "torch":
         model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
@@ -126,3 +137,32 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
         )
     finally:  # vLLM has read it (or failed to): the weights now live in the engine
         shutil.rmtree(out, ignore_errors=True)
+
+
+def lora_model(run: Run, config: Mapping[str, Any], spec: RunSpec) -> torch.nn.Module:
+    """A LoRA run's engine model: the model ``config.json`` describes, holding the base the run carries
+    (verified against the digest the run names), wrapped by a new adapter of the run's shape; the
+    versions' adapters are then written into that adapter's parameters."""
+    lora = spec.artefact.lora
+    assert lora is not None
+    latest = run.latest()
+    if latest is None:
+        raise ModelError(f"{run.uri}: the run has no committed version yet, so no base to build on")
+    base = load_base(run, run.manifest(latest), lora.base_files, lora.base_digest)
+    model = build_model(dict(config), dtype=getattr(torch, spec.artefact.dtype))
+    state = model.state_dict()
+    names = {s.name for s in base.specs}
+    extra = sorted(names - state.keys())
+    missing = sorted(state.keys() - names - tied_names(state))
+    if extra or missing:
+        raise ModelError(
+            f"{run.uri}: the run's LoRA base does not fit its config.json: "
+            f"{'no such tensor ' + extra[0] if extra else 'no ' + missing[0] + ' in the base'}"
+        )
+    with torch.no_grad():
+        for s in base.specs:
+            t = from_words(s, base.words[s.name])
+            if tuple(t.shape) != tuple(state[s.name].shape) or t.dtype != state[s.name].dtype:
+                raise ModelError(f"{run.uri}: the LoRA base's {s.name} is {s.dtype} {s.shape}, the model's is not")
+            state[s.name].copy_(t)
+    return wrap(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets)

@@ -15,45 +15,12 @@ import torch
 import aurora_store
 from aurora_store.cli import main
 from aurora_store.rl.adapters import adapter_state
-from aurora_store.rl.models import build_model, model_files, tiny_config
-from aurora_store.rl.runspec import NAME, Artefact, RunSpec
-from aurora_store.rl.sampling import SamplingConfig
-from trainer.adapter import LoraSettings, attach, round_base, wrap
-from trainer.publication import ModelPublisher, artefact_for
-
-SETTINGS = LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
-IDS = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+from tests.lora_runs import IDS, lora_run
 
 
 def _lora_run(tmp_path: Path) -> tuple[Any, torch.nn.Module]:
     """A LoRA run of three versions whose adapter has moved away from its initialisation."""
-    run = aurora_store.open_run(f"file://{tmp_path}/run")
-    model = build_model(tiny_config(64), seed=5)
-    round_base(model, torch.bfloat16)
-    for name, data in model_files(model).items():
-        run.files.put(name, data)
-    lora = attach(run, model, SETTINGS, torch.bfloat16)
-    spec = RunSpec(
-        tokenizer="aurora-char",
-        chat_template=False,
-        system_prompt=None,
-        sampling=SamplingConfig(group=2, max_new_tokens=4),
-        reward="task:arith",
-        reward_timeout_s=5.0,
-        eos_ids=(2,),
-        artefact=Artefact(kind="lora", lora=lora),
-    )
-    run.files.put(NAME, spec.to_bytes())
-    policy = wrap(model, SETTINGS)
-    publisher = ModelPublisher(run, policy, artefact=artefact_for(spec.artefact))
-    publisher.publish(step=0, kind="full")
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
-    for step in (1, 2):
-        policy(input_ids=IDS, labels=IDS).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        publisher.publish(step=step)
-    return run, policy
+    return lora_run(f"file://{tmp_path}/run")
 
 
 def _rounded(policy: torch.nn.Module) -> torch.Tensor:

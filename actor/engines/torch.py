@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,14 +25,24 @@ class TorchEngine:
     """Generates with a HF causal LM whose parameters are the live weights (updated in place)."""
 
     def __init__(
-        self, model: torch.nn.Module, *, device: str | torch.device = "cpu", eos_ids: Sequence[int] = (EOS,)
+        self,
+        model: torch.nn.Module,
+        *,
+        device: str | torch.device = "cpu",
+        eos_ids: Sequence[int] = (EOS,),
+        live: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None,
     ) -> None:
+        """``live``: the model's tensors a version is written into, by the version's names (default:
+        every parameter by its own name; a LoRA run's, the adapter's parameters only)."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
-        self.live = TensorWeights(dict(model.named_parameters()), device=self.device)
+        tensors: dict[str, torch.Tensor] = dict(self.model.named_parameters()) if live is None else live(self.model)
+        self.live = TensorWeights(tensors, device=self.device)
         # transformers 5 renamed the KV-cache argument from past_key_values to cache
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        base = getattr(model, "get_base_model", None)  # under a PEFT adapter, the model it wraps
+        inner = base() if callable(base) else model
+        self._cache_kw = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
     def applied(self, version: int, version_hash: str) -> None:
         """The torch engine keeps no record of weight versions: the updater's is the one."""

@@ -34,7 +34,9 @@ def wrap(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequence[s
     try:
         with warnings.catch_warnings():  # PEFT asks transformers a deprecated question; nothing for a user to do
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return peft.get_peft_model(model, config)
+            # the adapter in the base's own dtype (PEFT would widen it to FP32 over a BF16 base): an
+            # actor's adapter holds the bits a version publishes, the trainer's its FP32 masters
+            return peft.get_peft_model(model, config, autocast_adapter_dtype=False)
     except ValueError as exc:
         present = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ModelError(
