@@ -27,6 +27,7 @@ from aurora_store.testing.processes import deadline, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP = 8, 4
+TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 pytestmark = pytest.mark.slow
 
 
@@ -452,3 +453,46 @@ def test_an_actor_stopped_while_cut_off_from_redis_says_what_it_could_not_give_b
     assert last, said
     assert "leases not given back" in last[-1] and "expire by" in last[-1], last[-1]
     assert any(job in last[-1] for job in held), (held, last[-1])
+
+
+def test_a_lora_run_trains_serves_and_resumes_its_adapter(loop: Loop) -> None:
+    """Issue 36: ``--lora-rank`` trains a PEFT adapter over a frozen base the run carries; the actor
+    serves it on the torch engine; a killed trainer resumes the adapter (and its optimizer) from its
+    state over the base it reads back from the run; every version holds the adapter alone."""
+    import torch
+
+    from aurora_store.bucket.lora_base import load_base
+    from aurora_store.rl.runspec import NAME, RunSpec
+    from tests.helpers import bits_equal
+
+    lora = ("--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2", "--sft-steps", "100")
+    actor = loop.actor("a")
+    first = loop.trainer("--steps", "5", "--rollout-correction", "tis", "--kl-coef", "0.01", *lora)
+    run = open_run(loop.store)
+    loop.wait(lambda: (run.latest() or 0) >= 2, "version 2", 600)
+    first.kill()
+    first.wait(10)
+    second = loop.trainer("--steps", "5", "--rollout-correction", "tis", "--kl-coef", "0.01", *lora)
+    loop.finish(second, "trainer")
+    run = open_run(loop.store)
+    assert run.versions() == list(range(6)) and audit(run).ok
+    spec = RunSpec.from_bytes(run.reader.files(run.manifest(5), names={NAME}.__contains__)[NAME])
+    assert spec.artefact.kind == "lora" and spec.artefact.lora is not None
+    adapter = spec.artefact.lora
+    assert (adapter.rank, adapter.alpha, ",".join(adapter.targets)) == (8, 16.0, TARGETS)
+    for v in range(6):
+        names = {t.name for t in run.manifest(v).tensors}
+        assert names and all(".lora_A." in n or ".lora_B." in n for n in names), f"version {v} holds the adapter"
+    load_base(run, run.manifest(5), adapter.base_files, adapter.base_digest)  # the base, as the run names it
+    zero = {k: torch.zeros_like(t) for k, t in run.materialize(0).items() if ".lora_B." in k}
+    assert zero and not bits_equal({k: run.materialize(0)[k] for k in zero}, zero), "the warm start trained B"
+    trained = [r["stats"] for r in loop.steps() if r["stats"]["micro_batches"]]
+    corrected = [s for s in trained if s["mismatch_abs"] is not None]
+    assert corrected and all(0 <= s["mismatch_abs"] < 0.05 for s in corrected), "torch engine and trainer agree"
+    # a trainer that would train every weight cannot continue it, and says why
+    third = loop.trainer("--steps", "6")
+    assert third.wait(deadline(300)) != 0
+    assert "this run publishes a LoRA adapter; a trainer with no --lora-rank cannot continue it" in loop.log("trainer")
+    actor.send_signal(signal.SIGTERM)
+    loop.finish(actor, "actor a after SIGTERM", timeout=120)
+    assert "Traceback" not in loop.log("a")

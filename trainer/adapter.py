@@ -62,17 +62,52 @@ def check(settings: LoraSettings) -> None:
         raise ModelError(f"LoRA adapter: {exc}") from None
 
 
-def attach(run: Run, base: torch.nn.Module, settings: LoraSettings, dtype: torch.dtype) -> LoraSpec:
+def attach(
+    run: Run, base: torch.nn.Module, settings: LoraSettings, dtype: torch.dtype, *, write: bool = True
+) -> LoraSpec:
     """Attach ``base`` (in ``dtype``, tied duplicates once) to ``run`` and return the run spec's LoRA
     table naming it. Call before ``wrap`` (the base's own tensor names) and before version 0 (so its
-    manifest lists the base's files)."""
+    manifest lists the base's files). ``write=False`` only names it (the ranks but the first)."""
     check(settings)
     state = {
         k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu()
         for k, v in published_state(base).items()
     }
     specs, views = word_views(state)
-    digest, files = attach_base(run, specs, {k: host_words(v) for k, v in views.items()})
+    digest, files = attach_base(run, specs, {k: host_words(v) for k, v in views.items()}, write=write)
     return LoraSpec(
         rank=settings.rank, alpha=settings.alpha, targets=settings.targets, base_digest=digest, base_files=files
     )
+
+
+def settings_of(lora: LoraSpec) -> LoraSettings:
+    return LoraSettings(rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
+
+
+def load_base_into(run: Run, model: torch.nn.Module, lora: LoraSpec) -> None:
+    """Write the base ``run`` carries (verified against the digest ``lora`` names) into ``model``'s own
+    tensors, widened to their dtype (a resumed run's frozen base: exactly the bits it started from)."""
+    from aurora_store.bucket.lora_base import load_base
+    from aurora_store.tensors import from_words
+
+    latest = run.latest()
+    if latest is None:
+        raise ModelError(f"{run.uri}: a LoRA run without a committed version has no base to resume from")
+    base = load_base(run, run.manifest(latest), lora.base_files, lora.base_digest)
+    state = model.state_dict()
+    with torch.no_grad():
+        for s in base.specs:
+            if s.name not in state:
+                raise ModelError(f"{run.uri}: the run's LoRA base has {s.name}, which its config.json's model has not")
+            state[s.name].copy_(from_words(s, base.words[s.name]).to(state[s.name].dtype))
+
+
+def version_weights(model: torch.nn.Module, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every parameter of wrapped ``model`` by its own name, with a version's ``adapter`` (by its saved
+    names) in place of the model's: what a frozen copy takes to compute as that version (the base never
+    moves, so it is the model's)."""
+    from aurora_store.rl.adapters import parameter_name
+
+    out = {n: p.detach() for n, p in model.named_parameters() if "lora_" not in n}
+    out.update({parameter_name(k): v for k, v in adapter.items()})
+    return out

@@ -16,6 +16,11 @@ from aurora_store.metrics_http import ADDR_ENV, LOOPBACK
 from aurora_store.rl.sampling import SamplingConfig
 
 
+def names(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated names (blanks dropped)."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """The policy: a user's HF causal LM, or the built-in tiny Qwen3 (built from a config, nothing downloaded)."""
@@ -32,6 +37,15 @@ class ModelConfig:
     """Where the trainer computes: cpu, cuda, or auto (cuda when present; each torchrun rank takes its own GPU)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    lora_rank: Annotated[int, Range(ge=0, le=4096)] = 0
+    """Train a LoRA adapter of this rank (PEFT) on the frozen model instead of every weight; versions then
+    hold the adapter only and the run carries the base once. 0: train every weight."""
+    lora_alpha: Annotated[float, Range(gt=0, le=1e6)] = 32.0
+    """The LoRA adapter's alpha (its update is scaled by alpha / rank)."""
+    lora_targets: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"), metadata=option(metavar="NAMES", parse=names)
+    )
+    """The modules the adapter adapts, comma-separated (PEFT's target_modules: q_proj,v_proj,...)."""
 
 
 @dataclass(kw_only=True, slots=True)

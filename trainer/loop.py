@@ -172,9 +172,12 @@ class Trainer:
             self._until_reachable(self._check_bucket)
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)
         recorded = policies.recorded_spec(self.run) if latest is not None else None
-        self.policy = (
-            policies.new_policy(self.cfg) if latest is None else policies.resumed_policy(self.run, recorded, self.cfg)
-        )
+        if latest is not None:
+            policies.check_kind(self.run, recorded, self.cfg)
+            self.policy = policies.resumed_policy(self.run, recorded, self.cfg)
+        else:
+            self.policy = policies.new_policy(self.cfg)
+            policies.adapt(self.run, self.policy, self.cfg, write=self.dist.main)
         spec = policies.run_spec(self.cfg, self.policy)
         policies.check_resume(self.run, recorded, spec)
         self.source = self._prompt_source()
@@ -200,8 +203,10 @@ class Trainer:
         self.publisher = ModelPublisher(self.run, self.model, artefact=self.artefact)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.lr, betas=(0.9, 0.99))
         if self.grpo.correction != "none":
-            frozen = self.dist.shard(policies.frozen_copy(self.policy, self.device))
-            load = self.run.materialize if self.dist.world == 1 else None  # a sharded copy cannot take a state dict
+            copy = policies.frozen_copy(self.policy, self.device, self.run)
+            # a sharded copy cannot take a state dict
+            load = policies.version_loader(self.policy, self.run, copy) if self.dist.world == 1 else None
+            frozen = self.dist.shard(copy)
             self.rollout = RolloutPolicy(frozen, published=self.artefact.dtype, load=load)
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)

@@ -13,7 +13,8 @@ files; its weights then come from the trainer state.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,8 +26,10 @@ from aurora_store.rl import gguf
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
 from aurora_store.rl.runspec import NAME as RUN_SPEC
-from aurora_store.rl.runspec import Artefact, RunSpec, RunSpecError
+from aurora_store.rl.runspec import Artefact, LoraSpec, RunSpec, RunSpecError
 from aurora_store.rl.tokenizers import CHAR_KIND, HF_KIND, CharTokenizer, HFTokenizer, Tokenizer, from_files
+from trainer import adapter
+from trainer.adapter import LoraSettings
 from trainer.config import TrainerConfig
 
 
@@ -38,6 +41,8 @@ class Policy:
     """The run's attachments that describe it: config, generation config, tokenizer files."""
     vocab_size: int
     """Rows of the model's embedding: every token id an actor returns must be below it."""
+    lora: LoraSpec | None = None
+    """A LoRA run's adapter and the base the run carries (``model`` is then the base wrapped by PEFT)."""
 
 
 def device_for(cfg: TrainerConfig, local_rank: int) -> torch.device:
@@ -71,6 +76,34 @@ def new_policy(cfg: TrainerConfig) -> Policy:
     return Policy(model, hf, {**files, **hf.files()}, _vocab(model))
 
 
+def lora_settings(cfg: TrainerConfig) -> LoraSettings | None:
+    """The adapter ``--lora-rank`` asks for; None to train every weight."""
+    m = cfg.model
+    return None if m.lora_rank == 0 else LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
+
+
+def adapt(run: Run, policy: Policy, cfg: TrainerConfig, *, write: bool) -> None:
+    """Make a new run's ``policy`` a LoRA adapter over its model, when ``--lora-rank`` asks: the base
+    rounded to the run's dtype, attached to the run (by the first rank: ``write``), then wrapped."""
+    settings = lora_settings(cfg)
+    if settings is None:
+        return
+    adapter.check(settings)
+    dtype = getattr(torch, cfg.publish.dtype)
+    adapter.round_base(policy.model, dtype)
+    policy.lora = adapter.attach(run, policy.model, settings, dtype, write=write)
+    policy.model = adapter.wrap(policy.model, settings)
+
+
+def check_kind(run: Run, recorded: RunSpec | None, cfg: TrainerConfig) -> None:
+    """A restarted trainer trains what the run publishes: an adapter or every weight, never the other."""
+    lora = recorded.artefact.lora if recorded is not None else None
+    if (lora is None) != (cfg.model.lora_rank == 0):
+        have = "a LoRA adapter" if lora is not None else "every weight"
+        want = f"--lora-rank {cfg.model.lora_rank}" if cfg.model.lora_rank else "no --lora-rank"
+        raise RunSpecError(f"{run.uri}: this run publishes {have}; a trainer with {want} cannot continue it")
+
+
 def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy:
     """A resumed run's policy, rebuilt from the run's own files (its weights come from the trainer state).
     ``spec`` is the run's recorded one; a run an earlier trainer started has none."""
@@ -82,6 +115,10 @@ def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy
     except ValueError as exc:
         raise ModelError(f"{run.uri}: config.json is not JSON: {exc}") from None
     model = build_model(config, seed=cfg.seed)
+    lora = spec.artefact.lora if spec is not None else None
+    if lora is not None:  # the frozen base the run carries; the adapter comes from the trainer state
+        adapter.load_base_into(run, model, lora)
+        model = adapter.wrap(model, adapter.settings_of(lora))
     if spec is None:
         kind = HF_KIND if "tokenizer_config.json" in files else CHAR_KIND
         tok = from_files(kind, files, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
@@ -93,7 +130,7 @@ def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy
             system_prompt=spec.system_prompt,
             eos_ids=spec.eos_ids,
         )
-    return Policy(model, tok, files, _vocab(model))
+    return Policy(model, tok, files, _vocab(model), lora)
 
 
 def _vocab(model: torch.nn.Module) -> int:
@@ -120,8 +157,17 @@ def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
         reward=reward,
         reward_timeout_s=cfg.reward.reward_timeout_s,
         eos_ids=policy.tokenizer.eos_ids,
-        artefact=Artefact(kind="weights", dtype=cfg.publish.dtype),
+        artefact=_artefact(cfg, policy),
     )
+
+
+def _artefact(cfg: TrainerConfig, policy: Policy) -> Artefact:
+    """What each version holds: every weight, or (``--lora-rank``) the adapter over the base the run carries."""
+    settings = lora_settings(cfg)
+    if settings is None or policy.lora is None:
+        return Artefact(kind="weights", dtype=cfg.publish.dtype)
+    lora = replace(policy.lora, rank=settings.rank, alpha=settings.alpha, targets=settings.targets)
+    return Artefact(kind="lora", dtype=cfg.publish.dtype, lora=lora)
 
 
 def verified_files(run: Run) -> dict[str, bytes]:
@@ -156,18 +202,33 @@ def check_resume(run: Run, recorded: RunSpec | None, mine: RunSpec) -> None:
         )
 
 
-def frozen_copy(policy: Policy, device: torch.device) -> torch.nn.Module:
+def frozen_copy(policy: Policy, device: torch.device, run: Run | None = None) -> torch.nn.Module:
     """A frozen module of the policy's architecture in the dtype it computes in (BF16 on GPU; on CPU
-    FP32, which holds BF16 weights exactly), weights undefined until copied in."""
+    FP32, which holds BF16 weights exactly), weights undefined until copied in; of a LoRA policy, the
+    base ``run`` carries (once it has a committed version) under an adapter of the run's shape, the
+    adapter undefined until copied in."""
     config = hostile_json.loads(policy.files["config.json"])
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_model(config, seed=0).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = build_model(config, seed=0).to(dtype=dtype)
+    if policy.lora is not None:
+        if run is not None and run.latest() is not None:  # a new run's base is copied in with the adapter
+            adapter.load_base_into(run, model, policy.lora)
+        model = adapter.wrap(model, adapter.settings_of(policy.lora))
+    return model.to(device=device).eval().requires_grad_(False)
+
+
+def version_loader(policy: Policy, run: Run, copy: torch.nn.Module) -> Callable[[int], Mapping[str, torch.Tensor]]:
+    """A published version's weights by the parameter names of ``copy`` (a :func:`frozen_copy`): the
+    run's tensors, or of a LoRA run the version's adapter over the base the copy holds."""
+    if policy.lora is None:
+        return run.materialize
+    return lambda version: adapter.version_weights(copy, run.materialize(version))
 
 
 def reference_model(policy: Policy, run: Run, device: torch.device) -> torch.nn.Module:
     """The frozen KL reference: version 0 exactly as published."""
-    ref = frozen_copy(policy, device)
-    weights = run.materialize(0)
+    ref = frozen_copy(policy, device, run)
+    weights = version_loader(policy, run, ref)(0)
     with torch.no_grad():
         for name, p in ref.named_parameters():
             p.copy_(weights[name].to(p.dtype))

@@ -38,15 +38,23 @@ class WrongBaseError(CorruptError):
 
 
 def attach_base(
-    run: Run, specs: tuple[TensorSpec, ...], words: dict[str, np.ndarray], *, file_bytes: int = BASE_FILE_BYTES
+    run: Run,
+    specs: tuple[TensorSpec, ...],
+    words: dict[str, np.ndarray],
+    *,
+    file_bytes: int = BASE_FILE_BYTES,
+    write: bool = True,
 ) -> tuple[str, tuple[str, ...]]:
     """Attach the base ``specs``/``words`` to ``run``; returns its weight digest (hex) and the
-    attachments' names, for the run spec's ``LoraSpec``. Attaching the same base again is a no-op;
-    other bytes under those names are a ConflictError (attachments are immutable)."""
+    attachments' names, for the run spec's ``LoraSpec`` (``write=False``: only those). Attaching the
+    same base again is a no-op; other bytes under those names are a ConflictError (attachments are
+    immutable)."""
     specs = tuple(sorted(specs, key=lambda s: s.name))
     groups = plan_shards(specs, file_bytes)
     names = tuple(lora_base_file(i, len(groups)) for i in range(len(groups)))
-    for name, group in zip(names, groups, strict=True):
+    for name, group in zip(names, groups, strict=write):
+        if not write:
+            break
         data = safetensors_file.build([(s.name, s.dtype, s.shape, words[s.name]) for s in group], {"format": "pt"})
         run.files.put(name, bytes(data))
     return full_digest(specs, words).hex(), names
