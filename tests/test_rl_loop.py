@@ -465,7 +465,7 @@ def test_a_lora_run_trains_serves_and_resumes_its_adapter(loop: Loop) -> None:
     from aurora_store.rl.runspec import NAME, RunSpec
     from tests.helpers import bits_equal
 
-    lora = ("--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2", "--sft-steps", "100")
+    lora = ("--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2")
     actor = loop.actor("a")
     first = loop.trainer("--steps", "5", "--rollout-correction", "tis", "--kl-coef", "0.01", *lora)
     run = open_run(loop.store)
@@ -484,8 +484,10 @@ def test_a_lora_run_trains_serves_and_resumes_its_adapter(loop: Loop) -> None:
         names = {t.name for t in run.manifest(v).tensors}
         assert names and all(".lora_A." in n or ".lora_B." in n for n in names), f"version {v} holds the adapter"
     load_base(run, run.manifest(5), adapter.base_files, adapter.base_digest)  # the base, as the run names it
-    zero = {k: torch.zeros_like(t) for k, t in run.materialize(0).items() if ".lora_B." in k}
-    assert zero and not bits_equal({k: run.materialize(0)[k] for k in zero}, zero), "the warm start trained B"
+    # the warm start trained the base; the adapter starts at PEFT's initialisation (B zero) and RL moves it
+    b0 = {k: t for k, t in run.materialize(0).items() if ".lora_B." in k}
+    assert b0 and bits_equal(b0, {k: torch.zeros_like(t) for k, t in b0.items()})
+    assert any(run.manifest(v).stats.changed for v in range(1, 6)), "some step moved the adapter"
     trained = [r["stats"] for r in loop.steps() if r["stats"]["micro_batches"]]
     corrected = [s for s in trained if s["mismatch_abs"] is not None]
     assert corrected and all(0 <= s["mismatch_abs"] < 0.05 for s in corrected), "torch engine and trainer agree"

@@ -44,6 +44,7 @@ from aurora_store.errors import (
 from aurora_store.format.keys import manifest_key
 from aurora_store.format.manifest import Rollback
 from aurora_store.rl.data import DataError, PromptPool, read_records
+from aurora_store.rl.errors import ModelError
 from aurora_store.rl.tasks import PromptSource, TaskPrompts, load_task
 from trainer import policy as policies
 from trainer.config import TrainerConfig
@@ -177,7 +178,18 @@ class Trainer:
             self.policy = policies.resumed_policy(self.run, recorded, self.cfg)
         else:
             self.policy = policies.new_policy(self.cfg)
-            policies.adapt(self.run, self.policy, self.cfg, write=self.dist.main)
+            if policies.lora_settings(self.cfg) is not None:
+                # the built-in model's warm start is its only pretraining: it trains the base the adapter
+                # then adapts, frozen (a data set's model has none: its base is the model as given)
+                self._warm_start(self.policy.model.to(self.device))
+                policies.adapt(self.run, self.policy, self.cfg, write=self.dist.main)
+                assert self.policy.lora is not None
+                first = self.dist.broadcast(self.policy.lora.base_digest)
+                if first != self.policy.lora.base_digest:
+                    raise ModelError(
+                        f"the ranks warm-started different bases ({first} on rank 0, {self.policy.lora.base_digest} "
+                        "here): the warm start is not deterministic on this device; start with --sft-steps 0"
+                    )
         spec = policies.run_spec(self.cfg, self.policy)
         policies.check_resume(self.run, recorded, spec)
         self.source = self._prompt_source()
@@ -211,7 +223,8 @@ class Trainer:
         if latest is not None:
             self._resume(int(latest), recorded is None, spec)
             return int(latest)
-        self._warm_start()
+        if self.policy.lora is None:  # a LoRA run's warm start trained its base, before the adapter
+            self._warm_start(self.model)
         if self.dist.main:
             policies.record(self.run, self.policy, spec)
         self.dist.barrier()
@@ -416,13 +429,14 @@ class Trainer:
         if self.cfg.optim.kl_coef > 0:
             self.reference = self.dist.shard(policies.reference_model(self.policy, self.run, self.device))
 
-    def _warm_start(self) -> None:
-        """A short supervised phase on the task's demonstrations, so the first rewards are not all zero
-        (built-in tasks have demonstrations; a data set has none and starts from the model as it is)."""
+    def _warm_start(self, model: torch.nn.Module) -> None:
+        """A short supervised phase of ``model`` on the task's demonstrations, so the first rewards are
+        not all zero (built-in tasks have demonstrations; a data set has none and starts from the model
+        as it is)."""
         if self.cfg.data.data is not None or self.cfg.optim.sft_steps <= 0:
             return
         task, tok = load_task(self.cfg.data.task), self.policy.tokenizer
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.optim.sft_lr)
+        opt = torch.optim.AdamW(model.parameters(), lr=self.cfg.optim.sft_lr)
         rng = random.Random(self.cfg.seed + 1)
         total = self.cfg.optim.sft_steps
         for i in range(total):
@@ -430,9 +444,7 @@ class Trainer:
                 self.on_phase("supervised warm start", i, total)
             demos = task.demos(rng, self.cfg.optim.sft_batch)
             opt.zero_grad()
-            sft_loss(
-                self.model, [tok.prompt_ids(p) for p, _ in demos], [tok.completion_ids(a) for _, a in demos]
-            ).backward()
+            sft_loss(model, [tok.prompt_ids(p) for p, _ in demos], [tok.completion_ids(a) for _, a in demos]).backward()
             opt.step()
         if self.on_phase is not None:
             self.on_phase("supervised warm start", total, total)
