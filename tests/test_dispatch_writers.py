@@ -77,7 +77,9 @@ def test_a_registration_claiming_any_throughput_gets_no_more_than_the_fleet_and_
     """Issue 25, bug 3: a registration claiming 1e12 tokens/s that never takes a job took every job of
     every step (0 of 16 admitted in 40 s, 304 leases lost). Its report now counts for no more than the
     fleet's; throughput is measured from admitted work; a lease that expires backs its holder off."""
-    d = _dispatcher(redis_server.url, lease_s=0.5, backoff_s=1.0, steal=False)
+    # leases long enough that the honest actor, which submits as soon as it takes, never loses one on a
+    # loaded machine (every lost lease is then the fake's); a backoff that outlasts the rest of step 1
+    d = _dispatcher(redis_server.url, lease_s=3.0, backoff_s=6.0, steal=False)
     _actor(d, "a")
     _actor(d, "fake", tau=1e12)
     d.post(1, _prompts(16))
@@ -100,7 +102,7 @@ def test_a_registration_claiming_any_throughput_gets_no_more_than_the_fleet_and_
     assert _held(d, "fake") == 0, "backed off: no new lease"
     wait_for(lambda: step_done(2), "step 2 admitted")
     d.collect(2)
-    wait_for(lambda: not pacing.backed_off("fake"), "the fake's backoff over", timeout=5)
+    wait_for(lambda: not pacing.backed_off("fake"), "the fake's backoff over", timeout=15)
     d.post(3, _prompts(16, step=3))
     assert _held(d, "fake") == 1, "after its backoff, one job at a time until it delivers"
     wait_for(lambda: step_done(3), "step 3 admitted")
