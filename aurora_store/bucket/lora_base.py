@@ -52,11 +52,10 @@ def attach_base(
     specs = tuple(sorted(specs, key=lambda s: s.name))
     groups = plan_shards(specs, file_bytes)
     names = tuple(lora_base_file(i, len(groups)) for i in range(len(groups)))
-    for name, group in zip(names, groups, strict=write):
-        if not write:
-            break
-        data = safetensors_file.build([(s.name, s.dtype, s.shape, words[s.name]) for s in group], {"format": "pt"})
-        run.files.put(name, bytes(data))
+    if write:
+        for name, group in zip(names, groups, strict=True):
+            data = safetensors_file.build([(s.name, s.dtype, s.shape, words[s.name]) for s in group], {"format": "pt"})
+            run.files.put(name, bytes(data))
     return full_digest(specs, words).hex(), names
 
 
@@ -93,14 +92,3 @@ def load_base(run: Run, m: Manifest, files: tuple[str, ...], digest: str) -> Wei
             f"{run.uri}: the LoRA base attached to the run has weight digest {got}, the run names {digest}"
         )
     return WeightState(ordered, words, digest=Digest.from_hex(got))
-
-
-def check_base(state: WeightState, digest: str, what: str) -> None:
-    """``state`` (the base an engine holds) has weight digest ``digest`` (the base a LoRA run names),
-    or a WrongBaseError saying which it is."""
-    got = full_digest(state.specs, state.words).hex()
-    if got != digest:
-        raise WrongBaseError(
-            f"{what}: this base has weight digest {got}; the run's adapter is trained over the base with "
-            f"digest {digest} (a different model or different weights): start the engine from the run's base"
-        )
