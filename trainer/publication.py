@@ -49,6 +49,13 @@ class Artefact(Protocol):
         ...
 
 
+def published_dtype(spec: runspec.Artefact) -> torch.dtype:
+    """The torch dtype a run's float tensors are published in (its artefact's ``dtype``)."""
+    dtype = getattr(torch, spec.dtype)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
 @dataclass(frozen=True, slots=True)
 class FullWeights:
     """Every parameter and buffer (tied duplicates once), float tensors cast to the run's dtype with
@@ -58,9 +65,7 @@ class FullWeights:
 
     @property
     def dtype(self) -> torch.dtype:
-        dtype = getattr(torch, self.spec.dtype)
-        assert isinstance(dtype, torch.dtype)
-        return dtype
+        return published_dtype(self.spec)
 
     def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
         return local_share(model, dtype=self.dtype, group=group, keep_device=keep_device)
@@ -82,9 +87,7 @@ class LoraAdapter:
 
     @property
     def dtype(self) -> torch.dtype:
-        dtype = getattr(torch, self.spec.dtype)
-        assert isinstance(dtype, torch.dtype)
-        return dtype
+        return published_dtype(self.spec)
 
     def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
         from aurora_store.rl.adapters import adapter_state
