@@ -381,8 +381,12 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     _check_exactly_once(loop, 16)
 
 
-def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
-    """Two gloo ranks: FSDP2 shards the model, rank 0 runs the jobs, both publish their shards."""
+@pytest.mark.parametrize("lora", [False, True], ids=["every-weight", "lora"])
+def test_trainer_under_torchrun_with_fsdp2(loop: Loop, lora: bool) -> None:
+    """Two gloo ranks: FSDP2 shards the model, rank 0 runs the jobs, both publish their shards. A LoRA
+    run (issue 36) shards the adapted model the same way: both ranks publish their share of the adapter
+    alone, over the one base they agreed on."""
+    adapter = ["--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2"] if lora else []
     trainer = loop._spawn(
         "trainer",
         [
@@ -414,12 +418,23 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop) -> None:
             "4",
             "--admissions-log",
             str(loop.admissions),
+            *adapter,
         ],
     )
     loop.actor("a")
     loop.finish(trainer, "trainer", timeout=900)
     run = open_run(loop.store)
     assert run.versions() == [0, 1, 2, 3] and audit(run).ok
+    if lora:
+        from aurora_store.bucket.lora_base import load_base
+        from aurora_store.rl.runspec import NAME, RunSpec
+
+        spec = RunSpec.from_bytes(run.reader.files(run.manifest(3), names={NAME}.__contains__)[NAME])
+        assert spec.artefact.lora is not None and spec.artefact.lora.rank == 8
+        load_base(run, run.manifest(3), spec.artefact.lora.base_files, spec.artefact.lora.base_digest)
+        for v in range(4):
+            names = {t.name for t in run.manifest(v).tensors}
+            assert names and all(".lora_A." in n or ".lora_B." in n for n in names), f"version {v}: the adapter"
     _check_exactly_once(loop, 3)
     # a step whose every group agreed on its rewards trains nothing: its delta is empty
     deltas = [m for m in map(run.manifest, (1, 2, 3)) if m.kind == "delta" and m.segments]

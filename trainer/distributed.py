@@ -38,12 +38,16 @@ class Dist:
         return [sum(col) for col in zip(*self._comm.all_gather_json(values), strict=True)]
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2 over every decoder layer and the root; the model as is on one rank."""
+        """FSDP2 over every decoder layer and the root; the model as is on one rank. A LoRA run's
+        model is PEFT's wrapper: its layers are those of the model it wraps, each holding its frozen
+        weights and its adapter's matrices in one shard group."""
         if self.world == 1:
             return model
         from torch.distributed.fsdp import fully_shard
 
-        for layer in model.model.layers:  # type: ignore[union-attr]
+        unwrap = getattr(model, "get_base_model", None)
+        inner = unwrap() if callable(unwrap) else model
+        for layer in inner.model.layers:  # type: ignore[union-attr]
             fully_shard(layer)
         fully_shard(model)
         return model
