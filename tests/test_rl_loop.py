@@ -499,6 +499,15 @@ def test_a_lora_run_trains_serves_and_resumes_its_adapter(loop: Loop) -> None:
         names = {t.name for t in run.manifest(v).tensors}
         assert names and all(".lora_A." in n or ".lora_B." in n for n in names), f"version {v} holds the adapter"
     load_base(run, run.manifest(5), adapter.base_files, adapter.base_digest)  # the base, as the run names it
+    # a trainer state saves what training changes: the adapter and its moments, not the frozen base again
+    from safetensors.torch import load as st_load
+
+    from trainer.state import TENSORS
+
+    state = next(n for n in run.state.names() if n.version == 5)
+    saved = st_load(run.state.get(state, TENSORS, max_bytes=1 << 30))
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved), sorted(saved)[:3]
+    assert {k for k in saved if k.startswith("opt/")}, "the adapter's moments"
     # the warm start trained the base; the adapter starts at PEFT's initialisation (B zero) and RL moves it
     b0 = {k: t for k, t in run.materialize(0).items() if ".lora_B." in k}
     assert b0 and bits_equal(b0, {k: torch.zeros_like(t) for k, t in b0.items()})

@@ -105,6 +105,13 @@ class _Capture:
     started: float = field(default_factory=time.perf_counter)
 
 
+def trained(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters a state saves: those training changes (every one, or a LoRA run's adapter; its
+    frozen base is the run's own, read back from the run on resume, and is not saved again with each
+    state). A state that holds more (a LoRA state written before this rule) is read the same way."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
 def _capture(
     version: int,
     version_hash: str,
@@ -128,7 +135,7 @@ def _capture(
             moments += [(f"opt/{n}/{k}", st[k]) for k in ("exp_avg", "exp_avg_sq") if k in st]
             if "step" in st:
                 steps[n] = float(st["step"])
-    params = [(f"model/{n}", p) for n, p in model.named_parameters()]
+    params = [(f"model/{n}", p) for n, p in trained(model).items()]
 
     def tensors() -> dict[str, torch.Tensor]:
         out = {k: _full(p).float().contiguous() for k, p in params}
@@ -386,7 +393,7 @@ def load_state(
         torch_rng = torch.frombuffer(bytearray(base64.b64decode(body["torch_rng"])), dtype=torch.uint8)
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptError(f"{where}: unreadable trainer state: {exc}"[:400]) from None
-    params = dict(model.named_parameters())
+    params = trained(model)
     expected = {f"model/{n}" for n in params}
     if not expected <= set(tensors):
         raise CorruptError(f"{where}: state lacks {sorted(expected - set(tensors))[:3]}")
