@@ -10,6 +10,7 @@ the actor bootstraps on; vLLM loads that version replayed as a HF directory.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,13 @@ from actor.engines.base import Engine
 from actor.engines.torch import TorchEngine
 from aurora_store.bucket.lora_base import base_files, load_base
 from aurora_store.bucket.run import Run
+from aurora_store.errors import UnsupportedError
 from aurora_store.format import hostile_json
 from aurora_store.rl.adapters import adapter_parameters, wrap
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, check_config, tied_names
 from aurora_store.rl.runspec import NAME as RUN_SPEC
-from aurora_store.rl.runspec import RunSpec, RunSpecError
+from aurora_store.rl.runspec import LoraSpec, RunSpec, RunSpecError
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tokenizers import CHAR_KIND, EOS, Tokenizer, from_files
 from aurora_store.tensors import from_words
@@ -106,15 +108,13 @@ def _check_ties(run: Run, config: Mapping[str, Any]) -> None:
 def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfig, worker_id: str) -> Engine:
     config = _config(run, files)
     _check_ties(run, config)
-    if spec.artefact.lora is not None:
-        if cfg.engine != "torch":
-            raise ModelError(
-                f"{run.uri}: a LoRA run; the {cfg.engine} engine does not serve LoRA adapters in this release "
-                "(vLLM's enable_lora path is not built yet): start this actor with --engine torch"
-            )
+    lora = spec.artefact.lora
+    if lora is not None and cfg.engine == "torch":
         return TorchEngine(
             lora_model(run, config, spec), device=cfg.device, eos_ids=spec.eos_ids, live=adapter_parameters
         )
+    if lora is not None:
+        return vllm_lora_engine(run, spec, lora, cfg, worker_id)
     if cfg.engine == "torch":
         model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
         return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
@@ -136,6 +136,35 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
             max_model_len=cfg.vllm_max_model_len,
         )
     finally:  # vLLM has read it (or failed to): the weights now live in the engine
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def vllm_lora_engine(run: Run, spec: RunSpec, lora: LoraSpec, cfg: EngineConfig, worker_id: str) -> Engine:
+    """vLLM over the run's base (replayed, verified against the digest the run names), serving each
+    version's adapter (:mod:`actor.engines.vllm.lora`). A rank above the engine's is refused first."""
+    from actor.engines.vllm.lora import VllmLoraEngine, engine_rank
+    from aurora_store.bucket.replay import BASE_DIR, Adapter, replay
+
+    if cfg.tensor_parallel != 1:
+        raise UnsupportedError(
+            f"{run.uri}: a LoRA run on vLLM runs on one rank here (tensor parallelism with adapters is not "
+            "built): start this actor with --tensor-parallel 1"
+        )
+    rank = engine_rank(lora.rank, cfg.vllm_max_lora_rank)  # before minutes of start-up
+    shape = Adapter(lora.rank, lora.alpha, lora.targets, lora.base_files, lora.base_digest)
+    out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
+    try:
+        replay(run, None, os.path.join(out, "replay"), adapter=shape)
+        return VllmLoraEngine(
+            os.path.join(out, "replay", BASE_DIR),
+            shape,
+            max_lora_rank=rank,
+            stop_token_ids=list(spec.eos_ids),
+            dtype=spec.artefact.dtype,
+            enable_prefix_caching=cfg.vllm_prefix_caching,
+            max_model_len=cfg.vllm_max_model_len,
+        )
+    finally:  # vLLM has read the base; each version's adapter is written where the engine keeps them
         shutil.rmtree(out, ignore_errors=True)
 
 

@@ -93,9 +93,13 @@ class EngineConfig:
     reset after every applied version (no KV block of older weights is served)."""
     vllm_max_model_len: Annotated[int | None, COUNT] = None
     """vLLM's context length (default: the model's); a shorter one needs a smaller KV cache."""
+    vllm_max_lora_rank: Annotated[int | None, COUNT] = None
+    """A LoRA run on vLLM: the largest adapter rank the engine is started for (1, 8, 16, 32, 64, 128, 256,
+    320 or 512; default: the smallest of them that holds the run's rank). A run whose rank is above it is
+    refused before the engine starts."""
 
     def __post_init__(self) -> None:
-        for name in ("threads", "tensor_parallel", "vllm_max_model_len"):
+        for name in ("threads", "tensor_parallel", "vllm_max_model_len", "vllm_max_lora_rank"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"engine: {name} must be a positive integer, got {value!r}")

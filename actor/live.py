@@ -40,10 +40,16 @@ class LiveWeights(Words, Protocol):
         """Overwrite every tensor with ``words`` (bootstrap, or a staged full version)."""
 
     def prepare(
-        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+        self,
+        changes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        replaced: Mapping[str, np.ndarray] | None = None,
+        over: Mapping[str, np.ndarray] | None = None,
     ) -> object:
         """Everything a write needs (device copies of positions and words); may fail. ``replaced``: the
-        words the changes replace, where the caller read them already."""
+        words the changes replace, where the caller read them already. ``over``: the words of a staged
+        full version the changes lie over (the updater loads it just before :meth:`commit`); None when
+        they lie over the live weights. Only weights that make something of the whole version while
+        preparing (a LoRA adapter loaded into vLLM) need it."""
 
     def commit(self, prepared: object) -> None:
         """Scatter what :meth:`prepare` made into the live tensors; must not fail."""
@@ -238,7 +244,10 @@ class TensorWeights(TensorWords):
             return index
 
     def prepare(
-        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+        self,
+        changes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        replaced: Mapping[str, np.ndarray] | None = None,
+        over: Mapping[str, np.ndarray] | None = None,
     ) -> object:
         out = []
         for name, (idx, words) in changes.items():

@@ -191,7 +191,7 @@ class Updater:
             if self._prepared is not None:
                 self.live.discard(self._prepared[1])
             self._prepared = None  # cleared first: a failing prepare must not leave a stale one behind
-            self._prepared = (work, self.live.prepare(work.changes, work.replaced))
+            self._prepared = (work, self.live.prepare(work.changes, work.replaced, work.full))
             return work
 
     def _stage_in_place(self, staged: Staged | None, plan: list[Manifest]) -> Staged | None:

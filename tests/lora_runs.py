@@ -20,16 +20,26 @@ VOCAB = CharTokenizer().vocab_size
 IDS = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
 
 
-def lora_run(uri: str, versions: int = 3, *, lr: float = 3e-2, storage_options: Any = None) -> tuple[Any, Any]:
-    """A LoRA run at ``uri`` with ``versions`` versions whose adapter moves every step; returns the run
-    and the trainer's wrapped model (FP32 masters)."""
+def lora_run(
+    uri: str,
+    versions: int = 3,
+    *,
+    lr: float = 3e-2,
+    storage_options: Any = None,
+    config: dict[str, Any] | None = None,
+    settings: LoraSettings = SETTINGS,
+    fulls: tuple[int, ...] = (),
+) -> tuple[Any, Any]:
+    """A LoRA run at ``uri`` with ``versions`` versions whose adapter moves every step (over a model of
+    ``config``, default a tiny one; ``fulls``: steps published as full versions besides 0); returns the
+    run and the trainer's wrapped model (FP32 masters)."""
     run = aurora_store.open_run(uri, storage_options=storage_options)
     chars = CharTokenizer()
-    model = build_model(tiny_config(VOCAB), seed=5)
+    model = build_model(config or tiny_config(VOCAB), seed=5)
     round_base(model, torch.bfloat16)
     for name, data in {**model_files(model), **chars.files()}.items():
         run.files.put(name, data)
-    lora = attach(run, model, SETTINGS, torch.bfloat16)
+    lora = attach(run, model, settings, torch.bfloat16)
     spec = RunSpec(
         tokenizer="aurora-char",
         chat_template=False,
@@ -41,7 +51,7 @@ def lora_run(uri: str, versions: int = 3, *, lr: float = 3e-2, storage_options: 
         artefact=Artefact(kind="lora", lora=lora),
     )
     run.files.put(NAME, spec.to_bytes())
-    policy = wrap(model, SETTINGS)
+    policy = wrap(model, settings)
     publisher = ModelPublisher(run, policy, artefact=artefact_for(spec.artefact))
     publisher.publish(step=0, kind="full")
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
@@ -49,5 +59,5 @@ def lora_run(uri: str, versions: int = 3, *, lr: float = 3e-2, storage_options: 
         policy(input_ids=IDS, labels=IDS).loss.backward()
         opt.step()
         opt.zero_grad()
-        publisher.publish(step=step)
+        publisher.publish(step=step, kind="full" if step in fulls else "auto")
     return run, policy

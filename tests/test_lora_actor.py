@@ -88,10 +88,15 @@ def test_readers_only_ever_see_whole_adapter_versions(tmp_path: Path) -> None:
     assert _digest(eng.live.tensors) == run.manifest(9).weights_digest
 
 
-def test_an_engine_is_refused_for_a_damaged_base_or_an_engine_without_lora(tmp_path: Path) -> None:
-    run, _ = lora_run(f"file://{tmp_path}/run", versions=1)
-    with pytest.raises(ModelError, match="does not serve LoRA adapters in this release"):
-        _engine(run, engine="vllm")
+def test_an_engine_is_refused_for_a_damaged_base_or_a_rank_above_its_own(tmp_path: Path) -> None:
+    run, _ = lora_run(f"file://{tmp_path}/run", versions=1)  # rank 4
+    files = assemble.run_files(run, run.latest())
+    spec = assemble.run_spec(run, files)
+    # refused before vLLM is imported or started (this venv has no vLLM): the rank, and what to start with
+    with pytest.raises(ModelError, match=r"rank 4, above the rank this engine is started with \(1\).* 8 or more"):
+        assemble.engine(run, spec, files, EngineConfig(engine="vllm", vllm_max_lora_rank=1), "a1")
+    with pytest.raises(ModelError, match="vLLM takes a max LoRA rank of 1, 8, 16.*; 12 is none of them"):
+        assemble.engine(run, spec, files, EngineConfig(engine="vllm", vllm_max_lora_rank=12), "a1")
     key = file_key("lora-base-00001-of-00001.safetensors")
     data = run.store.get(key, max_bytes=1 << 24)
     overwrite(run.store, key, data[:-2] + bytes([data[-2] ^ 1, data[-1]]))

@@ -191,3 +191,51 @@ def test_a_vllm_actor_killed_mid_apply_rejoins_bit_exact_and_its_results_are_adm
     assert set(by_step.values()) == {PROMPTS}, by_step
     report = audit(open_run(world.eu))
     assert report.ok, report
+
+
+def test_a_lora_run_crosses_a_region_and_its_vllm_actor_serves_every_adapter_version(world: World) -> None:
+    """Issue 36: a LoRA run, relayed to another region, served there by ``--engine vllm`` (``enable_lora``,
+    an adapter id per version, the host copy verified at every version); every result is admitted."""
+    steps = 5
+    trainer = world.spawn(
+        "trainer",
+        "train",
+        "--store",
+        world.home,
+        "--steps",
+        str(steps),
+        "--hidden",
+        "128",
+        "--sft-steps",
+        "20",
+        "--prompts",
+        str(PROMPTS),
+        "--group",
+        str(GROUP),
+        "--max-new-tokens",
+        "4",
+        "--lora-rank",
+        "8",
+        "--lora-alpha",
+        "16",
+        "--lr",
+        "1e-2",
+        "--lease-s",
+        "10",
+        "--admissions-log",
+        str(world.admissions),
+        *world.common(),
+    )
+    world.spawn("relay", "relay", "--source", world.home, "--dest", world.eu, "--dest-region", "eu", *world.common())
+    world.vllm_actor()
+    assert trainer.wait(600) == 0, world.log("trainer")[-3000:]
+    said = world.log("vllm-eu")
+    assert "LoRA adapters of rank 8 (engine's max 8)" in said, said[-3000:]
+    assert "Traceback" not in said and "stopping" not in said, said[-3000:]
+    served = [int(v) for v in re.findall(r"vLLM serves version (\d+) \(\w+\) as LoRA adapter \d+", said)]
+    verified = [int(v) for v in re.findall(r"live weights verified at version (\d+)", said)]
+    assert served and max(served) >= 1 and set(served) <= set(verified), said[-3000:]
+    assert {a["step"] for a in world.admitted()} == set(range(1, steps + 1))
+    assert {a["actor"] for a in world.admitted()} == {"vllm-eu"}
+    run = open_run(world.eu)
+    assert run.versions() == list(range(steps + 1)) and audit(run).ok

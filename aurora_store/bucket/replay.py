@@ -23,7 +23,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,7 @@ from aurora_store.localfile import open_regular, read_regular
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
-    from aurora_store.format.manifest import Manifest, Segment
+    from aurora_store.format.manifest import Manifest, Segment, TensorSpec
 
 log = logging.getLogger("aurora.replay")
 SINGLE = "model.safetensors"
@@ -159,11 +159,18 @@ def replay(
 
 
 def _write_adapter(tmp: str, state: WeightState, adapter: Adapter) -> tuple[list[str], int]:
-    """The PEFT adapter files: the version's matrices as PEFT saves them, and the config that names them."""
-    data = safetensors_file.build(
-        [(s.name, s.dtype, s.shape, state.words[s.name]) for s in state.specs], metadata={"format": "pt"}
-    )
-    _write(tmp, ADAPTER, data)
+    for name, data in adapter_files(state.specs, state.words, adapter).items():
+        _write(tmp, name, data)
+    return [ADAPTER], sum(s.numel * s.width for s in state.specs)
+
+
+def adapter_files(
+    specs: Sequence[TensorSpec], words: Mapping[str, np.ndarray], adapter: Adapter
+) -> dict[str, bytes | bytearray]:
+    """A PEFT adapter directory's files: a version's matrices as PEFT saves them (``adapter_model.
+    safetensors``) and the config that names their shape (``adapter_config.json``), which
+    ``PeftModel.from_pretrained`` and vLLM's LoRA loader read."""
+    data = safetensors_file.build([(s.name, s.dtype, s.shape, words[s.name]) for s in specs], metadata={"format": "pt"})
     config = {
         "peft_type": "LORA",
         "r": adapter.rank,
@@ -175,8 +182,7 @@ def _write_adapter(tmp: str, state: WeightState, adapter: Adapter) -> tuple[list
         "inference_mode": True,
         "base_model_name_or_path": BASE_DIR,
     }
-    _write(tmp, ADAPTER_CONFIG, json.dumps(config, indent=2).encode() + b"\n")
-    return [ADAPTER], sum(s.numel * s.width for s in state.specs)
+    return {ADAPTER: data, ADAPTER_CONFIG: json.dumps(config, indent=2).encode() + b"\n"}
 
 
 def _bf16_to_f32(words: np.ndarray) -> np.ndarray:

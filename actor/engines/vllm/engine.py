@@ -148,7 +148,7 @@ class _NoTokenizerWarmup(logging.Filter):
         return not str(record.msg).startswith("Chat template warmup failed")
 
 
-def _quiet_tokenizer_warmup() -> None:
+def quiet_tokenizer_warmup() -> None:
     logger = logging.getLogger("vllm.renderers.base")
     if not any(isinstance(f, _NoTokenizerWarmup) for f in logger.filters):
         logger.addFilter(_NoTokenizerWarmup())
@@ -214,7 +214,7 @@ class VllmEngine:
         from vllm import LLM
 
         cpu_settings(tensor_parallel_size, llm_kwargs)
-        _quiet_tokenizer_warmup()
+        quiet_tokenizer_warmup()
         if logprobs_mode is not None:
             llm_kwargs["logprobs_mode"] = logprobs_mode
         if self.native:
@@ -320,22 +320,49 @@ class VllmEngine:
         seed: int,
         top_p: float = 1.0,
     ) -> list[list[Completion]]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(
-                n=samples,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_new_tokens,
-                logprobs=0,  # the sampled token's log-probability only
-                seed=s,
-                stop_token_ids=self.stop_token_ids,
-                detokenize=False,
-            )
-            for s in prompt_seeds(seed, len(prompts), samples)
-        ]
-        inputs: list[Any] = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         with self._lock:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        return completions(outputs, samples)
+            return generate(
+                self.llm,
+                prompts,
+                samples=samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                top_p=top_p,
+                stop_token_ids=self.stop_token_ids,
+            )
+
+
+def generate(
+    llm: LLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    top_p: float,
+    stop_token_ids: list[int],
+    lora_request: Any = None,
+) -> list[list[Completion]]:
+    """One batch on ``llm`` (the caller holds its lock: ``LLM`` is not thread-safe), under the LoRA
+    adapter ``lora_request`` names where one is given: each prompt seeded apart, the sampled tokens'
+    log-probabilities as the engine computed them."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(
+            n=samples,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_new_tokens,
+            logprobs=0,  # the sampled token's log-probability only
+            seed=s,
+            stop_token_ids=stop_token_ids,
+            detokenize=False,
+        )
+        for s in prompt_seeds(seed, len(prompts), samples)
+    ]
+    inputs: list[Any] = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+    outputs = llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)
+    return completions(outputs, samples)

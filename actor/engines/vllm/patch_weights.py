@@ -103,7 +103,10 @@ class VllmPatchWeights:
         return host.locate(self.words[self._spec(name).name][lo:hi], lookup, over)
 
     def prepare(
-        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+        self,
+        changes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        replaced: Mapping[str, np.ndarray] | None = None,
+        over: Mapping[str, np.ndarray] | None = None,
     ) -> object:
         self._check()
         entries = []

@@ -478,7 +478,10 @@ class VllmWeights:
         return host.locate(self.at(name, np.arange(lo, hi, dtype=np.int64)), lookup, over)
 
     def prepare(
-        self, changes: Mapping[str, tuple[np.ndarray, np.ndarray]], replaced: Mapping[str, np.ndarray] | None = None
+        self,
+        changes: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        replaced: Mapping[str, np.ndarray] | None = None,
+        over: Mapping[str, np.ndarray] | None = None,
     ) -> object:
         layout = self._need()
         plan: list[list[Any]] = [[] for _ in range(self.tp_size)]
