@@ -4,7 +4,9 @@ version and keeps these runs readable; it never rewrites them.
 
 - ``golden``: format aurora/1, tiny tensors, every dtype and special bit pattern;
 - ``golden_sparse``: format aurora/2, deltas coded by the ``sparse`` codec with symbol streams
-  split by exponent (written before the ``classed`` codec existed)."""
+  split by exponent (written before the ``classed`` codec existed);
+- ``golden_lora``: a LoRA run (``aurora-run/3``): its frozen base an attachment named by its digest,
+  its versions a PEFT adapter's matrices, replayed as a PEFT adapter directory over that base."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ DATA = Path(__file__).parent / "data"
 RUNS = {
     "golden": (["full", "delta", "delta", "full", "delta", "delta"], "aurora/1"),
     "golden_sparse": (["full", "delta", "delta", "delta"], "aurora/2"),
+    "golden_lora": (["full", "delta", "delta", "full", "delta"], "aurora/2"),
 }
 
 
@@ -83,7 +86,7 @@ def test_replays_as_a_hf_directory(golden, tmp_path: Path) -> None:  # type: ign
     import torch
     from safetensors.torch import load_file
 
-    _, root, run, expected = golden
+    _, root, run, expected = golden  # a LoRA run's version too: its adapter's matrices (PEFT's layout below)
     last = run.versions()[-1]
     out = tmp_path / f"v{last}"
     result = replay(run, last, str(out))
@@ -93,3 +96,46 @@ def test_replays_as_a_hf_directory(golden, tmp_path: Path) -> None:  # type: ign
     got = {name: _sha(t.reshape(-1).view(ints[t.element_size()]).numpy()) for name, t in loaded.items()}
     assert got == expected[str(last)]["tensor_sha256"]
     assert (out / "config.json").read_bytes() == (root / "run" / "files" / "config.json").read_bytes()
+
+
+def _lora() -> tuple[Path, dict[str, object]]:
+    root = DATA / "golden_lora"
+    return root, json.loads((root / "expected.json").read_text())
+
+
+def test_lora_golden_names_its_base_and_adapter_in_its_run_spec() -> None:
+    from aurora_store.bucket.lora_base import load_base
+    from aurora_store.rl.runspec import NAME, RunSpec
+
+    root, expected = _lora()
+    with open_run((root / "run").as_uri(), verify_key=str(root / "key.pub")) as run:
+        files = run.reader.files(run.manifest(4), names={NAME}.__contains__)
+        spec = RunSpec.from_bytes(files[NAME])
+        lora = spec.artefact.lora
+        assert spec.artefact.kind == "lora" and lora is not None
+        assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, ("q_proj", "v_proj"))
+        assert lora.base_digest == expected["base_digest"]
+        base = load_base(run, run.manifest(4), lora.base_files, lora.base_digest)  # recomputed and checked
+        assert {s.name: _sha(base.words[s.name]) for s in base.specs} == expected["base_sha256"]
+
+
+def test_lora_golden_replays_as_a_peft_adapter(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from aurora_store.bucket.replay import ADAPTER, BASE_DIR, Adapter
+    from aurora_store.rl.runspec import NAME, RunSpec
+
+    root, expected = _lora()
+    with open_run((root / "run").as_uri(), verify_key=str(root / "key.pub")) as run:
+        lora = RunSpec.from_bytes(run.reader.files(run.manifest(4), names={NAME}.__contains__)[NAME]).artefact.lora
+        assert lora is not None
+        shape = Adapter(lora.rank, lora.alpha, lora.targets, lora.base_files, lora.base_digest)
+        replay(run, 4, str(tmp_path / "v4"), adapter=shape)
+    sha = lambda t: _sha(t.reshape(-1).view(torch.int16).numpy())  # noqa: E731
+    adapter = load_file(str(tmp_path / "v4" / ADAPTER))
+    want = expected["4"]
+    assert isinstance(want, dict)
+    assert {k: sha(t) for k, t in adapter.items()} == want["tensor_sha256"]
+    base = load_file(str(tmp_path / "v4" / BASE_DIR / "model.safetensors"))
+    assert {k: sha(t) for k, t in base.items() if t.is_floating_point()} == expected["base_sha256"]
