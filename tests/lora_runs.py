@@ -29,11 +29,14 @@ def lora_run(
     config: dict[str, Any] | None = None,
     settings: LoraSettings = SETTINGS,
     fulls: tuple[int, ...] = (),
+    rotations: dict[int, Any] | None = None,
+    **open_kw: Any,
 ) -> tuple[Any, Any]:
     """A LoRA run at ``uri`` with ``versions`` versions whose adapter moves every step (over a model of
-    ``config``, default a tiny one; ``fulls``: steps published as full versions besides 0); returns the
-    run and the trainer's wrapped model (FP32 masters)."""
-    run = aurora_store.open_run(uri, storage_options=storage_options)
+    ``config``, default a tiny one; ``fulls``: steps published as full versions besides 0; ``rotations``:
+    the signing key each of those steps rotates to, as ``--rotate-signing-key`` does; ``open_kw``: the
+    run's options); returns the run and the trainer's wrapped model (FP32 masters)."""
+    run = aurora_store.open_run(uri, storage_options=storage_options, **open_kw)
     chars = CharTokenizer()
     model = build_model(config or tiny_config(VOCAB), seed=5)
     round_base(model, torch.bfloat16)
@@ -59,5 +62,7 @@ def lora_run(
         policy(input_ids=IDS, labels=IDS).loss.backward()
         opt.step()
         opt.zero_grad()
+        if rotations and step in rotations:
+            run.signing.rotate_to(rotations[step])  # the next version published is the rotation
         publisher.publish(step=step, kind="full" if step in fulls else "auto")
     return run, policy
