@@ -14,8 +14,11 @@ from aurora_store.rl.adapters import adapter_state
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, tiny_config
 from aurora_store.rl.runspec import Artefact
+from aurora_store.rl.tokenizers import CharTokenizer
 from aurora_store.tensors import host_words, word_views
 from trainer.adapter import LoraSettings, attach, round_base, wrap
+from trainer.config import ModelConfig, TrainerConfig
+from trainer.policy import Policy, adapt
 from trainer.publication import LoraAdapter, ModelPublisher, artefact_for
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
@@ -68,8 +71,19 @@ def test_a_lora_run_publishes_the_adapter_over_the_base_it_carries(tmp_path: Pat
 def test_unknown_targets_and_a_bad_rank_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     run = aurora_store.open_run(f"file://{tmp_path}/run")
     model = build_model(tiny_config(64), seed=3)
-    with pytest.raises(ModelError, match=r"LoRA targets qkv_proj: .*the model's linear layers: .*q_proj"):
+    with pytest.raises(ModelError, match=r"LoRA targets qkv_proj: no module .*its linear layers: .*q_proj"):
         wrap(model, LoraSettings(rank=4, alpha=8.0, targets=("qkv_proj",)))
+    for target in ("lm_head", "embed_tokens"):  # PEFT would save the layer whole; vLLM serves neither
+        with pytest.raises(ModelError, match=f"LoRA targets {target}: not a linear layer of the decoder"):
+            wrap(model, LoraSettings(rank=4, alpha=8.0, targets=("q_proj", target)))
+    cfg = TrainerConfig(
+        store=run.uri,
+        redis="redis://unused",
+        run_id="r",
+        model=ModelConfig(lora_rank=4, lora_targets=("v_proj", "lm_head")),
+    )
+    with pytest.raises(ModelError, match="LoRA targets lm_head"):  # the trainer's path: before the base is attached
+        adapt(run, Policy(model, CharTokenizer(), {}, 64), cfg, write=True)
     with pytest.raises(ModelError, match="rank must be an integer in"):
         attach(run, model, LoraSettings(rank=0, alpha=8.0, targets=("q_proj",)), torch.bfloat16)
     with pytest.raises(ModelError, match="is not a module name"):

@@ -47,9 +47,12 @@ def wrap(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     return adapters.wrap(model, rank=settings.rank, alpha=settings.alpha, targets=settings.targets)
 
 
-def check(settings: LoraSettings) -> None:
-    """The settings make a LoRA table a run spec can record (rank, alpha and target names in range),
-    or a ModelError, before anything is attached or wrapped."""
+def check(settings: LoraSettings, model: torch.nn.Module | None = None) -> None:
+    """The settings make a LoRA table a run spec can record (rank, alpha and target names in range) and,
+    given the ``model`` to adapt, name its decoder's linear layers; or a ModelError, before anything is
+    attached or wrapped."""
+    if model is not None:
+        adapters.check_targets(model, settings.targets)
     try:
         LoraSpec(
             rank=settings.rank,

@@ -88,7 +88,7 @@ def adapt(run: Run, policy: Policy, cfg: TrainerConfig, *, write: bool) -> None:
     settings = lora_settings(cfg)
     if settings is None:
         return
-    adapter.check(settings)
+    adapter.check(settings, policy.model)  # before the base is attached to the run
     dtype = getattr(torch, cfg.publish.dtype)
     adapter.round_base(policy.model, dtype)
     policy.lora = adapter.attach(run, policy.model, settings, dtype, write=write)

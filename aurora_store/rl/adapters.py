@@ -19,10 +19,34 @@ ADAPTER_NAME = "default"
 """The one adapter a wrapped model holds (PEFT's default name, which its saved names leave out)."""
 
 
+def check_targets(model: torch.nn.Module, targets: Sequence[str]) -> None:
+    """Every target names linear layers of ``model`` (PEFT's match: a module's name, or its last parts)
+    other than its output head, or a ModelError says which does not. An adapter over the output head or
+    an embedding is saved by PEFT with that layer's whole weights (not an adapter's matrices, which is
+    what a version of a LoRA run holds), and vLLM serves neither."""
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    modules = list(model.named_modules())
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear) and m is not head})
+    for target in targets:
+        matched = [m for n, m in modules if n == target or n.endswith("." + target)]
+        if not matched:
+            raise ModelError(
+                f"LoRA targets {target}: no module of the model is named so (its linear layers: {', '.join(linear)})"
+            )
+        if any(not isinstance(m, torch.nn.Linear) or m is head for m in matched):
+            raise ModelError(
+                f"LoRA targets {target}: not a linear layer of the decoder (an output head or an embedding is "
+                f"saved whole with its adapter, and vLLM serves no adapter over it); target {', '.join(linear)}"
+            )
+
+
 def wrap(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequence[str]) -> torch.nn.Module:
     """``model`` frozen under a new LoRA adapter (PEFT's initialisation: B is zero, so it computes
-    exactly as the base until the adapter moves). A ModelError names targets the model does not have."""
+    exactly as the base until the adapter moves). A ModelError names targets the model does not have
+    or that are not its linear layers (:func:`check_targets`)."""
     import peft
+
+    check_targets(model, targets)
 
     config = peft.LoraConfig(
         r=rank,
