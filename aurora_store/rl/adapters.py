@@ -24,7 +24,8 @@ def check_targets(model: torch.nn.Module, targets: Sequence[str]) -> None:
     other than its output head, or a ModelError says which does not. An adapter over the output head or
     an embedding is saved by PEFT with that layer's whole weights (not an adapter's matrices, which is
     what a version of a LoRA run holds), and vLLM serves neither."""
-    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    output = getattr(model, "get_output_embeddings", None)
+    head = output() if callable(output) else None
     modules = list(model.named_modules())
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear) and m is not head})
     for target in targets:
