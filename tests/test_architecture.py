@@ -27,6 +27,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.metrics_http": 0.4,  # the server under metrics
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
+    "aurora_store.quant": 2,  # the trainer's quantizers: pure functions of its weights
     "aurora_store.storage": 2.8,  # backends under bucket's ObjectStore
     "aurora_store.bucket": 3,
     "aurora_store.coord": 3,
@@ -43,6 +44,7 @@ LAYERS: dict[str, float] = {
 THIRD_PARTY = {
     "aurora_store.codec": {"numpy", "zstandard", "numba"},  # numba: the classed codec's compiled passes
     "aurora_store.format": {"numpy", "zstandard", "cryptography", "numba"},  # numba: the digest's compiled mixer
+    "aurora_store.quant": {"numpy"},
     "aurora_store.coord": {"redis", "fakeredis"},
     "aurora_store.metrics": {"prometheus_client"},
     "aurora_store.metrics_http": {"prometheus_client"},
