@@ -74,6 +74,10 @@ BENCHMARKS = {
         "bench.fleet.dispatch",
         "the trainer's dispatch against Redis writers: fake and hung actors, forged results; see --help",
     ),
+    "quant": (
+        "bench.codec.quant",
+        "FP8 and INT8 rollout weights against BF16 on one Adam trace: words and scales changed, delta bytes; see --help",
+    ),
     "walk": (
         "bench.structure.walk",
         "the modules a publish and an actor's stage call walk through; the longest modules and classes; see --help",

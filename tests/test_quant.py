@@ -155,3 +155,16 @@ FP8_WORDS = "63c257e1c14bd340da6b397aee25651ec2c119503c6c20a7d599129c97d825a9"
 FP8_SCALES = "016b430363b9c82214e1c36c3e03e9a64b050cd3e7b3fea136383a8239f6d12d"
 INT8_WORDS = "2f2be933a21a601c39da5ccccd56a210d1b451437f7e71938c136945f91e63e7"
 INT8_SCALES = "58057bddce366c48e1432cb0075c90ec81609b0b83c860dbe4bc7663672d2fb9"
+
+
+def test_a_scheme_quantizes_the_bf16_weights_so_a_scale_moves_only_with_its_blocks_largest_bf16_value() -> None:
+    w = schemes.bf16_values(_golden_matrix(200, 300))
+    moved = (w * np.float32(1 + 2**-12)).astype(np.float32)  # every master moves, within half a BF16 step
+    assert not np.array_equal(moved, w) and np.array_equal(schemes.bf16_values(moved), w)
+    for scheme, quantize in schemes.SCHEMES.items():
+        a, b = schemes.quantize(scheme, w), schemes.quantize(scheme, moved)
+        assert np.array_equal(a.words, b.words) and np.array_equal(a.scale, b.scale), scheme
+        assert not np.array_equal(quantize(w).scale, quantize(moved).scale), "from FP32 every scale would move"
+    x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(2.0**-140), np.inf, 3.0e38], np.float32)
+    want = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(schemes.bf16_values(x), want), "nearest even, as torch rounds to BF16"
