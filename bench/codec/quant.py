@@ -150,7 +150,7 @@ def measure(cfg: Config) -> dict[str, Any]:
         "fp8": sum(w.nbytes + s.nbytes for w, s in prev["fp8"].values()),
         "int8": sum(w.nbytes + s.nbytes for w, s in prev["int8"].values()),
     }
-    steps = []
+    steps: list[dict[str, Any]] = []
     for step in range(1, cfg.steps + 1):
         b1, b2 = BETAS
         for k, w in masters.items():  # Adam on iid noise, in FP32 as a trainer's masters
