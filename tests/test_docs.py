@@ -212,7 +212,7 @@ HOSTILE: dict[str, Mutation] = {
     "unknown-codec": lambda d: _block(d, "dense").update(codec="lz4"),
     "unknown-dtype": lambda d: d["tensors"][0].update(dtype="FP32"),
     "unknown-kind": lambda d: d.update(kind="patch"),
-    "wrong-format": lambda d: d.update(format="aurora/6"),
+    "wrong-format": lambda d: d.update(format="aurora/7"),
     "counted-true": lambda d: (d.update(format="aurora/5"), d["stats"].update(counted=True)),
     "counted-in-aurora/4": lambda d: (d.update(format="aurora/4"), d["stats"].update(counted=False)),
     "counted-in-a-delta": lambda d: (d.update(format="aurora/5"), d["stats"].update(counted=False)),

@@ -27,6 +27,8 @@ DTYPES = [
     torch.uint8,
     torch.bool,
     torch.int8,
+    torch.float8_e4m3fn,  # 1-byte words coded sparse since aurora/6 (quantized versions), with INT8
+    torch.float8_e5m2,
 ]
 _INT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

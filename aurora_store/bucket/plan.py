@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from aurora_store.codec.classed import NAME as CLASSED
+from aurora_store.codec.dense import NAME as DENSE
 from aurora_store.errors import ConflictError, LayoutError, StoreError, UnauthenticatedError
+from aurora_store.format import dtypes
 from aurora_store.format.full import plan_shards
 from aurora_store.format.keys import index_key, object_key
 from aurora_store.format.manifest import (
@@ -197,13 +199,18 @@ class PublishPlan:
         nbytes = sum(e.size for e in segments) + (index.size if index is not None else 0)
         chain = 0 if self.full else (self.parent.chain_bytes if self.parent is not None else 0) + nbytes
         classed = any(b.codec == CLASSED for s in segments for b in s.blocks)
+        narrow = any(
+            b.codec != DENSE and dtypes.dtype(self.specs[b.tensor].dtype).narrow for s in segments for b in s.blocks
+        )
         counted = counted or not self.same_layout  # a new chain counts every element: that is known
         if not counted and not self.full:
             raise StoreError(f"version {self.version}: a delta's changes are always counted")
         elements = sum(s.numel for s in self.specs)
         return Manifest(
             # the oldest format that holds the version
-            format=format_for(classed=classed, rotation=self.rotation, rolls_back_to=rolls_back_to, counted=counted),
+            format=format_for(
+                classed=classed, rotation=self.rotation, rolls_back_to=rolls_back_to, counted=counted, narrow=narrow
+            ),
             version=self.version,
             kind="full" if self.full else "delta",
             parent=None if self.parent is None else Parent(self.parent.version, self.parent.version_hash),

@@ -169,7 +169,8 @@ class DeltaBuilder:
             stop = size if lo + per_block >= positions.size else int(chunk[-1]) + 1
             ranks = ex.ranks[cut] - before[ex.classes[cut]] if start else ex.ranks[cut]
             part = classes.Extracted(chunk - start, ex.classes[cut], ranks, ex.old[cut], ex.new[cut])
-            enc, name = code_block(part, exponent, stop - start, self.level, classed_ok=self.use_classed)
+            classed_ok = self.use_classed and exponent.bits > 0  # the classed codec classes by exponent (INT8 has none)
+            enc, name = code_block(part, exponent, stop - start, self.level, classed_ok=classed_ok)
             yield from self._append(enc, t, base + start, base + stop, name)
             if stop < size:
                 before += sizes(start, stop)  # only a tensor that spans blocks pays this

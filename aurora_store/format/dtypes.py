@@ -28,6 +28,9 @@ class DType:
     exponent_shift: int = 0
     exponent_bits: int = 0
     """Where the exponent field sits in a word (sparse dtypes only): it contexts the symbol coding."""
+    narrow: bool = False
+    """A 1-byte type coded sparsely since format aurora/6 (quantized weights: FP8, INT8); earlier formats
+    write a changed tensor of it whole."""
 
     @property
     def word(self) -> np.dtype[np.unsignedinteger]:
@@ -54,14 +57,14 @@ _TABLE = {
         DType("I64", 8, False),
         DType("I32", 4, False),
         DType("I16", 2, False),
-        DType("I8", 1, False),
+        DType("I8", 1, True, narrow=True),
         DType("U64", 8, False),
         DType("U32", 4, False),
         DType("U16", 2, False),
         DType("U8", 1, False),
         DType("BOOL", 1, False),
-        DType("F8_E4M3", 1, False),
-        DType("F8_E5M2", 1, False),
+        DType("F8_E4M3", 1, True, 3, 4, narrow=True),
+        DType("F8_E5M2", 1, True, 2, 5, narrow=True),
     )
 }
 

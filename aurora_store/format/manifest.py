@@ -31,10 +31,14 @@ FORMAT_V5 = "aurora/5"
 """What it writes for a full version whose ``stats.changed`` was not counted (``stats.counted`` false:
 see :class:`Stats`); aurora/5 is aurora/4 with that one field, so any other version keeps its older
 format."""
-FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4, FORMAT_V5)
+FORMAT_V6 = "aurora/6"
+"""What it writes for a delta that codes the changes of a 1-byte tensor (FP8, INT8: a quantized
+version's words) sparse or classed, where earlier formats write such a tensor whole; aurora/6 is
+aurora/5 with that, so any other version keeps its older format."""
+FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4, FORMAT_V5, FORMAT_V6)
 """What it reads: runs written by earlier code stay readable."""
-CLASSED_FORMATS = (FORMAT, FORMAT_V4, FORMAT_V5)
-ROTATING_FORMATS = (FORMAT_V4, FORMAT_V5)
+CLASSED_FORMATS = (FORMAT, FORMAT_V4, FORMAT_V5, FORMAT_V6)
+ROTATING_FORMATS = (FORMAT_V4, FORMAT_V5, FORMAT_V6)
 """The formats whose manifests may carry a key rotation or a rollback."""
 """The formats whose manifests may name classed blocks."""
 LEGACY = "aurora/1"
@@ -232,10 +236,18 @@ def raw_key_id(raw: bytes) -> str:
 
 
 def format_for(
-    *, classed: bool, rotation: Rotation | None = None, rolls_back_to: Rollback | None = None, counted: bool = True
+    *,
+    classed: bool,
+    rotation: Rotation | None = None,
+    rolls_back_to: Rollback | None = None,
+    counted: bool = True,
+    narrow: bool = False,
 ) -> str:
     """The oldest format that holds a version: aurora/4 only with a field aurora/3 lacks, aurora/5
-    only with an uncounted ``stats.changed``."""
+    only with an uncounted ``stats.changed``, aurora/6 only with sparse or classed blocks of a 1-byte
+    dtype (``narrow``)."""
+    if narrow:
+        return FORMAT_V6
     if not counted:
         return FORMAT_V5
     if rotation is not None or rolls_back_to is not None:

@@ -25,6 +25,7 @@ from aurora_store.format.manifest import (
     CLASSED_FORMATS,
     FORMAT,
     FORMAT_V5,
+    FORMAT_V6,
     FORMATS,
     LEGACY,
     ROTATING_FORMATS,
@@ -472,6 +473,8 @@ def _parse_segment(
         dt = dtypes.dtype(spec.dtype)
         if c.sparse_only and not dt.sparse:
             raise r.fail(f"{bn}: {c.name} coding is not allowed for dtype {spec.dtype}")
+        if c.sparse_only and dt.narrow and fmt != FORMAT_V6:
+            raise r.fail(f"{bn}: {c.name} coding of dtype {spec.dtype} needs format {FORMAT_V6}, the manifest is {fmt}")
         header = c.parse_header(b, length=length, span=dt.span(stop - start), what=f"{r.what}: {bn}")
         blocks.append(Block(t, start, stop, c.name, off, length, header))
     if offset != size:

@@ -9,10 +9,10 @@ BF16 words a step (``bench.codec.trace``'s recipe). Only the decoder's linear we
 every other tensor is BF16 in every artefact.
 
 Per step and artefact: the fraction of words that change, of scales that change, and bytes of the
-delta coded three ways: BF16 as a publisher codes it today (classed or sparse blocks); quantized
-words as today's format codes a changed 1-byte tensor (whole, a dense zstd block) with its F32
-scales coded sparse; and quantized words coded by the sparse codec over 1-byte words (what issue 37's
-format change would allow: zigzag steps of the bit patterns, the E4M3 exponent field as context).
+delta as a publisher codes it (:func:`aurora_store.format.delta.code_block`: classed or sparse
+blocks; FP8 and INT8 words since format aurora/6, INT8's sparse only, having no exponent field), and,
+for the quantized artefacts, as formats before aurora/6 coded them: a changed 1-byte tensor whole (a
+dense zstd block), its F32 scales sparse.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from aurora_store.codec import classes, dense, sparse
+from aurora_store.codec import classes, dense
 from aurora_store.codec.base import Exponent
 from aurora_store.format import dtypes
 from aurora_store.format.delta import code_block
@@ -79,17 +79,14 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def _sparse_bytes(old: np.ndarray, new: np.ndarray, exponent: Exponent) -> int:
-    o, n = old.reshape(-1), new.reshape(-1)
-    pos = sparse.changed_positions(o, n)
-    return len(sparse.encode(pos, o[pos], n[pos], exponent).payload) if pos.size else 0
-
-
 def _coded_bytes(old: np.ndarray, new: np.ndarray, exponent: Exponent) -> int:
-    """Bytes a publisher's float block coding gives today (the smaller of classed and sparse)."""
+    """Bytes of one tensor's changes as a publisher codes them (the smaller of classed and sparse;
+    sparse alone for words with no exponent field)."""
     o, n = old.reshape(-1), new.reshape(-1)
     ex = classes.extract(o, n, exponent)
-    return len(code_block(ex, exponent, o.size)[0].payload) if ex.positions.size else 0
+    if not ex.positions.size:
+        return 0
+    return len(code_block(ex, exponent, o.size, classed_ok=exponent.bits > 0)[0].payload)
 
 
 def _dense_bytes(old: np.ndarray, new: np.ndarray) -> int:
@@ -114,28 +111,26 @@ def _version(masters: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
 
 def _compare(old: dict[str, Any], new: dict[str, Any], words_exponent: Exponent, bf16: bool) -> dict[str, Any]:
     words = changed = scales = scales_changed = 0
-    today = sparse_bytes = 0
+    coded = before = 0
     for name, (w_new, s_new) in new.items():
         w_old, s_old = old[name]
         words += w_new.size
         changed += int(np.count_nonzero(w_old != w_new))
+        coded += _coded_bytes(w_old, w_new, words_exponent)
         if bf16:
-            today += _coded_bytes(w_old, w_new, BF16)
             continue
         scales += s_new.size
         scales_changed += int(np.count_nonzero(s_old != s_new))
         scale_bytes = _coded_bytes(s_old.view(np.uint32), s_new.view(np.uint32), F32)
-        today += _dense_bytes(w_old, w_new) + scale_bytes
-        sparse_bytes += _sparse_bytes(w_old, w_new, words_exponent) + scale_bytes
-    row: dict[str, Any] = {"words_changed": round(changed / words, 6), "delta_bytes_today": today}
+        coded += scale_bytes
+        before += _dense_bytes(w_old, w_new) + scale_bytes
+    row: dict[str, Any] = {
+        "words_changed": round(changed / words, 6),
+        "delta_bytes": coded,
+        "bytes_per_changed": round(coded / changed, 4) if changed else None,
+    }
     if not bf16:
-        row |= {
-            "scales_changed": round(scales_changed / scales, 6),
-            "delta_bytes_sparse_1byte": sparse_bytes,
-            "bytes_per_changed_sparse": round(sparse_bytes / changed, 4) if changed else None,
-        }
-    else:
-        row["bytes_per_changed"] = round(today / changed, 4) if changed else None
+        row |= {"scales_changed": round(scales_changed / scales, 6), "delta_bytes_before_aurora6": before}
     return row
 
 
@@ -191,7 +186,7 @@ def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(r: dict[str, Any], console: Console) -> None:
     table = Table(title=f"quantized artefacts on {r['model']} (lr {r['lr']}, means over {len(r['steps'])} steps)")
-    for col in ("artefact", "full bytes", "words changed", "scales changed", "delta today", "delta, 1-byte sparse"):
+    for col in ("artefact", "full bytes", "words changed", "scales changed", "delta bytes", "before aurora/6"):
         table.add_column(col, justify="right")
     keys = ("bf16", "fp8", "int8", "fp8", "int8")
     for name, key in zip(ARTEFACTS, keys, strict=True):
@@ -201,8 +196,8 @@ def render(r: dict[str, Any], console: Console) -> None:
             f"{r['full_bytes'][key]:,}",
             f"{mean['words_changed']:.4%}",
             "" if "scales_changed" not in mean else f"{mean['scales_changed']:.4%}",
-            f"{mean['delta_bytes_today']:,.0f}",
-            "" if "delta_bytes_sparse_1byte" not in mean else f"{mean['delta_bytes_sparse_1byte']:,.0f}",
+            f"{mean['delta_bytes']:,.0f}",
+            "" if "delta_bytes_before_aurora6" not in mean else f"{mean['delta_bytes_before_aurora6']:,.0f}",
         )
     console.print(table)
 
