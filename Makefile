@@ -60,7 +60,7 @@ demo-real: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/aurora demo-real --engine $(ENGINE) $(ARGS)
 
 # The vLLM tests run after the main suite (run beside it, each slowed the other more than it saved: 27
-# min against 22), even when it fails, and `make test` fails if either did; their three modules share
+# min against 22), even when it fails, and `make test` fails if either did; their modules share
 # two workers (--dist loadscope keeps a module's engines in one). --durations shows where the time goes.
 # Lint (53 s of one core on a fresh clone) and the vLLM environment's first build (minutes, mostly
 # downloads) run beside the main suite, which waits on processes often enough to leave room for them;
