@@ -38,9 +38,9 @@ aurora/5 with that, so any other version keeps its older format."""
 FORMATS = ("aurora/1", "aurora/2", "aurora/3", FORMAT_V4, FORMAT_V5, FORMAT_V6)
 """What it reads: runs written by earlier code stay readable."""
 CLASSED_FORMATS = (FORMAT, FORMAT_V4, FORMAT_V5, FORMAT_V6)
+"""The formats whose manifests may name classed blocks."""
 ROTATING_FORMATS = (FORMAT_V4, FORMAT_V5, FORMAT_V6)
 """The formats whose manifests may carry a key rotation or a rollback."""
-"""The formats whose manifests may name classed blocks."""
 LEGACY = "aurora/1"
 
 
