@@ -17,6 +17,7 @@ import torch
 from aurora_store.bucket.lora_base import attach_base
 from aurora_store.bucket.run import Run
 from aurora_store.format.keys import lora_base_file
+from aurora_store.format.weights import WeightState
 from aurora_store.rl import adapters
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.runspec import LoraSpec, RunSpecError
@@ -87,22 +88,25 @@ def settings_of(lora: LoraSpec) -> LoraSettings:
     return LoraSettings(rank=lora.rank, alpha=lora.alpha, targets=lora.targets)
 
 
-def load_base_into(run: Run, model: torch.nn.Module, lora: LoraSpec) -> None:
+def load_base_into(run: Run, model: torch.nn.Module, lora: LoraSpec, base: WeightState | None = None) -> WeightState:
     """Write the base ``run`` carries (verified against the digest ``lora`` names) into ``model``'s own
-    tensors, widened to their dtype (a resumed run's frozen base: exactly the bits it started from)."""
+    tensors, widened to their dtype (a resumed run's frozen base: exactly the bits it started from), and
+    return it; ``base``: the one an earlier call returned (read and verified once, not again)."""
     from aurora_store.bucket.lora_base import load_base
     from aurora_store.tensors import from_words
 
-    latest = run.latest()
-    if latest is None:
-        raise ModelError(f"{run.uri}: a LoRA run without a committed version has no base to resume from")
-    base = load_base(run, run.manifest(latest), lora.base_files, lora.base_digest)
+    if base is None:
+        latest = run.latest()
+        if latest is None:
+            raise ModelError(f"{run.uri}: a LoRA run without a committed version has no base to resume from")
+        base = load_base(run, run.manifest(latest), lora.base_files, lora.base_digest)
     state = model.state_dict()
     with torch.no_grad():
         for s in base.specs:
             if s.name not in state:
                 raise ModelError(f"{run.uri}: the run's LoRA base has {s.name}, which its config.json's model has not")
             state[s.name].copy_(from_words(s, base.words[s.name]).to(state[s.name].dtype))
+    return base
 
 
 def version_weights(model: torch.nn.Module, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

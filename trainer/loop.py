@@ -169,6 +169,14 @@ class Trainer:
 
     def start(self) -> int:
         """Build or restore the policy on every rank; returns the version it is at."""
+        try:
+            return self._start()
+        finally:
+            policy = getattr(self, "policy", None)  # not there when start failed before building it
+            if policy is not None:
+                policy.base = None  # a resumed LoRA run's base, read once for the frozen copies
+
+    def _start(self) -> int:
         if self.dist.main:
             self._until_reachable(self._check_bucket)
         latest = self.dist.broadcast(self.run.latest() if self.dist.main else None)

@@ -22,6 +22,7 @@ import torch
 from aurora_store.bucket.lora_base import base_files
 from aurora_store.bucket.run import Run
 from aurora_store.format import hostile_json
+from aurora_store.format.weights import WeightState
 from aurora_store.rl import gguf
 from aurora_store.rl.errors import ModelError
 from aurora_store.rl.models import build_model, generation_eos, load_pretrained, model_files, tiny_config
@@ -43,6 +44,9 @@ class Policy:
     """Rows of the model's embedding: every token id an actor returns must be below it."""
     lora: LoraSpec | None = None
     """A LoRA run's adapter and the base the run carries (``model`` is then the base wrapped by PEFT)."""
+    base: WeightState | None = None
+    """A resumed LoRA run's base as read and verified from the run, for the frozen copies the trainer
+    builds at start (each would read it again); the trainer lets go of it once started."""
 
 
 def device_for(cfg: TrainerConfig, local_rank: int) -> torch.device:
@@ -116,8 +120,9 @@ def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy
         raise ModelError(f"{run.uri}: config.json is not JSON: {exc}") from None
     model = build_model(config, seed=cfg.seed)
     lora = spec.artefact.lora if spec is not None else None
+    base = None
     if lora is not None:  # the frozen base the run carries; the adapter comes from the trainer state
-        adapter.load_base_into(run, model, lora)
+        base = adapter.load_base_into(run, model, lora)
         model = adapter.wrap(model, adapter.settings_of(lora))
     if spec is None:
         kind = HF_KIND if "tokenizer_config.json" in files else CHAR_KIND
@@ -130,7 +135,7 @@ def resumed_policy(run: Run, spec: RunSpec | None, cfg: TrainerConfig) -> Policy
             system_prompt=spec.system_prompt,
             eos_ids=spec.eos_ids,
         )
-    return Policy(model, tok, files, _vocab(model), lora)
+    return Policy(model, tok, files, _vocab(model), lora, base)
 
 
 def _vocab(model: torch.nn.Module) -> int:
@@ -212,7 +217,7 @@ def frozen_copy(policy: Policy, device: torch.device, run: Run | None = None) ->
     model = build_model(config, seed=0).to(dtype=dtype)
     if policy.lora is not None:
         if run is not None and run.latest() is not None:  # a new run's base is copied in with the adapter
-            adapter.load_base_into(run, model, policy.lora)
+            adapter.load_base_into(run, model, policy.lora, policy.base)
         model = adapter.wrap(model, adapter.settings_of(policy.lora))
     return model.to(device=device).eval().requires_grad_(False)
 
