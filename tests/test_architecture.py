@@ -27,7 +27,7 @@ LAYERS: dict[str, float] = {
     "aurora_store.metrics_http": 0.4,  # the server under metrics
     "aurora_store.codec": 1,
     "aurora_store.format": 2,
-    "aurora_store.quant": 2,  # the trainer's quantizers: pure functions of its weights
+    "aurora_store.quant": 2.1,  # the trainer's quantizers: pure functions of its weights, on the format's words
     "aurora_store.storage": 2.8,  # backends under bucket's ObjectStore
     "aurora_store.bucket": 3,
     "aurora_store.coord": 3,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aurora_store.errors import ConflictError, StoreError
-from aurora_store.format import safetensors_file
+from aurora_store.format import dtypes, safetensors_file
 from aurora_store.format.full import plan_shards
 from aurora_store.format.keys import LORA_BASE_FILE
 from aurora_store.format.weights import WeightState, full_digest
@@ -185,17 +185,6 @@ def adapter_files(
     return {ADAPTER: data, ADAPTER_CONFIG: json.dumps(config, indent=2).encode() + b"\n"}
 
 
-def _bf16_to_f32(words: np.ndarray) -> np.ndarray:
-    return (words.astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round to BF16, to nearest with ties to even (NaN stays a quiet NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
-
-
 def merged(base: WeightState, adapter: WeightState, shape: Adapter) -> WeightState:
     """``base`` with every adapted weight replaced by ``W + (alpha / r) B A`` (FP32, rounded to BF16)."""
     scale = np.float32(shape.alpha / shape.rank)
@@ -213,12 +202,12 @@ def merged(base: WeightState, adapter: WeightState, shape: Adapter) -> WeightSta
             raise StoreError(f"adapter tensor {s.name!r}: the base has no {module}.weight, or the adapter no lora_B")
         if {target.dtype, s.dtype, b_spec.dtype} != {"BF16"} or len(target.shape) != 2:
             raise StoreError(f"{module}: merging needs BF16 matrices, got {target.dtype} {target.shape}")
-        a = _bf16_to_f32(adapter.words[s.name]).reshape(s.shape)
-        b = _bf16_to_f32(adapter.words[b_name]).reshape(b_spec.shape)
-        w = _bf16_to_f32(base.words[target.name]).reshape(target.shape)
+        a = dtypes.bf16_widened(adapter.words[s.name]).reshape(s.shape)
+        b = dtypes.bf16_widened(adapter.words[b_name]).reshape(b_spec.shape)
+        w = dtypes.bf16_widened(base.words[target.name]).reshape(target.shape)
         if b.shape[0] != w.shape[0] or a.shape[1] != w.shape[1] or a.shape[0] != b.shape[1]:
             raise StoreError(f"{module}: adapter shapes {b.shape} x {a.shape} do not fit the weight's {w.shape}")
-        words[target.name] = _f32_to_bf16(w + scale * (b @ a)).reshape(-1)
+        words[target.name] = dtypes.bf16_words(w + scale * (b @ a)).reshape(-1)
         done.add(target.name)
     if not done:
         raise StoreError("the adapter adapts no weight of the base")

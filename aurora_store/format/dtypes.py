@@ -79,3 +79,17 @@ def dtype(name: str) -> DType:
 
 def known() -> tuple[str, ...]:
     return tuple(sorted(_TABLE))
+
+
+def bf16_words(x: np.ndarray) -> np.ndarray:
+    """FP32 values rounded to BF16 words: to nearest, ties to even, as torch's ``to(torch.bfloat16)``
+    rounds every number; a NaN becomes the quiet NaN 0x7FC0 (torch's CPU kernels give 0xFFFF)."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    u = f.view(np.uint32)
+    rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)
+
+
+def bf16_widened(words: np.ndarray) -> np.ndarray:
+    """BF16 words as their FP32 values (exact)."""
+    return (np.asarray(words).astype(np.uint32) << 16).view(np.float32)

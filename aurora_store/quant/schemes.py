@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aurora_store.errors import UnsupportedError
+from aurora_store.format import dtypes
 from aurora_store.quant import e4m3
 
 BLOCK = 128
@@ -96,11 +97,8 @@ SCHEMES = {"fp8-e4m3-block128": fp8_block128, "int8-w8a8-channel": int8_channel}
 
 
 def bf16_values(weight: np.ndarray) -> np.ndarray:
-    """FP32 ``weight`` rounded to BF16 (nearest even; NaN stays NaN), as FP32 values again (exact)."""
-    bits = np.ascontiguousarray(weight, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
-    rounded = np.where((bits & 0x7FFFFFFF) > 0x7F800000, bits | np.uint32(0x00400000), rounded)  # NaN: quiet it
-    return rounded.astype(np.uint32).view(np.float32)
+    """FP32 ``weight`` rounded to BF16 (nearest even, as torch rounds), as FP32 values again (exact)."""
+    return dtypes.bf16_widened(dtypes.bf16_words(weight))
 
 
 def quantize(scheme: str, weight: np.ndarray) -> Quantized:

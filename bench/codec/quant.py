@@ -73,12 +73,6 @@ def _masters(model: str, seed: int) -> dict[str, np.ndarray]:
     return {n: state[n].float().numpy().copy() for n in schemes.quantized_names(state)}
 
 
-def _bf16(x: np.ndarray) -> np.ndarray:
-    """FP32 values rounded to BF16 words (nearest even), as a trainer publishes them."""
-    b = x.view(np.uint32)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def _coded_bytes(old: np.ndarray, new: np.ndarray, exponent: Exponent) -> int:
     """Bytes of one tensor's changes as a publisher codes them (the smaller of classed and sparse;
     sparse alone for words with no exponent field)."""
@@ -98,9 +92,9 @@ def _version(masters: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     ``int8``) or the FP32 masters themselves (``fp8-from-fp32``, ``int8-from-fp32``)."""
     out: dict[str, dict[str, Any]] = {k: {} for k in ("bf16", "fp8", "int8", "fp8-from-fp32", "int8-from-fp32")}
     for name, w in masters.items():
-        b = _bf16(w)
+        b = dtypes.bf16_words(w)
         out["bf16"][name] = (b, None)
-        widened = (b.astype(np.uint32) << 16).view(np.float32)
+        widened = dtypes.bf16_widened(b)
         for key, source in (("", widened), ("-from-fp32", w)):
             q8 = schemes.fp8_block128(source)
             out["fp8" + key][name] = (q8.words, q8.scale)

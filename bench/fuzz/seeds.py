@@ -16,6 +16,7 @@ from unittest import mock
 
 import numpy as np
 
+from aurora_store.format import dtypes
 from aurora_store.format.manifest import Manifest, TensorSpec, canonical
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
@@ -99,7 +100,7 @@ def published(seed: int) -> tuple[Published, ...]:
                 for s in SPECS
             }
             masters = rng.normal(0, 0.02, 64 * 64).astype(np.float32)  # trained-looking: classed blocks
-            words["g.trained"] = _bf16(masters)
+            words["g.trained"] = dtypes.bf16_words(masters)
             for v, kind in enumerate(kinds):
                 state = {k: w.copy() for k, w in words.items()}
                 run.publish_words(SPECS, state, kind="full" if kind == "f" else "delta", step=v, meta={"v": str(v)})
@@ -112,18 +113,12 @@ def published(seed: int) -> tuple[Published, ...]:
                 words["d.steps"][0] += np.uint64(1)
                 words["e.mask"][v % 6] ^= np.uint8(1)
                 masters += np.float32(2e-5) * rng.choice(np.array([-1, 1], np.float32), masters.size)
-                words["g.trained"] = _bf16(masters)
+                words["g.trained"] = dtypes.bf16_words(masters)
             out += _read(run, key, key.public_key() if key is not None else None)
     for root in GOLDEN_RUNS:
         golden = aurora_store.open_run(root.joinpath("run").as_uri(), verify_key=root.joinpath("key.pub").read_bytes())
         out += _read(golden, None, golden.reader.verify_key)
     return tuple(out)
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    """FP32 values rounded to BF16 (nearest even), as words."""
-    bits = x.view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
 
 
 def rehash(rng: random.Random, doc: Any, key: Any, always: bool = False) -> None:
