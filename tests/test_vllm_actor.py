@@ -56,6 +56,34 @@ class World:
     def common(self) -> list[str]:
         return ["--redis", self.redis, "--run-id", "vl"]
 
+    def trainer(self, steps: int, *extra: str) -> subprocess.Popen[bytes]:
+        """The run's trainer in the home region: a 128-wide model warm-started for 20 steps, ``steps`` RL
+        steps of PROMPTS groups of GROUP, every admission logged; ``extra``: its other options."""
+        return self.spawn(
+            "trainer",
+            "train",
+            "--store",
+            self.home,
+            "--steps",
+            str(steps),
+            "--hidden",
+            "128",
+            "--sft-steps",
+            "20",
+            "--prompts",
+            str(PROMPTS),
+            "--group",
+            str(GROUP),
+            "--max-new-tokens",
+            "4",
+            "--lease-s",
+            "10",
+            "--admissions-log",
+            str(self.admissions),
+            *extra,
+            *self.common(),
+        )
+
     def vllm_actor(self) -> subprocess.Popen[bytes]:
         return self.spawn(
             "vllm-eu",
@@ -118,33 +146,7 @@ def group_gone(pgid: int) -> bool:
 
 
 def test_a_vllm_actor_killed_mid_apply_rejoins_bit_exact_and_its_results_are_admitted(world: World) -> None:
-    trainer = world.spawn(
-        "trainer",
-        "train",
-        "--store",
-        world.home,
-        "--steps",
-        str(STEPS),
-        "--hidden",
-        "128",
-        "--sft-steps",
-        "20",
-        "--prompts",
-        str(PROMPTS),
-        "--group",
-        str(GROUP),
-        "--max-new-tokens",
-        "4",
-        "--lr",
-        "5e-4",
-        "--lease-s",
-        "10",
-        "--state-every",
-        "1",
-        "--admissions-log",
-        str(world.admissions),
-        *world.common(),
-    )
+    trainer = world.trainer(STEPS, "--lr", "5e-4", "--state-every", "1")
     world.spawn("relay", "relay", "--source", world.home, "--dest", world.eu, "--dest-region", "eu", *world.common())
     first = world.vllm_actor()
     applying = re.compile(r"applying version (\d+) \((?:a full version|[1-9]\d* changed elements)\)")
@@ -197,35 +199,7 @@ def test_a_lora_run_crosses_a_region_and_its_vllm_actor_serves_every_adapter_ver
     """Issue 36: a LoRA run, relayed to another region, served there by ``--engine vllm`` (``enable_lora``,
     an adapter id per version, the host copy verified at every version); every result is admitted."""
     steps = 5
-    trainer = world.spawn(
-        "trainer",
-        "train",
-        "--store",
-        world.home,
-        "--steps",
-        str(steps),
-        "--hidden",
-        "128",
-        "--sft-steps",
-        "20",
-        "--prompts",
-        str(PROMPTS),
-        "--group",
-        str(GROUP),
-        "--max-new-tokens",
-        "4",
-        "--lora-rank",
-        "8",
-        "--lora-alpha",
-        "16",
-        "--lr",
-        "1e-2",
-        "--lease-s",
-        "10",
-        "--admissions-log",
-        str(world.admissions),
-        *world.common(),
-    )
+    trainer = world.trainer(steps, "--lora-rank", "8", "--lora-alpha", "16", "--lr", "1e-2")
     world.spawn("relay", "relay", "--source", world.home, "--dest", world.eu, "--dest-region", "eu", *world.common())
     world.vllm_actor()
     assert trainer.wait(600) == 0, world.log("trainer")[-3000:]

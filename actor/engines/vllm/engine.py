@@ -260,10 +260,7 @@ class VllmEngine:
 
     def close(self) -> None:
         """Shut the engine's processes down (they also end with this process)."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if core is not None:
-            with self._lock:
-                core.shutdown()
+        shutdown(self.llm, self._lock)
 
     def _rpc(self, op: str, args: tuple[Any, ...]) -> list[Any]:
         """A worker op on every rank, through the worker extension (every read; writes on older vLLM)."""
@@ -331,6 +328,14 @@ class VllmEngine:
                 top_p=top_p,
                 stop_token_ids=self.stop_token_ids,
             )
+
+
+def shutdown(llm: LLM, lock: threading.RLock) -> None:
+    """Shut ``llm``'s engine processes down (under ``lock``: ``LLM`` is not thread-safe)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        with lock:
+            core.shutdown()
 
 
 def generate(

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actor.engines.base import Completion
-from actor.engines.vllm.engine import cpu_settings, generate, quiet_tokenizer_warmup
+from actor.engines.vllm.engine import cpu_settings, generate, quiet_tokenizer_warmup, shutdown
 from actor.live import TensorWeights
 from aurora_store.bucket.replay import Adapter, adapter_files
 from aurora_store.errors import StoreError
@@ -305,10 +305,7 @@ class VllmLoraEngine:
 
     def close(self) -> None:
         """Shut the engine's processes down and delete the adapters' directories."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if core is not None:
-            with self._lock:
-                core.shutdown()
+        shutdown(self.llm, self._lock)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def applied(self, version: int, version_hash: str) -> None:
