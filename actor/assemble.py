@@ -19,7 +19,9 @@ import torch
 
 from actor.config import EngineConfig
 from actor.engines.base import Engine
+from actor.engines.dequantized import DequantizedWeights
 from actor.engines.torch import TorchEngine
+from actor.live import TensorWeights
 from aurora_store.bucket.lora_base import base_files, load_base
 from aurora_store.bucket.run import Run
 from aurora_store.errors import UnsupportedError
@@ -111,13 +113,24 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
     lora = spec.artefact.lora
     if lora is not None and cfg.engine == "torch":
         return TorchEngine(
-            lora_model(run, config, spec), device=cfg.device, eos_ids=spec.eos_ids, live=adapter_parameters
+            lora_model(run, config, spec),
+            device=cfg.device,
+            eos_ids=spec.eos_ids,
+            live=lambda model, device: TensorWeights(adapter_parameters(model), device=device),
         )
     if lora is not None:
         return vllm_lora_engine(run, spec, lora, cfg, worker_id)
     if cfg.engine == "torch":
         model = build_model(config, dtype=getattr(torch, spec.artefact.dtype))  # what versions hold
-        return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
+        scheme = spec.artefact.scheme
+        if scheme is None:
+            return TorchEngine(model, device=cfg.device, eos_ids=spec.eos_ids)
+        return TorchEngine(
+            model,
+            device=cfg.device,
+            eos_ids=spec.eos_ids,
+            live=lambda model, device: DequantizedWeights(model, scheme, device=device),
+        )
     # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
     # written to what vLLM computes from (actor/engines/vllm/engine.py)
     from actor.engines.vllm.engine import VllmEngine
@@ -125,7 +138,7 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
 
     out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
     try:
-        replay(run, None, out, force=True)
+        replay(run, None, out, force=True, scheme=spec.artefact.scheme)  # a quantized run: its checkpoint
         return VllmEngine(
             out,
             tensor_parallel_size=cfg.tensor_parallel,

@@ -96,6 +96,12 @@ def build_parser() -> Parser:
         help="of a LoRA run: write the base with the adapter merged into it, one HF directory (default: a PEFT "
         "adapter directory, its base in base/)",
     )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="of a run of quantized weights: write BF16 weights (words x scales, rounded to nearest even; "
+        "default: the quantized checkpoint as published, its config.json naming the quantization)",
+    )
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("audit", help="verify every committed version: objects, hashes, chain, signatures, weights")
@@ -339,6 +345,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 )
             progress.update(tasks[stage], completed=done, total=total)
 
+        artefact = _artefact_of(run, args.version)
         result = replay(
             run,
             args.version,
@@ -346,8 +353,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             shard_bytes=args.shard_bytes or DEFAULT_SHARD_BYTES,
             force=args.force,
             progress=step,
-            adapter=_adapter_of(run, args.version),
+            adapter=_adapter_of(artefact),
             merge=args.merge,
+            scheme=None if artefact is None else artefact.scheme,
+            dequantize=args.dequantize,
         )
     for name in result.skipped:
         print(f"{PROG}: note: attached file {name!r} not copied: it would shadow the replayed weights", file=sys.stderr)
@@ -358,10 +367,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _adapter_of(run: Any, version: int | None) -> Any:
-    """A LoRA run's adapter and base as its run spec (at ``version``, verified) names them; None for a
-    run of full weights, or one without a run spec (started by an earlier trainer)."""
-    from aurora_store.bucket.replay import Adapter
+def _artefact_of(run: Any, version: int | None) -> Any:
+    """What the run's versions hold as its run spec (at ``version``, verified) says; None for a run
+    without a run spec (started by an earlier trainer: BF16 weights)."""
     from aurora_store.rl.runspec import NAME, RunSpec
 
     at = run.latest() if version is None else version
@@ -370,7 +378,14 @@ def _adapter_of(run: Any, version: int | None) -> Any:
     files = run.reader.files(run.manifest(at), names={NAME}.__contains__)
     if NAME not in files:
         return None
-    lora = RunSpec.from_bytes(files[NAME], f"{run.uri}/files/{NAME}").artefact.lora
+    return RunSpec.from_bytes(files[NAME], f"{run.uri}/files/{NAME}").artefact
+
+
+def _adapter_of(artefact: Any) -> Any:
+    """A LoRA run's adapter and base as its artefact names them; None for any other run."""
+    from aurora_store.bucket.replay import Adapter
+
+    lora = None if artefact is None else artefact.lora
     if lora is None:
         return None
     return Adapter(lora.rank, lora.alpha, lora.targets, lora.base_files, lora.base_digest)

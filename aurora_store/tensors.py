@@ -93,6 +93,14 @@ def torch_dtype(spec: TensorSpec) -> torch.dtype:
     return dt
 
 
+def dtype_named(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (``BF16``, ``I8``, ``F8_E4M3``)."""
+    dt = _FROM_NAME.get(name)
+    if dt is None:
+        raise UnsupportedError(f"dtype {name!r:.40} has no torch equivalent here")
+    return dt
+
+
 def from_words(spec: TensorSpec, words: np.ndarray) -> torch.Tensor:
     """A torch tensor sharing memory with ``words`` (flat little-endian words)."""
     return word_tensor(words).view(torch_dtype(spec)).reshape(spec.shape)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -381,12 +382,18 @@ def test_lagging_actor_catches_up_by_deltas_and_rejoins(loop: Loop) -> None:
     _check_exactly_once(loop, 16)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["every-weight", "lora"])
-def test_trainer_under_torchrun_with_fsdp2(loop: Loop, lora: bool) -> None:
+@pytest.mark.parametrize("kind", ["weights", "lora", "int8"], ids=["every-weight", "lora", "int8"])
+def test_trainer_under_torchrun_with_fsdp2(loop: Loop, kind: str) -> None:
     """Two gloo ranks: FSDP2 shards the model, rank 0 runs the jobs, both publish their shards. A LoRA
     run (issue 36) shards the adapted model the same way: both ranks publish their share of the adapter
-    alone, over the one base they agreed on."""
-    adapter = ["--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2"] if lora else []
+    alone, over the one base they agreed on. A run of INT8 weights (issue 37) gathers each projection
+    to quantize it whole (rank 0 publishes it) and keeps the other tensors sharded."""
+    lora = kind == "lora"
+    adapter = {
+        "weights": [],
+        "lora": ["--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", TARGETS, "--lr", "1e-2"],
+        "int8": ["--publish-dtype", "int8-w8a8-channel"],
+    }[kind]
     trainer = loop._spawn(
         "trainer",
         [
@@ -435,6 +442,13 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop, lora: bool) -> None:
         for v in range(4):
             names = {t.name for t in run.manifest(v).tensors}
             assert names and all(".lora_A." in n or ".lora_B." in n for n in names), f"version {v}: the adapter"
+    if kind == "int8":
+        for v in range(4):
+            dtypes = {t.name: t.dtype for t in run.manifest(v).tensors}
+            assert dtypes["model.layers.0.mlp.down_proj.weight"] == "I8", f"version {v}"
+            assert dtypes["model.layers.0.mlp.down_proj.weight_scale"] == "F32"
+            assert dtypes["model.embed_tokens.weight"] == "BF16"
+        _same_as_one_process_quantizes(run, "int8-w8a8-channel")
     _check_exactly_once(loop, 3)
     # a step whose every group agreed on its rewards trains nothing: its delta is empty
     deltas = [m for m in map(run.manifest, (1, 2, 3)) if m.kind == "delta" and m.segments]
@@ -442,6 +456,64 @@ def test_trainer_under_torchrun_with_fsdp2(loop: Loop, lora: bool) -> None:
     for m in deltas:
         ordinals = {int(seg.key.rsplit("/", 1)[1][:5]) % 2 for seg in m.segments}
         assert ordinals == {0, 1}, f"version {m.version}: segments from both ranks ({[s.key for s in m.segments]})"
+
+
+def _same_as_one_process_quantizes(run: Any, scheme: str) -> None:
+    """The latest version's words and scales are exactly what the scheme makes of the FP32 masters the
+    trainer saved with it (its state at that version), however the trainer was sharded."""
+    import numpy as np
+    from safetensors.torch import load as st_load
+
+    from aurora_store.quant import schemes
+    from trainer.state import TENSORS
+
+    latest = run.latest()
+    state = next(n for n in run.state.names() if n.version == latest)
+    masters = st_load(run.state.get(state, TENSORS, max_bytes=1 << 30))
+    words = run.materialize_words(latest).words
+    names = schemes.quantized_names(words)
+    assert names
+    for name in names:
+        q = schemes.quantize(scheme, masters[f"model/{name}"].float().numpy())
+        assert np.array_equal(words[name], q.words.reshape(-1)), name
+        assert np.array_equal(words[schemes.scale_of(name, q.scale_name)].view(np.float32), q.scale.reshape(-1)), name
+
+
+def test_a_quantized_run_trains_serves_and_resumes(loop: Loop) -> None:
+    """Issue 37: ``--publish-dtype fp8-e4m3-block128`` publishes the projections as E4M3 words and block
+    scales; the torch actor serves them (dequantized) and verifies every version it applies; a killed
+    trainer resumes; the rollout correction compares the trainer's BF16 with the quantized rollouts;
+    a trainer publishing BF16 cannot continue the run, and says what differs."""
+    from aurora_store.rl.runspec import NAME, RunSpec
+
+    fp8 = ("--publish-dtype", "fp8-e4m3-block128")
+    actor = loop.actor("a", "--verify-live")
+    first = loop.trainer("--steps", "4", "--rollout-correction", "tis", *fp8)
+    run = open_run(loop.store)
+    loop.wait(lambda: (run.latest() or 0) >= 2, "version 2", 600)
+    first.kill()
+    first.wait(10)
+    second = loop.trainer("--steps", "4", "--rollout-correction", "tis", *fp8)
+    loop.finish(second, "trainer")
+    run = open_run(loop.store)
+    assert run.versions() == list(range(5)) and audit(run).ok
+    spec = RunSpec.from_bytes(run.reader.files(run.manifest(4), names={NAME}.__contains__)[NAME])
+    assert (spec.artefact.kind, spec.artefact.scheme) == ("quantized", "fp8-e4m3-block128")
+    for v in range(5):
+        dtypes = {t.name: t.dtype for t in run.manifest(v).tensors}
+        assert dtypes["model.layers.1.self_attn.q_proj.weight"] == "F8_E4M3", f"version {v}"
+        assert dtypes["model.layers.1.self_attn.q_proj.weight_scale_inv"] == "F32"
+        assert dtypes["model.norm.weight"] == "BF16"
+    _same_as_one_process_quantizes(run, "fp8-e4m3-block128")
+    trained = [r["stats"] for r in loop.steps() if r["stats"]["micro_batches"]]
+    corrected = [s for s in trained if s["mismatch_abs"] is not None]
+    assert corrected and all(math.isfinite(s["mismatch_abs"]) for s in corrected), "the mismatch is measured"
+    third = loop.trainer("--steps", "5")
+    assert third.wait(deadline(300)) != 0
+    assert "this run was started with other settings (artefact:" in loop.log("trainer")
+    actor.send_signal(signal.SIGTERM)
+    loop.finish(actor, "actor a after SIGTERM", timeout=120)  # a verification that failed would have stopped it
+    assert "live weights verified at version" in loop.log("a") and "Traceback" not in loop.log("a")
 
 
 def test_an_actor_stopped_while_cut_off_from_redis_says_what_it_could_not_give_back(loop: Loop) -> None:

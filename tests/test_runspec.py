@@ -15,7 +15,17 @@ from hypothesis import strategies as st
 
 import aurora_store
 from actor import assemble
-from aurora_store.rl.runspec import FIRST, FORMAT, LORA_FORMAT, NAME, Artefact, LoraSpec, RunSpec, RunSpecError
+from aurora_store.rl.runspec import (
+    FIRST,
+    FORMAT,
+    LORA_FORMAT,
+    NAME,
+    QUANTIZED_FORMAT,
+    Artefact,
+    LoraSpec,
+    RunSpec,
+    RunSpecError,
+)
 from aurora_store.rl.sampling import SamplingConfig
 
 SPEC = RunSpec(
@@ -85,7 +95,23 @@ def test_an_unknown_required_field_is_refused() -> None:
         (_doc(required=[1]), "required must list"),
         (_doc(required=["x"] * 65), "required must list"),
         (_doc(artefact=_DROP), "must have field 'artefact'"),
-        (_doc(format="aurora-run/4"), "not an aurora-run/2"),
+        (_doc(format="aurora-run/5"), "not an aurora-run/2"),
+        (_doc(artefact={"kind": "quantized", "dtype": "bfloat16"}), "a quantized artefact is an aurora-run/4"),
+        (_doc(format="aurora-run/4", artefact={"kind": "quantized", "dtype": "bfloat16"}), "must name its scheme"),
+        (
+            _doc(format="aurora-run/4", artefact={"kind": "quantized", "dtype": "bfloat16", "scheme": 8}),
+            "must name its scheme",
+        ),
+        (
+            _doc(format="aurora-run/4", artefact={"kind": "quantized", "dtype": "bfloat16", "scheme": "fp4-e2m1"}),
+            "artefact scheme 'fp4-e2m1': this release publishes and reads",
+        ),
+        (
+            _doc(
+                format="aurora-run/4", artefact={"kind": "quantized", "dtype": "float16", "scheme": "int8-w8a8-channel"}
+            ),
+            "dtype 'float16'",
+        ),
         (_doc(eos_ids=_DROP), "must have field 'eos_ids'"),
     ],
 )
@@ -133,6 +159,24 @@ def test_a_lora_run_is_an_aurora_run_3_document_and_a_weights_run_stays_2() -> N
     assert RunSpec.from_bytes(spec.to_bytes()) == spec
     assert json.loads(SPEC.to_bytes())["format"] == FORMAT
     assert spec.differences(SPEC) and "artefact" in spec.differences(SPEC)[0]
+
+
+@pytest.mark.parametrize("scheme", ["fp8-e4m3-block128", "int8-w8a8-channel"])
+def test_a_quantized_run_is_an_aurora_run_4_document(scheme: str) -> None:
+    """Issue 37: a quantized artefact bumps the schema, so an actor of a release before refuses the run
+    (it reads aurora-run/1 to /3 only) rather than serve its words as BF16 weights; a weights artefact
+    ignores a scheme it does not need."""
+    spec = dataclasses.replace(SPEC, artefact=Artefact(kind="quantized", scheme=scheme))
+    doc = json.loads(spec.to_bytes())
+    assert doc["format"] == QUANTIZED_FORMAT
+    assert doc["artefact"] == {"kind": "quantized", "dtype": "bfloat16", "scheme": scheme}
+    assert RunSpec.from_bytes(spec.to_bytes()) == spec
+    assert any(d.startswith("artefact:") for d in spec.differences(SPEC))
+    with pytest.raises(RunSpecError, match="kind 'quantized' and its scheme go together"):
+        Artefact(kind="weights", scheme=scheme)
+    doc = json.loads(SPEC.to_bytes())
+    doc["artefact"]["scheme"] = scheme
+    assert _read(doc).artefact == Artefact()
 
 
 @given(

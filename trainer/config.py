@@ -135,10 +135,15 @@ class PublishConfig:
     """How deltas are coded: ``classed`` (positions within the parent's exponent classes, about 28%
     smaller; format aurora/3) or ``sparse`` (format aurora/2, for actors and relays on a release
     before aurora/3 while they are upgraded)."""
-    dtype: Literal["bfloat16"] = "bfloat16"
-    """The dtype float tensors are published in, recorded in the run (aurora_run.json) for actors to
-    build their engines in. Only bfloat16 is implemented; trainer/publication.py is the seam where FP8
-    weights or LoRA adapters would be added."""
+    dtype: Literal["bfloat16", "fp8-e4m3-block128", "int8-w8a8-channel"] = field(
+        default="bfloat16", metadata=option(flag="--publish-dtype", aliases=("--dtype",))
+    )
+    """What each version's weights are published as, recorded in the run (aurora_run.json) for actors
+    to build their engines from: ``bfloat16`` (every float tensor in BF16), or a quantization scheme
+    (docs/FORMAT.md §6a) for the decoder's linear projections, everything else in BF16:
+    ``fp8-e4m3-block128`` (E4M3 words, a scale per 128 x 128 block; what vLLM serves on GPUs) or
+    ``int8-w8a8-channel`` (INT8 words, a scale per output channel; vLLM serves it on CPUs too). The
+    trainer quantizes, deterministically; actors hold exactly the words and scales it published."""
     state_every: Annotated[int, COUNT] = 1
     """Save the resumable trainer state every this many versions (off the training thread, after each
     version's commit). With 1, a restart continues from exactly the latest version; with K > 1 it
@@ -168,6 +173,16 @@ class PublishConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a whole number of versions, at least 1; got {value!r}")
+
+    @property
+    def scheme(self) -> str | None:
+        """The quantization scheme versions are published in, or None for BF16 weights."""
+        return None if self.dtype == "bfloat16" else self.dtype
+
+    @property
+    def float_dtype(self) -> str:
+        """The dtype of every float tensor published unquantized (all of them without a scheme)."""
+        return "bfloat16"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -93,7 +93,12 @@ def adapt(run: Run, policy: Policy, cfg: TrainerConfig, *, write: bool) -> None:
     if settings is None:
         return
     adapter.check(settings, policy.model)  # before the base is attached to the run
-    dtype = getattr(torch, cfg.publish.dtype)
+    if cfg.publish.scheme is not None:
+        raise RunSpecError(
+            f"--lora-rank with --publish-dtype {cfg.publish.dtype}: a LoRA run publishes its adapter in BF16 over "
+            "a BF16 base; quantized LoRA serving is not built"
+        )
+    dtype = getattr(torch, cfg.publish.float_dtype)
     adapter.round_base(policy.model, dtype)
     policy.lora = adapter.attach(run, policy.model, settings, dtype, write=write)
     policy.model = adapter.wrap(policy.model, settings)
@@ -167,12 +172,16 @@ def run_spec(cfg: TrainerConfig, policy: Policy) -> RunSpec:
 
 
 def _artefact(cfg: TrainerConfig, policy: Policy) -> Artefact:
-    """What each version holds: every weight, or (``--lora-rank``) the adapter over the base the run carries."""
+    """What each version holds: every weight (quantized, with ``--publish-dtype`` naming a scheme), or
+    (``--lora-rank``) the adapter over the base the run carries."""
     settings = lora_settings(cfg)
+    dtype = cfg.publish.float_dtype
     if settings is None or policy.lora is None:
-        return Artefact(kind="weights", dtype=cfg.publish.dtype)
+        if cfg.publish.scheme is not None:
+            return Artefact(kind="quantized", dtype=dtype, scheme=cfg.publish.scheme)
+        return Artefact(kind="weights", dtype=dtype)
     lora = replace(policy.lora, rank=settings.rank, alpha=settings.alpha, targets=settings.targets)
-    return Artefact(kind="lora", dtype=cfg.publish.dtype, lora=lora)
+    return Artefact(kind="lora", dtype=dtype, lora=lora)
 
 
 def verified_files(run: Run) -> dict[str, bytes]:

@@ -1,11 +1,11 @@
 """What the trainer publishes of its model, and the publisher that commits it every step.
 
 The run's artefact (``aurora_run.json``: what every version holds) is made from the model by one
-seam, :meth:`Artefact.state_for_publish`: this rank's share of the published tensors. Two are
-implemented: full weights (:class:`FullWeights`) and a LoRA adapter's matrices over a base the run
-carries (:class:`LoraAdapter`). FP8 weights (with their scales as extra tensors) would be one more
-class here and one more name in :mod:`aurora_store.rl.runspec`; the store and the publisher would
-not change.
+seam, :meth:`Artefact.state_for_publish`: this rank's share of the published tensors. Three are
+implemented: full weights (:class:`FullWeights`), a LoRA adapter's matrices over a base the run
+carries (:class:`LoraAdapter`), and full weights whose linear projections are quantized
+(:class:`QuantizedWeights`: words and scales, by :mod:`aurora_store.quant.schemes`). The store and
+the publisher do not know which.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from aurora_store.bucket.plan import Kind, VersionInfo
 from aurora_store.bucket.publisher import Publisher
 from aurora_store.bucket.run import Run
 from aurora_store.format.manifest import Rollback
+from aurora_store.quant import schemes
 from aurora_store.rl import runspec
+from aurora_store.tensors import dtype_named
 from trainer.collectives import TorchCollective
 from trainer.sharded import local_share, published_state
 
@@ -100,12 +102,78 @@ class LoraAdapter:
         return sum(t.numel() * self.dtype.itemsize for t in adapter_state(model).values())
 
 
+@dataclass(frozen=True, slots=True)
+class QuantizedWeights:
+    """Every parameter and buffer as :class:`FullWeights` publishes them, except the decoder's linear
+    projections (:func:`~aurora_store.quant.schemes.quantized_names`): those as the run's scheme
+    quantizes their BF16 values, the words under the weight's own name (``F8_E4M3`` or ``I8``) and
+    the scales beside them (``weight_scale_inv`` or ``weight_scale``, FP32).
+
+    The quantizer needs whole blocks and rows: under FSDP2 each projection is gathered on every rank
+    (one at a time: the collective every rank calls in the same order) and published by rank 0, as
+    tensors every rank holds whole are; the other tensors stay sharded. The quantization runs on the
+    host in numpy (bit-exact by construction, docs/FORMAT.md §6a): O(model) host work per version, as
+    the BF16 copy a publish makes is."""
+
+    spec: runspec.Artefact
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return published_dtype(self.spec)
+
+    @property
+    def scheme(self) -> str:
+        assert self.spec.scheme is not None
+        return self.spec.scheme
+
+    def state_for_publish(self, model: torch.nn.Module, *, group: Any, keep_device: bool) -> Share:
+        from torch.distributed.tensor import DTensor
+
+        first = not dist.is_initialized() or dist.get_rank(group) == 0
+        state = published_state(model)
+        out: dict[str, torch.Tensor] = {}
+        targets = set(schemes.quantized_names(state))
+        for name, t in state.items():
+            if name not in targets:
+                out[name] = t.detach().to(self.dtype) if t.is_floating_point() else t.detach()
+                continue
+            whole = t.full_tensor() if isinstance(t, DTensor) else t  # collective: every rank, in order
+            device = whole.device if keep_device else torch.device("cpu")
+            shape = tuple(int(s) for s in whole.shape)
+            lay = schemes.layout(self.scheme, shape)
+            if first:
+                q = schemes.quantize(self.scheme, whole.detach().float().cpu().numpy())
+                words = torch.from_numpy(q.words).view(dtype_named(lay.dtype)).to(device)
+                scale = torch.from_numpy(q.scale).to(device)
+            else:  # rank 0 publishes it; the others list its spec only
+                words = torch.empty(shape, dtype=dtype_named(lay.dtype), device=device)
+                scale = torch.empty(lay.scale_shape, dtype=torch.float32, device=device)
+            out[name] = words
+            out[schemes.scale_of(name, lay.scale_name)] = scale
+            del whole
+        return local_share(model, dtype=None, group=group, keep_device=keep_device, state=out)
+
+    def full_bytes(self, model: torch.nn.Module) -> int:
+        state = published_state(model)
+        targets = set(schemes.quantized_names(state))
+        total = 0
+        for name, t in state.items():
+            if name in targets:
+                lay = schemes.layout(self.scheme, tuple(t.shape))
+                total += t.numel() + 4 * lay.scale_shape[0] * lay.scale_shape[1]
+            else:
+                total += t.numel() * (self.dtype.itemsize if t.is_floating_point() else t.element_size())
+        return total
+
+
 def artefact_for(spec: runspec.Artefact) -> Artefact:
     """The artefact a run records (``aurora_run.json``), made from a model."""
     if spec.kind == "weights":
         return FullWeights(spec)
     if spec.kind == "lora":
         return LoraAdapter(spec)
+    if spec.kind == "quantized":
+        return QuantizedWeights(spec)
     raise runspec.RunSpecError(f"artefact kind {spec.kind!r}: this trainer publishes {runspec.ARTEFACT_KINDS}")
 
 

@@ -30,15 +30,19 @@ class TorchEngine:
         *,
         device: str | torch.device = "cpu",
         eos_ids: Sequence[int] = (EOS,),
-        live: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None,
+        live: Callable[[torch.nn.Module, torch.device], TensorWeights] | None = None,
     ) -> None:
-        """``live``: the model's tensors a version is written into, by the version's names (default:
-        every parameter by its own name; a LoRA run's, the adapter's parameters only)."""
+        """``live``: the weights a version is written into, made from the model on its device
+        (default: every parameter by its own name; a LoRA run's, the adapter's parameters only; a
+        quantized run's, the published words and scales the model's projections are dequantized from)."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
-        tensors: dict[str, torch.Tensor] = dict(self.model.named_parameters()) if live is None else live(self.model)
-        self.live = TensorWeights(tensors, device=self.device)
+        self.live = (
+            TensorWeights(dict(self.model.named_parameters()), device=self.device)
+            if live is None
+            else live(self.model, self.device)
+        )
         # transformers 5 renamed the KV-cache argument from past_key_values to cache
         base = getattr(model, "get_base_model", None)  # under a PEFT adapter, the model it wraps
         inner = base() if callable(base) else model

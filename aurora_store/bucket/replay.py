@@ -10,6 +10,12 @@ A LoRA run's version (:class:`Adapter`: what its run spec says) replays as a PEF
 ``base/`` (``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out + "/base"), out)``),
 or with ``merge`` as one HF directory of the merged weights: each target's ``W + (alpha / r) B A``,
 computed in FP32 from the BF16 words and rounded to BF16 (to nearest, ties to even).
+
+A quantized run's version (``scheme``: what its run spec says) replays as the quantized checkpoint it
+is, the words and scales as published, its ``config.json`` naming the scheme's
+``quantization_config`` (:func:`~aurora_store.quant.schemes.hf_quantization_config`), which vLLM
+loads; or with ``dequantize`` as BF16 weights: each projection's ``words x scale`` in FP32, rounded
+to BF16 (to nearest, ties to even), its scales dropped, the run's own ``config.json``.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ from aurora_store.errors import ConflictError, StoreError
 from aurora_store.format import dtypes, safetensors_file
 from aurora_store.format.full import plan_shards
 from aurora_store.format.keys import LORA_BASE_FILE
+from aurora_store.format.manifest import TensorSpec
 from aurora_store.format.weights import WeightState, full_digest
 from aurora_store.localfile import open_regular, read_regular
+from aurora_store.quant import schemes
 
 if TYPE_CHECKING:
     from aurora_store.bucket.run import Run
-    from aurora_store.format.manifest import Manifest, Segment, TensorSpec
+    from aurora_store.format.manifest import Manifest, Segment
 
 log = logging.getLogger("aurora.replay")
 SINGLE = "model.safetensors"
@@ -47,6 +55,7 @@ PROVENANCE = "aurora_replay.json"
 ADAPTER = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_DIR = "base"
+CONFIG = "config.json"
 PEFT_PREFIX = "base_model.model."
 """What PEFT puts before a module's name in an adapter's tensor names."""
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -95,14 +104,19 @@ def replay(
     progress: Progress | None = None,
     adapter: Adapter | None = None,
     merge: bool = False,
+    scheme: str | None = None,
+    dequantize: bool = False,
 ) -> ReplayResult:
     """Write ``version`` (latest when None) of ``run`` bit-exact as a HF model directory at ``out``;
     of a LoRA run (``adapter``), a PEFT adapter directory with its base in ``base/``, or with
-    ``merge`` the merged weights as one HF directory."""
+    ``merge`` the merged weights as one HF directory; of a quantized run (``scheme``), the quantized
+    checkpoint, or with ``dequantize`` its BF16 weights."""
     if shard_bytes < 1:
         raise StoreError(f"shard_bytes must be >= 1, got {shard_bytes}")
     if merge and adapter is None:
         raise StoreError("--merge is for a LoRA run: this run's versions hold full weights")
+    if dequantize and scheme is None:
+        raise StoreError("--dequantize is for a run of quantized weights: this run's versions hold BF16 weights")
     out = os.path.abspath(os.fspath(out))
     if adapter is not None and not merge and force and os.path.isdir(out) and os.listdir(out):
         raise ConflictError(f"{out} is not empty; --force replaces full-weight replays only: remove it first")
@@ -118,12 +132,17 @@ def replay(
         base = load_base(run, m, adapter.base_files, adapter.base_digest)
         if merge:
             state = merged(base, state, adapter)
+    rewrite: dict[str, Callable[[bytes], bytes]] = {}
+    if scheme is not None and dequantize:
+        state = dequantized(state, scheme)
+    elif scheme is not None:
+        rewrite[CONFIG] = lambda data: quantized_config(data, scheme)
     tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{uuid.uuid4().hex[:12]}")
     os.makedirs(tmp)
     try:
         if adapter is None or merge:
             shards, total = _write_shards(tmp, state, shard_bytes, step)
-            files, skipped = _write_attachments(run, m, tmp, set(shards) | {INDEX, PROVENANCE}, step)
+            files, skipped = _write_attachments(run, m, tmp, set(shards) | {INDEX, PROVENANCE}, step, rewrite)
         else:
             shards, total = _write_adapter(tmp, state, adapter)
             os.makedirs(os.path.join(tmp, BASE_DIR))
@@ -149,6 +168,10 @@ def replay(
             record["lora"] = {"layout": "merged" if merge else "peft", "base_digest": adapter.base_digest}
             if merge:
                 record["merged_digest"] = state.digest.hex()
+        if scheme is not None:
+            record["quantization"] = {"scheme": scheme, "layout": "dequantized" if dequantize else "quantized"}
+            if dequantize:
+                record["dequantized_digest"] = state.digest.hex()
         _write(tmp, PROVENANCE, json.dumps(record, indent=2).encode() + b"\n")
         _fsync_dir(tmp)
         _install(tmp, out, replaced)
@@ -261,7 +284,7 @@ def _ours(run: Run, out: str, present: list[str]) -> list[str]:
             if vouched is None:
                 vouched = _attachments(run, record)
             f = vouched.get(name)
-            if f is None or not _same_bytes(path, f):
+            if f is None or not (_same_bytes(path, f) or _rewritten(run, record, name, path, f)):
                 foreign.append(name)
     if foreign:
         shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
@@ -285,6 +308,70 @@ def _attachments(run: Run, record: dict[str, object]) -> dict[str, Segment]:
     if m.version_hash != version_hash:
         return {}
     return {f.key.split("/", 1)[1]: f for f in m.files}
+
+
+def _rewritten(run: Run, record: dict[str, object], name: str, path: str, f: Segment) -> bool:
+    """Whether ``path`` holds the ``config.json`` a quantized replay writes from the one ``run`` vouches
+    for (``f``) under the scheme ``record`` names."""
+    q = record.get("quantization")
+    if name != CONFIG or not isinstance(q, dict) or q.get("layout") != "quantized":
+        return False
+    if q.get("scheme") not in schemes.SCHEMES:
+        return False
+    try:
+        want = quantized_config(bytes(run.reader.fetch(f)), str(q["scheme"]))
+        return read_regular(path, len(want) + 1) == want
+    except (OSError, StoreError):
+        return False
+
+
+def quantized_config(data: bytes, scheme: str) -> bytes:
+    """A run's ``config.json`` naming ``scheme``'s ``quantization_config``, for loaders of the quantized
+    checkpoint (every other field as the run has it)."""
+    from aurora_store.format import hostile_json
+
+    try:
+        config = hostile_json.loads(data)
+    except ValueError as exc:
+        raise StoreError(f"{CONFIG}: not JSON ({exc})"[:300]) from None
+    if not isinstance(config, dict):
+        raise StoreError(f"{CONFIG}: not a JSON object")
+    config["quantization_config"] = schemes.hf_quantization_config(scheme)
+    return json.dumps(config, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def dequantized(state: WeightState, scheme: str) -> WeightState:
+    """``state`` with each quantized projection as BF16 (``words x scale`` in FP32, rounded to nearest
+    even) and its scale dropped; every other tensor as it is."""
+    specs = {s.name: s for s in state.specs}
+    words = dict(state.words)
+    out: list[TensorSpec] = []
+    scales = set()
+    for s in state.specs:
+        lay = schemes.layout(scheme, s.shape) if len(s.shape) == 2 else None
+        scale = schemes.scale_of(s.name, lay.scale_name) if lay is not None and s.name.endswith(".weight") else None
+        if lay is None or scale not in specs or s.dtype != lay.dtype:
+            continue
+        have = specs[scale]
+        if have.dtype != "F32" or tuple(have.shape) != lay.scale_shape:
+            raise StoreError(f"{scale}: {have.dtype} {list(have.shape)}, expected F32 {list(lay.scale_shape)}")
+        q = schemes.Quantized(
+            state.words[s.name].reshape(s.shape),
+            state.words[scale].view(np.float32).reshape(lay.scale_shape),
+            lay.scale_name,
+            lay.dtype,
+        )
+        words[s.name] = dtypes.bf16_words(schemes.dequantize(q)).reshape(-1)
+        scales.add(scale)
+    for s in state.specs:
+        if s.name in scales:
+            words.pop(s.name)
+        elif words[s.name] is not state.words[s.name]:
+            out.append(TensorSpec(s.name, "BF16", s.shape))
+        else:
+            out.append(s)
+    specs_out = tuple(out)
+    return WeightState(specs_out, words, state.version, state.version_hash, full_digest(specs_out, words))
 
 
 def _same_bytes(path: str, f: Segment) -> bool:
@@ -336,11 +423,18 @@ def _write_shards(tmp: str, state: WeightState, shard_bytes: int, step: Progress
 
 
 def _write_attachments(
-    run: Run, m: Manifest, tmp: str, reserved: set[str], step: Progress
+    run: Run,
+    m: Manifest,
+    tmp: str,
+    reserved: set[str],
+    step: Progress,
+    rewrite: Mapping[str, Callable[[bytes], bytes]] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
-    """Copy the attachments version ``m`` vouches for, each verified against its manifest entry.
+    """Copy the attachments version ``m`` vouches for, each verified against its manifest entry (and
+    then passed through ``rewrite``'s function of its name, where it has one).
 
-    Returns their SHA-256s and the names skipped because they would clash with replayed weights."""
+    Returns their SHA-256s (as the run vouches for them) and the names skipped because they would
+    clash with replayed weights."""
     files: dict[str, str] = {}
     skipped = []
     for i, f in enumerate(m.files):
@@ -350,7 +444,9 @@ def _write_attachments(
         if name in reserved or name.endswith((".safetensors", ".safetensors.index.json")):
             skipped.append(name)
         else:
-            _write(tmp, name, run.reader.fetch(f))
+            data = run.reader.fetch(f)
+            change = (rewrite or {}).get(name)
+            _write(tmp, name, data if change is None else change(bytes(data)))
             files[name] = f.sha256
         step("files", i + 1, len(m.files))
     return files, skipped

@@ -96,6 +96,32 @@ SCHEMES = {"fp8-e4m3-block128": fp8_block128, "int8-w8a8-channel": int8_channel}
 """Each scheme's quantizer, by the name ``--publish-dtype`` takes."""
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a scheme publishes for one weight [N, K], without quantizing it: the words' dtype and the
+    scale's name and shape (every rank of a sharded trainer lists them; one rank quantizes)."""
+
+    dtype: str
+    scale_name: str
+    scale_shape: tuple[int, int]
+
+
+def layout(scheme: str, shape: tuple[int, ...]) -> Layout:
+    """The layout ``scheme`` gives a weight of ``shape`` (a matrix)."""
+    quantizer(scheme)  # an unknown scheme is refused by name
+    if len(shape) != 2:
+        raise UnsupportedError(f"a quantized weight must be a matrix, got shape {shape}")
+    n, k = shape
+    if scheme == "fp8-e4m3-block128":
+        return Layout("F8_E4M3", "weight_scale_inv", (-(-n // BLOCK), -(-k // BLOCK)))
+    return Layout("I8", "weight_scale", (n, 1))
+
+
+def scale_of(weight_name: str, scale_name: str) -> str:
+    """The scale tensor's name beside a quantized ``<module>.weight``."""
+    return weight_name[: -len("weight")] + scale_name
+
+
 def bf16_values(weight: np.ndarray) -> np.ndarray:
     """FP32 ``weight`` rounded to BF16 (nearest even, as torch rounds), as FP32 values again (exact)."""
     return dtypes.bf16_widened(dtypes.bf16_words(weight))
@@ -135,3 +161,34 @@ def _matrix(weight: np.ndarray) -> np.ndarray:
     if not np.isfinite(w).all():
         raise UnsupportedError("a weight to quantize holds NaN or infinity: no scale represents it")
     return w
+
+
+def hf_quantization_config(scheme: str) -> dict[str, object]:
+    """The ``quantization_config`` a HF ``config.json`` names the scheme's checkpoints by, as vLLM's
+    loaders read it: ``fp8`` with 128 x 128 weight blocks and dynamic activations (vLLM's block-FP8
+    linear method, as DeepSeek-V3's and Qwen3-FP8's configs say), or compressed-tensors
+    ``int-quantized`` W8A8 (INT8 weights per output channel, static; INT8 activations per token,
+    dynamic: vLLM's ``CompressedTensorsW8A8Int8``). Only ``Linear`` layers are targets; the output
+    head is left out by name (it stays BF16 in every version)."""
+    quantizer(scheme)
+    if scheme == "fp8-e4m3-block128":
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [BLOCK, BLOCK],
+        }
+    int8 = {"num_bits": 8, "type": "int", "symmetric": True}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {**int8, "strategy": "channel", "dynamic": False},
+                "input_activations": {**int8, "strategy": "token", "dynamic": True},
+            }
+        },
+        "ignore": ["lm_head"],
+    }

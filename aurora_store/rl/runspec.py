@@ -14,7 +14,11 @@ reader that cannot honour it must refuse the run rather than sample from the wro
 ``aurora-run/3`` is ``aurora-run/2`` whose artefact may be a LoRA adapter (:class:`LoraSpec`: its
 rank, alpha and target modules, and the frozen base it adapts, named by content); a run of full
 weights is still written as ``aurora-run/2``, so actors of the release before read it.
-``aurora-run/1`` documents (no artefact: BF16 weights) stay readable.
+``aurora-run/4`` is ``aurora-run/2`` whose artefact may be quantized weights (kind ``quantized``:
+the decoder's linear projections as a scheme of :mod:`aurora_store.quant.schemes` publishes them,
+words and scales, everything else in the artefact's dtype); a release before it refuses such a run
+rather than serve its words as if they were BF16. ``aurora-run/1`` documents (no artefact: BF16
+weights) stay readable.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from aurora_store.format import hostile_json
 from aurora_store.format.keys import lora_base_file
+from aurora_store.quant import schemes as quant_schemes
 from aurora_store.rl import sampling as sampling_bounds
 from aurora_store.rl.errors import RLError
 from aurora_store.rl.sampling import SamplingConfig
@@ -38,10 +43,15 @@ FIRST = "aurora-run/1"
 """The first schema: a closed set of fields and no artefact (every run then published BF16 weights)."""
 LORA_FORMAT = "aurora-run/3"
 """``aurora-run/2`` with a LoRA artefact: written only for a LoRA run."""
+QUANTIZED_FORMAT = "aurora-run/4"
+"""``aurora-run/2`` with a quantized artefact: written only for a run of quantized weights."""
 MAX_BYTES = 1 << 20
-ARTEFACT_KINDS = ("weights", "lora")
-"""What a version may hold: ``weights`` (every parameter) or ``lora`` (a LoRA adapter's matrices
-over a frozen base the run carries, :class:`LoraSpec`)."""
+ARTEFACT_KINDS = ("weights", "lora", "quantized")
+"""What a version may hold: ``weights`` (every parameter), ``lora`` (a LoRA adapter's matrices
+over a frozen base the run carries, :class:`LoraSpec`) or ``quantized`` (every parameter, the
+decoder's linear projections quantized by :attr:`Artefact.scheme`)."""
+SCHEMES = tuple(quant_schemes.SCHEMES)
+"""The quantization schemes a quantized artefact may name."""
 MAX_LORA_RANK = 4096
 MAX_TARGETS = 64
 TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")
@@ -135,7 +145,10 @@ class Artefact:
     dtype: str = "bfloat16"
     """The dtype of every published float tensor, as torch names it."""
     lora: LoraSpec | None = None
-    """The adapter and its base, for kind ``lora`` (None for ``weights``)."""
+    """The adapter and its base, for kind ``lora`` (None otherwise)."""
+    scheme: str | None = None
+    """For kind ``quantized``, how the linear projections are quantized (one of :data:`SCHEMES`);
+    :attr:`dtype` is then that of every tensor the scheme leaves unquantized."""
 
     def __post_init__(self) -> None:
         if self.kind not in ARTEFACT_KINDS:
@@ -144,11 +157,22 @@ class Artefact:
             raise RunSpecError(f"artefact dtype {self.dtype!r:.60}: this release publishes and reads {DTYPES}")
         if (self.kind == "lora") != (self.lora is not None):
             raise RunSpecError("artefact kind 'lora' and its lora table go together")
+        if (self.kind == "quantized") != (self.scheme is not None):
+            raise RunSpecError("artefact kind 'quantized' and its scheme go together")
+        if self.scheme is not None and self.scheme not in SCHEMES:
+            raise RunSpecError(f"artefact scheme {self.scheme!r:.60}: this release publishes and reads {SCHEMES}")
+
+    @property
+    def format(self) -> str:
+        """The schema a run of this artefact is written as: the oldest one that can say it."""
+        return {"lora": LORA_FORMAT, "quantized": QUANTIZED_FORMAT}.get(self.kind, FORMAT)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "dtype": self.dtype}
         if self.lora is not None:
             out["lora"] = self.lora.to_dict()
+        if self.scheme is not None:
+            out["scheme"] = self.scheme
         return out
 
 
@@ -169,7 +193,7 @@ class RunSpec:
 
     def to_bytes(self) -> bytes:
         doc = {
-            "format": FORMAT if self.artefact.lora is None else LORA_FORMAT,
+            "format": self.artefact.format,
             "artefact": self.artefact.to_dict(),
             "required": [],
             "tokenizer": self.tokenizer,
@@ -195,8 +219,8 @@ class RunSpec:
             doc = hostile_json.loads(data)
         except ValueError as exc:
             raise RunSpecError(f"{what}: not JSON ({exc})"[:300]) from None
-        if not isinstance(doc, dict) or doc.get("format") not in (FIRST, FORMAT, LORA_FORMAT):
-            raise RunSpecError(f"{what}: not an {FORMAT} (or {FIRST}, or {LORA_FORMAT}) document")
+        if not isinstance(doc, dict) or doc.get("format") not in (FIRST, FORMAT, LORA_FORMAT, QUANTIZED_FORMAT):
+            raise RunSpecError(f"{what}: not an {FORMAT} (or {FIRST}, {LORA_FORMAT} or {QUANTIZED_FORMAT}) document")
         artefact = Artefact()
         if doc["format"] == FIRST:
             if set(doc) != _V1_FIELDS:
@@ -269,13 +293,19 @@ def _open_schema(doc: dict[str, Any], what: str) -> Artefact:
     a = doc["artefact"]
     if not isinstance(a, dict) or not isinstance(a.get("kind"), str) or not isinstance(a.get("dtype"), str):
         raise RunSpecError(f"{what}: artefact must name its kind and dtype")
-    lora = None
+    lora, scheme = None, None
     if a["kind"] == "lora":
         if doc["format"] != LORA_FORMAT:
             raise RunSpecError(f"{what}: a LoRA artefact is an {LORA_FORMAT} document, not {doc['format']}")
         lora = LoraSpec.from_dict(a.get("lora"), what)
+    if a["kind"] == "quantized":
+        if doc["format"] != QUANTIZED_FORMAT:
+            raise RunSpecError(f"{what}: a quantized artefact is an {QUANTIZED_FORMAT} document, not {doc['format']}")
+        scheme = a.get("scheme")
+        if not isinstance(scheme, str):
+            raise RunSpecError(f"{what}: a quantized artefact must name its scheme")
     try:
-        return Artefact(kind=a["kind"], dtype=a["dtype"], lora=lora)
+        return Artefact(kind=a["kind"], dtype=a["dtype"], lora=lora, scheme=scheme)
     except RunSpecError as exc:
         raise RunSpecError(f"{what}: {exc}") from None
 
