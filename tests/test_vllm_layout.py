@@ -28,7 +28,7 @@ from actor.updater import Updater
 from aurora_store.errors import LayoutError, StoreError
 from aurora_store.format.manifest import TensorSpec
 from aurora_store.rl.models import build_model, tiny_config
-from aurora_store.tensors import to_words
+from aurora_store.tensors import to_words, torch_dtype
 from tests.helpers import bits_equal, step
 
 CFG = tiny_config(98, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -401,3 +401,63 @@ def test_vllm_engine_generates_and_applies_versions_in_place(tmp_path: Path, tra
         assert engine.llm.get_weight_version() == f"2:{held.version_hash[:16]}"
     again = engine.generate([[1, 40, 41]], samples=1, max_new_tokens=8, temperature=0.0, seed=0)
     assert len(again[0][0].token_ids) > 0
+
+
+# ---------------------------------------------------------------- quantized projections (issue 37)
+
+
+def _quantized(scheme: str, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What a trainer publishing ``scheme`` publishes of a model of ``config``, as HF tensors."""
+    from aurora_store.rl.runspec import Artefact
+    from aurora_store.tensors import from_words
+    from trainer.publication import artefact_for
+
+    model = build_model(config, seed=4)
+    share = artefact_for(Artefact(kind="quantized", scheme=scheme)).state_for_publish(
+        model, group=None, keep_device=False
+    )
+    return {s.name: from_words(s, share.words[s.name]) for s in share.specs}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_int8_words_and_channel_scales_fuse_and_split_as_vllm_loads_them(tp: int) -> None:
+    """INT8 words are laid out as BF16 weights are; per-channel scales [N, 1] fuse and split by output
+    rows with their weights, and row-parallel layers (o_proj, down_proj) hold theirs whole on every rank."""
+    sd = _quantized("int8-w8a8-channel", CFG)
+    specs, words = to_words(sd)
+    layout = VllmLayout(specs, GEOM, tp)
+    want = fuse(sd, tp)
+    assert layout.params["model.layers.0.self_attn.qkv_proj.weight_scale"] == (((64 + 32 + 32) // tp, 1), "F32")
+    assert layout.params["model.layers.0.self_attn.o_proj.weight_scale"] == ((64, 1), "F32")
+    assert layout.params["model.layers.0.mlp.gate_up_proj.weight"] == (((192 + 192) // tp, 64), "I8")
+    assert {k: (tuple(v.shape), str(v.dtype)) for k, v in want[0].items()} == {
+        k: (shape, str(torch_dtype(TensorSpec(k, dt, shape)))) for k, (shape, dt) in layout.params.items()
+    }
+    ranks = [{k: torch.full_like(v, 3) for k, v in r.items()} for r in want]
+    VllmWeights(GEOM, ranks=ranks).load(specs, words)
+    assert same(ranks, want)
+
+
+def test_fp8_block_scales_fuse_by_blocks_and_parts_must_be_whole_blocks() -> None:
+    config = tiny_config(98, hidden=256, layers=1, heads=4, kv_heads=2)  # q 256 rows, k and v 128: whole blocks
+    sd = _quantized("fp8-e4m3-block128", config)
+    specs, words = to_words(sd)
+    geometry = Geometry.from_config(config)
+    layout = VllmLayout(specs, geometry, 1)
+    assert layout.params["model.layers.0.self_attn.qkv_proj.weight"] == ((512, 256), "F8_E4M3")
+    assert layout.params["model.layers.0.self_attn.qkv_proj.weight_scale_inv"] == ((4, 2), "F32")
+    assert layout.params["model.layers.0.mlp.gate_up_proj.weight_scale_inv"] == ((12, 2), "F32")
+    assert layout.params["model.layers.0.mlp.down_proj.weight_scale_inv"] == ((2, 6), "F32")
+    ranks = [
+        {p: torch.zeros(shape, dtype=torch_dtype(TensorSpec(p, dt, shape))) for p, (shape, dt) in layout.params.items()}
+    ]
+    VllmWeights(geometry, ranks=ranks).load(specs, words)
+    prefix = "model.layers.0.self_attn."
+    fused = ranks[0][prefix + "qkv_proj.weight_scale_inv"]
+    parts = [sd[prefix + f"{p}_proj.weight_scale_inv"] for p in "qkv"]
+    assert torch.equal(fused, torch.cat(parts)), "q's two block rows, then k's, then v's"
+    with pytest.raises(LayoutError, match=r"not whole 128-row blocks on each of 2 ranks"):
+        VllmLayout(specs, geometry, 2)  # k's 128 rows split over 2 ranks: half blocks
+    small = tiny_config(98, hidden=128, layers=1, heads=4, kv_heads=2)  # k and v 64 rows
+    with pytest.raises(LayoutError, match=r"not whole 128-row blocks"):
+        VllmLayout(to_words(_quantized("fp8-e4m3-block128", small))[0], Geometry.from_config(small), 1)

@@ -13,7 +13,10 @@ machine's engine):
 - vocabulary layers keep their weight (the embedding lookup reads it) but the logits GEMM reads a
   packed copy, made the same way;
 - MoE experts (``CPUUnquantizedExperts``): ``w13_weight`` and ``w2_weight`` are replaced by
-  VNNI-prepacked tensors, their intermediate size zero-padded first where the kernel needs it.
+  VNNI-prepacked tensors, their intermediate size zero-padded first where the kernel needs it;
+- INT8 W8A8 layers (``CPUInt8ScaledMMLinearKernel``): the weight is transposed and handed to a oneDNN
+  handle (or VNNI-packed), the ``weight`` attribute set to None, and ``azp_adj`` derived from the
+  weight and its scales; those derived parameters are not the checkpoint's and are not exposed.
 
 Written in place, none of those would change what the engine computes. :class:`WorkerTensors`
 is one worker's model as the aurora worker ops see it: vLLM parameter name -> the
@@ -121,9 +124,21 @@ class WorkerTensors(Mapping[str, torch.Tensor]):
                 continue
             kernel = Kernel(mname, module)
             own = dict(module.named_parameters(recurse=False))
-            for attr, meta in _checkpoint_metadata(mname, module).items():
+            metadata = _checkpoint_metadata(mname, module)
+            for attr in own.keys() - metadata.keys() - {"bias"}:  # derived by the processing (INT8's azp_adj)
+                tensors.pop(f"{mname}.{attr}", None)
+            for attr, meta in metadata.items():
                 live = own.get(attr)
-                if live is None or id(live) not in name_of:
+                if live is None:
+                    if attr != "weight" or getattr(module, attr, None) is not None:
+                        continue
+                    # released by the processing (vLLM's CPU INT8 kernel keeps the packed weight in a
+                    # oneDNN handle and sets the attribute to None): a copy of our own, by its name
+                    name = f"{mname}.{attr}" if mname else attr
+                    tensors[name] = kernel.tensors[attr] = _materialize(module, meta)
+                    kernels.setdefault(name, []).append(kernel)
+                    continue
+                if id(live) not in name_of:
                     continue
                 if id(live) not in copies:
                     copies[id(live)] = tensors[name_of[id(live)]] = _materialize(module, meta)

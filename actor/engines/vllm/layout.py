@@ -9,7 +9,13 @@ padding the vocabulary to a multiple of 64 (``pad_vocab_size``, then split evenl
 the vocabulary are zero), and norms are replicated. :class:`VllmLayout` maps flat HF positions
 to (rank, vLLM parameter, local flat position) in O(positions), never building an HF tensor.
 No vllm import: this mirrors vLLM's loaders (``QKVParallelLinear``, ``MergedColumnParallelLinear``,
-``RowParallelLinear``, ``VocabParallelEmbedding``) without LoRA, quantization or replicated KV heads.
+``RowParallelLinear``, ``VocabParallelEmbedding``) without LoRA or replicated KV heads.
+
+Quantized projections (docs/FORMAT.md §6a) keep their words under ``weight`` (laid out as BF16 weights
+are) beside their scales, which vLLM fuses and splits as their weights: per-channel ``weight_scale``
+[N, 1] by output rows (so row-parallel layers replicate it), block ``weight_scale_inv`` [N/128, K/128]
+by blocks of rows (fused parts must then be whole blocks, as vLLM's block-FP8 loader requires) or of
+columns.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from aurora_store.format.manifest import TensorSpec
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: the whole vocabulary is padded to a multiple of it."""
 
-_QKV = re.compile(r"^(?P<pre>.+)\.(?P<part>q|k|v)_proj\.(?P<kind>weight|bias)$")
-_GATE_UP = re.compile(r"^(?P<pre>.+)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$")
-_ROW = re.compile(r"\.(o_proj|down_proj)\.(?P<kind>weight|bias)$")
+_KINDS = r"(?P<kind>weight|bias|weight_scale|weight_scale_inv)"
+_QKV = re.compile(r"^(?P<pre>.+)\.(?P<part>q|k|v)_proj\." + _KINDS + "$")
+_GATE_UP = re.compile(r"^(?P<pre>.+)\.(?P<part>gate|up)_proj\." + _KINDS + "$")
+_ROW = re.compile(r"\.(o_proj|down_proj)\." + _KINDS + "$")
+BLOCK = 128
+"""The side of a block-FP8 scale's block (``weight_scale_inv``)."""
 _VOCAB = re.compile(r"(^|\.)(?P<which>embed_tokens|lm_head)\.weight$")
 _NORM = re.compile(r"norm\.(weight|bias)$")
 
@@ -158,7 +167,7 @@ class VllmLayout:
             if self.geometry.tied and vocab["which"] == "lm_head":
                 param = s.name[: vocab.start("which")] + "model.embed_tokens.weight"
             self._add(Rule(param, s, 0, padded // tp), (padded // tp, s.shape[1]))
-        elif row is not None and row["kind"] == "weight":
+        elif row is not None and row["kind"] in ("weight", "weight_scale_inv"):
             if len(s.shape) != 2 or s.shape[1] % tp:
                 raise LayoutError(f"{s.name!r}: a row-parallel weight is 2-D with columns divisible by {tp}")
             self._add(Rule(s.name, s, 1, s.shape[1] // tp), (s.shape[0], s.shape[1] // tp))
@@ -174,6 +183,14 @@ class VllmLayout:
         g, tp = self.geometry, self.tp_size
         rows = {"q": g.num_heads * g.head_dim, "k": g.num_kv_heads * g.head_dim, "v": g.num_kv_heads * g.head_dim}
         first = parts[order[0]]
+        if param.endswith(".weight_scale_inv"):  # block scales: one row a block of rows
+            sizes = {p: rows.get(p, first.shape[0] * BLOCK) for p in order}
+            if any(n % (BLOCK * tp) for n in sizes.values()):
+                raise LayoutError(
+                    f"{param!r} fuses block-FP8 weights whose rows ({sorted(sizes.values())}) are not whole "
+                    f"{BLOCK}-row blocks on each of {tp} ranks: vLLM's block-FP8 layers need them to be"
+                )
+            rows = {p: n // BLOCK for p, n in sizes.items()}
         offset = 0
         for part in order:
             s = parts[part]
