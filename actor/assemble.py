@@ -134,6 +134,12 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
     # vLLM loads a HF directory: the region's latest version, replayed bit-exact; later versions are
     # written to what vLLM computes from (actor/engines/vllm/engine.py)
     from actor.engines.vllm.engine import VllmEngine
+
+    if spec.artefact.scheme == "fp8-e4m3-block128" and _vllm_on_cpu():
+        raise UnsupportedError(
+            f"{run.uri}: the run publishes FP8 weights, which vLLM's CPU build cannot serve (it has no FP8 "
+            "linear kernel); serve it with --engine torch (computing from the dequantized words) or vLLM on a GPU"
+        )
     from aurora_store.bucket.replay import replay
 
     out = tempfile.mkdtemp(prefix=f"aurora-{worker_id}-")
@@ -150,6 +156,12 @@ def engine(run: Run, spec: RunSpec, files: Mapping[str, bytes], cfg: EngineConfi
         )
     finally:  # vLLM has read it (or failed to): the weights now live in the engine
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def vllm_lora_engine(run: Run, spec: RunSpec, lora: LoraSpec, cfg: EngineConfig, worker_id: str) -> Engine:

@@ -43,13 +43,14 @@ def quantized_run(
     config: dict[str, Any] | None = None,
     fulls: tuple[int, ...] = (),
     words_only: tuple[int, ...] = (),
+    rotations: dict[int, Any] | None = None,
     storage_options: Any = None,
     **open_kw: Any,
 ) -> tuple[Any, torch.nn.Module]:
     """A run at ``uri`` of ``versions`` versions of a model (``config``, default a tiny one) trained by
     Adam, each published quantized by ``scheme`` (``fulls``: steps published as full versions besides
     0; ``words_only``: steps that move words but no scale instead, :func:`halve_below_max`;
-    ``open_kw``: the run's options); returns the run and the trainer's model (FP32 masters)."""
+    ``rotations``: the signing key each of those steps rotates to; ``open_kw``: the run's options); returns the run and the trainer's model (FP32 masters)."""
     run = aurora_store.open_run(uri, storage_options=storage_options, **open_kw)
     chars = CharTokenizer()
     model = build_model(config or tiny_config(VOCAB), seed=5)
@@ -66,6 +67,8 @@ def quantized_run(
             model(input_ids=IDS, labels=IDS).loss.backward()
             opt.step()
             opt.zero_grad()
+        if rotations and step in rotations:
+            run.signing.rotate_to(rotations[step])  # the next version published is the rotation
         publisher.publish(step=step, kind="full" if step in fulls else "auto")
     return run, model
 

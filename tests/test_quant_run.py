@@ -179,3 +179,26 @@ def test_lora_with_a_quantized_artefact_and_unknown_schemes_are_refused(tmp_path
     assert run.files.names() == [], "nothing attached"
     with pytest.raises(aurora_store.errors.UnsupportedError, match="quantization scheme 'fp4'"):
         schemes.layout("fp4", (4, 4))
+
+
+def test_versions_that_are_not_what_the_run_spec_says_are_refused_by_the_actor(tmp_path: Path) -> None:
+    """A run whose aurora_run.json says INT8 but whose versions hold BF16 projections (a trainer that
+    lied, or a spec swapped in by hand and re-signed): the torch actor's live weights are INT8 words and
+    scales, so bootstrapping on such a version is a LayoutError naming what is missing, and nothing is
+    written."""
+    from aurora_store.errors import LayoutError
+    from aurora_store.rl.models import model_files
+    from aurora_store.rl.runspec import NAME
+    from trainer.publication import ModelPublisher
+
+    run = aurora_store.open_run(f"file://{tmp_path}/run")
+    model = build_model(tiny_config(VOCAB), seed=5)
+    for name, data in {**model_files(model), **CharTokenizer().files()}.items():
+        run.files.put(name, data)
+    run.files.put(NAME, spec_of("int8-w8a8-channel").to_bytes())
+    ModelPublisher(run, model).publish(step=0, kind="full")  # BF16 weights under an INT8 run spec
+    eng = _engine(run)
+    before = {k: v.clone() for k, v in eng.live.tensors.items()}
+    with pytest.raises(LayoutError, match="do not match the version's: missing .*weight_scale"):
+        Updater(run, region="home", live=eng.live).bootstrap(0)
+    assert all(torch.equal(before[k], v) for k, v in eng.live.tensors.items()), "nothing written"

@@ -151,6 +151,19 @@ def test_every_version_applies_in_place_and_serves_as_a_fresh_engine(
             assert _greedy(engine) == reference[target], f"version {target}"
 
 
+def test_an_fp8_run_is_refused_by_vllms_cpu_build_before_it_starts(tmp_path: Path) -> None:
+    """vLLM's CPU build has no FP8 linear kernel: the actor says so (and what serves the run) up front."""
+    import torch
+
+    from aurora_store.errors import UnsupportedError
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU serves FP8")
+    run, _ = quantized_run(f"file://{tmp_path}/run", "fp8-e4m3-block128", 1, config=CFG)
+    with pytest.raises(UnsupportedError, match="FP8 weights, which vLLM's CPU build cannot serve.*--engine torch"):
+        _engine(run, "fp8-actor")
+
+
 def _cuda() -> bool:
     import torch
 
