@@ -50,7 +50,8 @@ def quantized_run(
     """A run at ``uri`` of ``versions`` versions of a model (``config``, default a tiny one) trained by
     Adam, each published quantized by ``scheme`` (``fulls``: steps published as full versions besides
     0; ``words_only``: steps that move words but no scale instead, :func:`halve_below_max`;
-    ``rotations``: the signing key each of those steps rotates to; ``open_kw``: the run's options); returns the run and the trainer's model (FP32 masters)."""
+    ``rotations``: the signing key each of those steps rotates to; ``open_kw``: the run's options);
+    returns the run and the trainer's model (FP32 masters)."""
     run = aurora_store.open_run(uri, storage_options=storage_options, **open_kw)
     chars = CharTokenizer()
     model = build_model(config or tiny_config(VOCAB), seed=5)
