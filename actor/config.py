@@ -57,13 +57,14 @@ class RolloutConfig:
     """Prompts per generate() call."""
     beta: Annotated[float, Range(ge=0, lt=1)] = 0.5
     """Throughput EMA smoothing: the weight of the past, in [0, 1)."""
-    heartbeat_s: Annotated[float, SECONDS] = 10.0
-    """Heartbeat lifetime in seconds (it beats three times in one): an actor silent this long counts
-    as gone, and its jobs are leased to others. Each beat is one round trip: at 10 s, an idle actor
-    costs Redis about half a command a second in all."""
+    heartbeat_s: Annotated[float, SECONDS] = 12.0
+    """Heartbeat lifetime in seconds (it beats two and a half times in one): an actor silent this long
+    counts as gone, and its jobs are leased to others. A beat is one ZADD, sent by the listener after
+    its blocking read on the one connection an idle actor holds: at 12 s an idle actor costs Redis
+    0.42 commands a second in all (a read and a beat every 4.8 s)."""
     check_s: Annotated[float, SECONDS] = 15.0
-    """How often an idle actor looks at Redis for jobs and versions without being woken (the safety net
-    under push: jobs and commits wake it at once); each look is one round trip."""
+    """How often an idle actor looks at its region's version without being woken (the safety net under
+    push: jobs and commits wake it at once); a look at the bucket, not at Redis."""
     inline_bytes: Annotated[int, Range(ge=0, le=64 << 10)] = 64 << 10
     """Result payloads up to this many bytes go through Redis; larger ones are put in this region's
     bucket (``results/``) and only their reference goes through Redis. At most 65536."""

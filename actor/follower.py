@@ -59,7 +59,9 @@ class Follower:
         while not self.stop.is_set():
             seen = self.wake.seq
             try:
-                latest = self.up.latest()
+                latest = self.wake.committed  # heard by the listener, on its connection
+                if latest is None:
+                    latest = self.up.latest()
                 self.metrics.region_at(latest)
                 applied = self.up.applied
                 if latest is not None and applied is not None and latest > applied.version:

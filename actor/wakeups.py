@@ -1,13 +1,14 @@
 """What Redis pushes to one actor, read with one blocking call: its job inbox, its region's commits,
-and the trainer's notices about its results.
+and the trainer's notices about its results; and the actor's heartbeat, on the same connection.
 
-An idle actor costs Redis one blocking XREAD every ``block_s`` (plus its heartbeat), instead of
-polling the region's version and its inbox many times a second. The listener thread only
-signals: the main loop takes its jobs when :attr:`Wakeups.kick` is set, the stager checks the
-region's version when :meth:`Wakeups.wait_commit` returns, and notices go to a callback. Each
-signal is a hint to check, never trusted as the answer: what is staged or served is read and
-verified as before, and a slow periodic check by the waiters is the safety net under a lost
-wake-up.
+An idle actor is one connection and one loop: a blocking XREAD that waits until the next beat is due,
+then the beat (one ZADD, :class:`~aurora_store.coord.workers.Beat`): two commands a beat period, and
+nothing else while no job comes. The listener thread only signals and hands over: inbox entries go to
+the main loop (:meth:`Wakeups.jobs`, claimed there when :attr:`Wakeups.kick` is set), the stager checks
+the region's version when :meth:`Wakeups.wait_commit` returns, and notices go to a callback. Each
+signal is a hint to check, never trusted as the answer: a claimed entry is checked against its job,
+what is staged or served is read and verified as before, and a slow periodic check by the stager is
+the safety net under a lost commit.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
+from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -37,13 +40,27 @@ class Wakeups:
         block_s: float,
         board: JobBoard | None = None,
         on_notices: Callable[[list[Notice]], None] | None = None,
+        beat: Callable[[], None] | None = None,
+        beat_every_s: float | None = None,
     ) -> None:
         """Without a ``board`` it listens to the region's commits only (an actor that takes no jobs,
-        as ``python -m actor.follow``)."""
+        as ``python -m actor.follow``). ``beat``: called on this thread every ``beat_every_s`` (the
+        blocking read returns for it)."""
         self.coord, self.board = coord, board
         self.worker_id = worker_id
         self.block_ms = max(int(block_s * 1000), 1)
         self.on_notices = on_notices
+        self.beat, self.beat_every_s = beat, beat_every_s or block_s
+        self._next_beat = time.monotonic()
+        self.region = region
+        self.look_every_s = block_s
+        self._next_look = time.monotonic()
+        self.committed: int | None = None
+        """The region's newest committed version as this listener last heard it (a commit event, or its
+        own look at the region's version every ``block_s``): where the stager looks, so an idle actor's
+        look at Redis happens here, on the listener's connection. A hint: what is staged is verified."""
+        self._jobs: deque[tuple[str, dict[str, str]]] = deque()
+        self._jobs_lock = threading.Lock()
         self.kick = threading.Event()
         """Set when jobs may be waiting (or anything else the main loop should look at now)."""
         self._commits = threading.Condition()
@@ -59,6 +76,8 @@ class Wakeups:
     def rewind(self) -> None:
         """Read every stream from its start again (Redis lost its state: new ids may be below the old)."""
         self._after = dict.fromkeys(self._after, "0-0")
+        with self._jobs_lock:
+            self._jobs.clear()
         self.poke()
 
     def poke(self) -> None:
@@ -82,12 +101,32 @@ class Wakeups:
         with self._commits:
             return self._seq
 
+    def jobs(self, at_most: int) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``at_most`` inbox entries the listener read, oldest first (the main loop claims them)."""
+        with self._jobs_lock:
+            return [self._jobs.popleft() for _ in range(min(at_most, len(self._jobs)))]
+
+    def unread(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        """Put back entries :meth:`jobs` gave that could not be claimed (Redis failed): first in line."""
+        with self._jobs_lock:
+            self._jobs.extendleft(reversed(entries))
+        self.kick.set()
+
+    @property
+    def waiting(self) -> int:
+        with self._jobs_lock:
+            return len(self._jobs)
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            self._beat_if_due()
             try:
+                self._look_if_due()
                 if self._after[self.commits] == "$":
                     self._after[self.commits] = self._last(self.commits)
-                got = self.coord.read_streams(dict(self._after), block_ms=self.block_ms, count=256)
+                due = self._next_look if self.beat is None else min(self._next_look, self._next_beat)
+                block = min(self.block_ms, max(1, int((due - time.monotonic()) * 1000)))  # wake up for what is due
+                got = self.coord.read_streams(dict(self._after), block_ms=block, count=256)
                 self.round_trips += 1
             except CoordinationError as exc:
                 if stop.is_set():
@@ -100,11 +139,39 @@ class Wakeups:
                     continue
                 self._after[key] = entries[-1][0]
                 if key == self.inbox:
+                    with self._jobs_lock:
+                        self._jobs.extend(entries)
                     self.kick.set()
                 elif key == self.commits:
+                    self._heard([e[1].get("version") for e in entries])
                     self._bump()
                 elif self.board is not None and self.on_notices is not None:
                     self.on_notices(self.board.notices.parse(self.worker_id, entries))
+
+    def _heard(self, versions: list[object]) -> None:
+        """Commit events' versions (hostile: anyone who can write Redis may have put them there)."""
+        for v in versions:
+            try:
+                got = wire.version(v)
+            except wire.BadEntry as exc:
+                self.coord.skipped.skip(exc.reason, f"commit event of region {self.region}: {exc}")
+                continue
+            self.committed = got if self.committed is None else max(self.committed, got)
+
+    def _look_if_due(self) -> None:
+        """The region's version, every ``look_every_s`` (the safety net under a lost commit event)."""
+        if time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + self.look_every_s
+        rv = self.coord.regions.version(self.region)
+        if rv is not None and (self.committed is None or rv.version > self.committed):
+            self.committed = rv.version
+            self._bump()
+
+    def _beat_if_due(self) -> None:
+        if self.beat is not None and time.monotonic() >= self._next_beat:
+            self._next_beat = time.monotonic() + self.beat_every_s
+            self.beat()
 
     def _last(self, key: str) -> str:
         last = self.coord.call(self.coord.r.xrevrange, key, count=1)

@@ -12,9 +12,12 @@ that fell behind catches up by deltas and becomes eligible again once it holds t
 version or the one before.
 
 Nothing polls: one listener thread (:mod:`actor.wakeups`) blocks on this actor's inbox, its
-region's commits and the trainer's notices; the heartbeat beats every third of its TTL; the
+region's commits and the trainer's notices, and between two blocking reads beats (one ZADD,
+2.5 times a lifetime), on the one connection an idle actor holds (the others it opened while busy
+are closed when it falls idle); the inbox entries it reads are claimed by the main loop; the
 leases of the jobs it runs are renewed while they run (:mod:`actor.renewals`), so a batch longer
-than a lease keeps them; and a check every ``--check-s`` is the safety net under a lost wake-up.
+than a lease keeps them; and the stager's look at the region every ``--check-s`` is the safety net
+under a lost commit.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
+from aurora_store.coord.workers import Beat
 from aurora_store.errors import (
     AuroraError,
     CorruptError,
@@ -65,8 +69,10 @@ log = logging.getLogger("aurora.actor")
 T = TypeVar("T")
 CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 CLOSE_WAIT_S = 10.0
-"""How long a stopping actor waits for its stager, heartbeat and renewer to finish before it closes the
-clients they use."""
+"""How long a stopping actor waits for its stager and renewer to finish before it closes the clients
+they use."""
+BEATS_PER_LIFETIME = 2.5
+"""Beats in one heartbeat lifetime (``--heartbeat-s``): one late beat still leaves the actor alive."""
 
 
 class Actor:
@@ -74,7 +80,7 @@ class Actor:
         self.cfg = cfg
         sync = cfg.sync
         self.wid = sync.worker_id
-        self.coord = Coordinator(sync.redis, sync.run_id)
+        self.coord = Coordinator(sync.redis, sync.run_id, client_name=f"aurora-actor-{self.wid}")
         self.board = JobBoard(self.coord)
         self.run, self.fallback = open_sync_runs(sync)
         self.metrics = ActorMetrics(sync.region, self.wid)
@@ -96,6 +102,8 @@ class Actor:
             applied=self._applied_version,
         )
         """What this actor submitted, and what the trainer said of it."""
+        self.beat = Beat(self.coord.workers, self.wid, cfg.rollout.heartbeat_s)
+        """This actor's heartbeat: one ZADD a beat (beaten by the listener, on its connection)."""
         self.wake = Wakeups(
             self.coord,
             self.wid,
@@ -103,11 +111,15 @@ class Actor:
             block_s=cfg.rollout.check_s,
             board=self.board,
             on_notices=self.outbox.told,
+            beat=self._heartbeat,
+            beat_every_s=cfg.rollout.heartbeat_s / BEATS_PER_LIFETIME,
         )
         self.renewer = Renewer(self.board, self.wid, max_period_s=cfg.rollout.heartbeat_s / 3)
         """The leases this actor holds, renewed while their jobs run."""
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
+        self._idle = False
+        """Whether the main loop found no work since it last released its connections."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
@@ -359,16 +371,17 @@ class Actor:
         return True
 
     def _heartbeat(self) -> None:
-        """Beat on a thread of its own, so a long batch does not look like a dead actor; when the beat
-        says this actor's state in Redis is gone (a flush, an empty failover, a pruned registration:
-        no disconnect tells), the main loop registers again."""
-        while not self.stop.wait(self.cfg.rollout.heartbeat_s / 3):
-            try:
-                if self.coord.workers.heartbeat(self.wid, self.cfg.rollout.heartbeat_s):
-                    self._reregister.set()
-                    self.wake.kick.set()
-            except CoordinationError:
+        """One beat, on the listener's thread and connection (so a long batch does not look like a dead
+        actor, and an idle actor holds one connection); when the beat says this actor's state in Redis
+        is gone (a flush, an empty failover, a pruned registration: no disconnect tells), the main loop
+        registers again."""
+        try:
+            if self.beat():
                 self._reregister.set()
+                self.wake.kick.set()
+        except CoordinationError:
+            self._reregister.set()
+            self.wake.kick.set()
 
     def _register_again(self) -> None:
         self._reregister.clear()
@@ -384,7 +397,6 @@ class Actor:
         self._threads = [
             threading.Thread(target=self.wake.run, args=(self.stop,), name="listener", daemon=True),
             threading.Thread(target=self.follower.run, name="stager", daemon=True),
-            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
             threading.Thread(target=self.renewer.run, args=(self.stop,), name="renewer", daemon=True),
         ]
         for t in self._threads:
@@ -398,16 +410,21 @@ class Actor:
                 self.wake.kick.clear()
                 if self.stop.is_set():
                     break
-                leases = self.board.take(self.wid, max_jobs=self.cfg.rollout.batch, block_s=0)
+                leases = self._claim()
                 self.renewer.hold(leases)
                 if leases:
                     self.follower.busy.set()
                     self.serve(leases)
                     self.follower.busy.clear()
                     self.wake.kick.set()  # more may wait: take again before waiting
+                    self._idle = False
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
                     self.follower.apply()
                     self.wake.poke()
+                    self._idle = False  # it told Redis (its registration's version)
+                elif not self._idle and not self.wake.waiting:
+                    self._idle = True
+                    self.coord.release_idle()  # idle: the listener's connection is the one left open
             except CoordinationError as exc:
                 if self.stop.is_set():
                     break  # stopping: what Redis could not be told is said once, by _leave
@@ -416,6 +433,17 @@ class Actor:
                 self.follower.busy.clear()
                 self.stop.wait(0.5)
         self._leave()
+
+    def _claim(self) -> list[Lease]:
+        """The leases of the inbox entries the listener handed over (up to a batch), still this actor's."""
+        entries = self.wake.jobs(self.cfg.rollout.batch)
+        if not entries:
+            return []
+        try:
+            return self.board.claim(self.wid, entries)
+        except CoordinationError:
+            self.wake.unread(entries)  # claimed on the next try (a claim is checked against its job)
+            raise
 
     def _leave(self) -> None:
         """What a stopping actor owes the trainer: every lease it still holds given back (the trainer

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.embedded import EmbeddedRedis
@@ -148,6 +149,53 @@ def test_a_beat_says_when_the_registration_is_gone(redis_url: str) -> None:
     assert c.workers.heartbeat(a, 30) is True and c.epoch.lost(), "the worker learns its state is gone"
     c.workers.register("actor", "eu", worker_id=a, ttl_s=30)
     assert c.workers.heartbeat(a, 30) is False and a in c.workers.registrations()
+
+
+def test_a_cheap_beat_is_one_zadd_and_falls_back_to_the_full_beat_when_it_must(redis_url: str) -> None:
+    """Issue 41: a beat is one ZADD whose score is the deadline on Redis's clock (reckoned from the
+    offset the last full beat measured); the five-command script runs for the first beat, for a beat
+    that may come after the expiry (the roster must see the worker back) and when the ZADD finds no
+    entry (Redis lost its state: the beat says so)."""
+    from aurora_store.coord.roster import Roster
+    from aurora_store.coord.workers import MARGIN_S, Beat
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    a = c.workers.register("actor", "eu", ttl_s=30)
+    beat = Beat(c.workers, a, 30)
+    assert beat() is False and (beat.full, beat.cheap) == (1, 0), "the first beat measures Redis's clock"
+
+    def stats() -> dict[str, int]:  # calls by command (the embedded server has no INFO: nothing to count)
+        try:
+            got = c.r.info("commandstats")
+        except redis.ResponseError:
+            return {}
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in got.items()}
+
+    before = stats()
+    for _ in range(3):
+        assert beat() is False
+    after = stats()
+    assert beat.cheap == 3
+    if before:
+        assert after["zadd"] == before.get("zadd", 0) + 3, "one ZADD a beat"
+        assert after.get("evalsha", 0) == before.get("evalsha", 0), "and no script"
+    sec, usec = c.r.time()
+    expiry = c.r.zscore(c.key("alive"), a)
+    assert expiry is not None and abs(expiry - (sec * 1000 + usec // 1000 + 30_000)) < MARGIN_S * 1000
+    # a beat that may come after its expiry is full: the roster sees the worker back
+    short = c.workers.register("actor", "eu", worker_id="short", ttl_s=0.2)
+    late = Beat(c.workers, short, 0.2)
+    late()
+    roster = Roster(c)
+    roster.refresh()
+    wait_for(lambda: short not in roster.refresh().joined and short not in roster.docs, "its expiry", 10)
+    full = late.full
+    late.ttl_ms = 30_000
+    assert late() is False and late.full == full + 1
+    assert short in roster.refresh().joined, "back, as the full beat marks it"
+    # Redis lost its state: the ZADD finds no entry, and the full beat says the state is gone
+    c.r.flushall()
+    assert beat() is True and c.epoch.lost()
 
 
 def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:

@@ -516,6 +516,35 @@ def test_a_quantized_run_trains_serves_and_resumes(loop: Loop) -> None:
     assert "live weights verified at version" in loop.log("a") and "Traceback" not in loop.log("a")
 
 
+def test_an_idle_actor_holds_one_connection_and_beats_on_it(loop: Loop) -> None:
+    """Issue 41: once a run's work is done, an actor holds one Redis connection (its listener's: the
+    ones it opened to claim, renew and submit are closed when it falls idle), and beats on it, one
+    ZADD a beat, its expiry moving on while nothing else runs."""
+    actor = loop.actor("idle")
+    loop.finish(loop.trainer("--steps", "2"), "trainer")
+    r = loop.coord.r
+
+    def conns() -> list[dict[str, Any]]:
+        return [c for c in r.client_list() if c.get("name") == "aurora-actor-idle"]
+
+    loop.wait(lambda: len(conns()) == 1, "the idle actor to hold one connection", 120)
+    expiries: list[float] = []
+
+    def beats() -> bool:
+        held = conns()
+        assert len(held) == 1, f"an idle actor holds one connection, it holds {held}"
+        assert held[0]["cmd"] in ("xread", "zadd", "evalsha"), held[0]
+        expiry = r.zscore(loop.coord.key("alive"), "idle")
+        if expiry is not None and (not expiries or expiry != expiries[-1]):
+            expiries.append(expiry)
+        return len(expiries) >= 4
+
+    loop.wait(beats, "three beats of the idle actor", 120)
+    assert expiries == sorted(expiries)
+    actor.send_signal(signal.SIGTERM)
+    loop.finish(actor, "actor after SIGTERM", timeout=120)
+
+
 def test_an_actor_stopped_while_cut_off_from_redis_says_what_it_could_not_give_back(loop: Loop) -> None:
     """Issue 39: SIGTERM reaches an actor mid-batch while its Redis is unreachable. It exits 0, and its
     last words name the leases it could not give back and when they expire on their own (the trainer

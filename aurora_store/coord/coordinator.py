@@ -56,8 +56,8 @@ class Coordinator:
     """All Redis state of one run: the objects that own its parts (region versions, workers, the epoch),
     sharing one :class:`~aurora_store.coord.keyspace.Keyspace`; reports and telemetry notes here."""
 
-    def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
-        self.keys = Keyspace(url, run_id, prefix=prefix)
+    def __init__(self, url: str, run_id: str, *, prefix: str = "aurora", client_name: str | None = None) -> None:
+        self.keys = Keyspace(url, run_id, prefix=prefix, client_name=client_name)
         """The run's keys, clients and calls (shared with the job board and the roster)."""
         self.url, self.run_id, self.base = url, run_id, self.keys.base
         self.r = self.keys.r
@@ -124,6 +124,11 @@ class Coordinator:
                 except wire.BadEntry as exc:
                     self.skipped.skip(exc.reason, f"note {eid} of {stream}: {exc}")
         return out
+
+    def release_idle(self) -> None:
+        """Close the connections no thread is using now (they reconnect on their next command): an idle
+        actor keeps only its listener's, busy in its blocking read."""
+        self.keys.release_idle()
 
     def close(self) -> None:
         self.keys.close()

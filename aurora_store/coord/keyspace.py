@@ -24,7 +24,8 @@ log = logging.getLogger("aurora.coord")
 class Keyspace:
     """The keys of one run (``{prefix}:{run_id}:...``) on one Redis."""
 
-    def __init__(self, url: str, run_id: str, *, prefix: str = "aurora") -> None:
+    def __init__(self, url: str, run_id: str, *, prefix: str = "aurora", client_name: str | None = None) -> None:
+        """``client_name``: what ``CLIENT LIST`` names this process's connections (an actor: its worker id)."""
         if not run_id or any(c in run_id for c in " {}\n:"):  # ':' separates a key's parts: a run 'exp:notices'
             # would share keys with run 'exp' (its notice stream of an actor named 'results')
             raise CoordinationError(f"run id must be a non-empty name without spaces, braces or colons, got {run_id!r}")
@@ -38,6 +39,7 @@ class Keyspace:
                 encoding_errors="replace",  # bytes that are not UTF-8 (anyone may write them) reach the parsers
                 socket_timeout=30,
                 health_check_interval=60,  # above --check-s: a connection used on schedule never pays a PING
+                client_name=client_name,
             )
         except ValueError as exc:
             raise CoordinationError(f"bad Redis URL {redact(url)!r}: {exc}") from None
@@ -49,7 +51,12 @@ class Keyspace:
     def rb(self) -> redis.Redis:
         """A client that does not decode replies (result payloads are bytes), made on first use."""
         if self._rb is None:
-            self._rb = redis.Redis.from_url(self.url, decode_responses=False, socket_timeout=30)
+            self._rb = redis.Redis.from_url(
+                self.url,
+                decode_responses=False,
+                socket_timeout=30,
+                client_name=self.r.get_connection_kwargs().get("client_name"),
+            )
         return self._rb
 
     def key(self, *parts: str) -> str:
@@ -77,6 +84,12 @@ class Keyspace:
         """Close the non-decoding client's connections (it reconnects if used again)."""
         if self._rb is not None:
             self._rb.close()
+
+    def release_idle(self) -> None:
+        """Close the connections no thread is using now, of both clients (they reconnect when next used)."""
+        self.r.connection_pool.disconnect(inuse_connections=False)
+        if self._rb is not None:
+            self._rb.connection_pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
         self.close_binary()

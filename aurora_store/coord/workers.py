@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -46,7 +47,8 @@ local function changed(wid) redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[
 
 # KEYS: roster, roster_seq, alive, workers, epoch.  ARGV: worker id, ttl_ms, a new random epoch id.
 # A heartbeat: the worker's expiry moves on; one that had expired (or was never alive) is marked
-# changed, so the trainer sees it back. Returns the epoch and whether the registration exists.
+# changed, so the trainer sees it back. Returns the epoch, whether the registration exists, and
+# Redis's clock (ms), from which the worker's cheap beats (:class:`Beat`) reckon deadlines.
 _BEAT = (
     LUA_NOW
     + _CHANGED
@@ -59,7 +61,7 @@ if not e then
   e = ARGV[3]
   redis.call('SET', KEYS[5], e)
 end
-return {e, redis.call('HEXISTS', KEYS[4], ARGV[1])}
+return {e, redis.call('HEXISTS', KEYS[4], ARGV[1]), now}
 """
 )
 
@@ -135,19 +137,35 @@ class Workers:
         """Beat (one round trip, which also checks the epoch); True if this worker's state in Redis is
         gone: Redis lost its state since the last check, or the registration was removed (a worker
         long taken for dead is pruned). Either way the worker registers again; :meth:`Epoch.lost`
-        then says so once too."""
+        then says so once too. A script of five commands: a worker that beats often uses a
+        :class:`Beat`, which runs it only when one ZADD cannot do."""
+        return self._exact(worker_id, ttl_s)[0]
+
+    def _exact(self, worker_id: str, ttl_s: float) -> tuple[bool, int | None]:
+        """:meth:`heartbeat`, and Redis's clock (ms) when it ran (None on a reply it could not read)."""
         keys = [*self._keys(), self.epoch.key]
         args = [worker_id, int(ttl_s * 1000), secrets.token_hex(8)]
         reply = self.keys.call(self._beat, keys=keys, args=args)
-        if not (isinstance(reply, list) and len(reply) == 2):
+        if not (isinstance(reply, list) and len(reply) == 3):
             self.keys.skipped.skip("bad_beat", repr(reply)[:60])
-            return False
+            return False, None
         lost = self.epoch.saw(reply[0])
         if reply[1] != 1 and not lost:
             log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
             self.epoch.mark_lost()
             lost = True
-        return lost
+        try:
+            return lost, int(reply[2])
+        except (TypeError, ValueError):
+            self.keys.skipped.skip("bad_beat", repr(reply)[:60])
+            return lost, None
+
+    def beat_cheap(self, worker_id: str, deadline_ms: int) -> bool:
+        """Move ``worker_id``'s expiry to ``deadline_ms`` (Redis's clock, as the caller reckons it) if it
+        is alive in Redis: one ZADD. False if it is not (never beat, expired and pruned, or Redis lost
+        its state): the caller then beats with :meth:`heartbeat`."""
+        changed = self.keys.call(self.keys.r.zadd, self.keys.key("alive"), {worker_id: deadline_ms}, xx=True, ch=True)
+        return changed == 1
 
     def alive(self) -> set[str]:
         """The ids of the workers alive now (one round trip; Redis's clock)."""
@@ -217,3 +235,60 @@ class Workers:
     def unregister(self, worker_id: str) -> None:
         self.keys.call(self._unregister, keys=self._keys(), args=[worker_id])
         self._docs.pop(worker_id, None)
+
+
+class Beat:
+    """One worker's heartbeat at fleet scale: one ZADD a beat, with the deadline as its score.
+
+    The full beat (:meth:`Workers.heartbeat`: a script of five commands on Redis's clock, which also
+    checks the epoch and marks a worker back from expiry changed for the trainer) runs only when one
+    ZADD cannot do its work: the first beat, a beat that may come after this worker's expiry (the
+    trainer must then see it back), one whose ZADD finds no entry (Redis lost its state, or the worker
+    was pruned: the epoch and the registration are checked), and every :data:`RESYNC_S` to measure
+    Redis's clock again. A cheap beat's deadline is this machine's clock plus the offset to Redis's
+    clock measured by the last full beat (to within half its round trip), plus the lifetime; a beat
+    is taken to come after the expiry if the last deadline is within :data:`MARGIN_S` of passing,
+    so a skew below that margin never hides a comeback."""
+
+    def __init__(self, workers: Workers, worker_id: str, ttl_s: float) -> None:
+        self.workers, self.worker_id, self.ttl_ms = workers, worker_id, int(ttl_s * 1000)
+        self._offset_ms: int | None = None
+        """Redis's clock minus this machine's, in ms (from the last full beat)."""
+        self._deadline_ms = 0
+        """The expiry the last beat set (Redis's clock)."""
+        self._synced = -math.inf
+        """When (monotonic s) the last full beat ran."""
+        self.full = 0
+        self.cheap = 0
+
+    def __call__(self) -> bool:
+        """Beat; True if this worker's state in Redis is gone (as :meth:`Workers.heartbeat`)."""
+        local = time.time() * 1000
+        offset = self._offset_ms
+        margin_ms = min(MARGIN_S * 1000, self.ttl_ms / 4)  # a short lifetime (tests) has less room
+        fresh = offset is not None and time.monotonic() - self._synced <= RESYNC_S
+        if fresh and offset is not None and local + offset + margin_ms < self._deadline_ms:
+            # never the score it holds: ZADD XX CH then answers 1 exactly when the entry exists
+            deadline = max(int(local) + offset + self.ttl_ms, self._deadline_ms + 1)
+            if self.workers.beat_cheap(self.worker_id, deadline):
+                self._deadline_ms = deadline
+                self.cheap += 1
+                return False
+        return self._full()
+
+    def _full(self) -> bool:
+        before = time.time() * 1000
+        lost, now = self.workers._exact(self.worker_id, self.ttl_ms / 1000)
+        self.full += 1
+        if now is not None:
+            self._offset_ms = int(now - (before + time.time() * 1000) / 2)
+            self._deadline_ms = now + self.ttl_ms
+            self._synced = time.monotonic()
+        return lost
+
+
+RESYNC_S = 300.0
+"""How often a :class:`Beat` measures Redis's clock again (a full beat)."""
+MARGIN_S = 2.0
+"""A :class:`Beat` whose last deadline is this close to passing (or a quarter of its lifetime, if
+less) beats in full (it may come after the expiry, by Redis's clock: the trainer must see it back)."""

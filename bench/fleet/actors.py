@@ -1,7 +1,7 @@
 """The fleet of ``aurora bench coord``: real ``actor.worker.Actor`` loops with an instant engine.
 
-Each actor is the real :class:`actor.worker.Actor` (its Coordinator, JobBoard, Updater, listener,
-stager and heartbeat threads, its take/serve/submit loop), built on a tiny published run, with
+Each actor is the real :class:`actor.worker.Actor` (its Coordinator, JobBoard, Updater; its listener,
+which beats, stager and renewer threads; its claim/serve/submit loop), built on a tiny published run, with
 what the benchmark does not measure replaced: the engine answers at once with fixed completions
 of ``tokens`` tokens (ids below the vocabulary, float32 log-probabilities), the reward scores 0
 without a process, and the tokenizer decodes to nothing. A :class:`Fleet` is threads of one

@@ -43,7 +43,7 @@ class Config:
     steps: int = 2
     group: int = 8
     vocab: int = 32000
-    idle_s: float = 5.0
+    idle_s: float = 15.0
     sweep_s: float = 0.25
     step_period_s: float = 30.0
     """The step period the Redis CPU projection assumes."""
@@ -89,8 +89,10 @@ class Probe:
 
     def read(self) -> dict[str, float]:
         info = self.r.info("all")
+        calls = sum(float(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and isinstance(v, dict))
         return {
             "commands": float(info["total_commands_processed"]),
+            "calls": calls,  # by command, the commands scripts ran included
             "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
             "bytes": float(info["total_net_input_bytes"]) + float(info["total_net_output_bytes"]),
             "memory": float(info["used_memory"]),
@@ -267,6 +269,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             "round_trips_per_actor_s": round(idle_trips, 3),
             "redis_cpu_per_actor_s": idle_cpu,
             "redis_commands_per_s": round(idle["commands"] / idle_wall, 1),
+            "commands_per_actor_s": round(idle["calls"] / idle_wall / actors, 3),
             "connections_per_actor": round(idle_end["clients"] / actors, 2),
         },
         "admission": admission,
