@@ -151,6 +151,27 @@ def test_every_version_applies_in_place_and_serves_as_a_fresh_engine(
             assert _greedy(engine) == reference[target], f"version {target}"
 
 
+def test_transformers_loads_the_int8_replay_with_the_published_words(chain: tuple[Run, Path]) -> None:
+    """The replay is a compressed-tensors checkpoint transformers loads too (compressed-tensors, which vLLM
+    brings, installed): its INT8 weights are the run's words. (transformers holds the scales in the
+    model's dtype, BF16: compute with it is not bit-exact with vLLM's, whose FP32 scales are the run's.)"""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from aurora_store.tensors import to_words
+
+    run, tmp = chain
+    out = replay(run, VERSIONS - 1, str(tmp / "hf-int8"), scheme=SCHEME).out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    state = run.materialize_words(VERSIONS - 1).words
+    params = dict(model.named_parameters())
+    names = [n for n in state if n.endswith("proj.weight")]
+    assert len(names) == 14
+    for name in names:
+        assert params[name].dtype == torch.int8
+        assert np.array_equal(to_words({name: params[name].detach()})[1][name], state[name]), name
+
+
 def test_an_fp8_run_is_refused_by_vllms_cpu_build_before_it_starts(tmp_path: Path) -> None:
     """vLLM's CPU build has no FP8 linear kernel: the actor says so (and what serves the run) up front."""
     import torch
