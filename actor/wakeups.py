@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 
 from aurora_store.coord import wire
+from aurora_store.coord.backoff import Backoff
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -61,6 +62,7 @@ class Wakeups:
         look at Redis happens here, on the listener's connection. A hint: what is staged is verified."""
         self._jobs: deque[tuple[str, dict[str, str]]] = deque()
         self._jobs_lock = threading.Lock()
+        self._backoff = Backoff(f"actor {worker_id}: listener", None, cap_s=15.0)  # the main loop says it
         self.kick = threading.Event()
         """Set when jobs may be waiting (or anything else the main loop should look at now)."""
         self._commits = threading.Condition()
@@ -132,8 +134,9 @@ class Wakeups:
                 if stop.is_set():
                     return  # stopping: the client was closed under its blocked read ("Bad file descriptor")
                 log.debug("actor %s: listener: %s", self.worker_id, exc)
-                stop.wait(1.0)
+                stop.wait(self._backoff.failed(exc))  # the main loop says it (the same Redis fails it)
                 continue
+            self._backoff.succeeded()
             for key, entries in got.items():
                 if not entries or key not in self._after:
                     continue

@@ -48,6 +48,7 @@ from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
 from aurora_store.config.options import add_options, build
+from aurora_store.coord.backoff import Backoff
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -120,6 +121,8 @@ class Actor:
         """Set by the heartbeat when this actor's state in Redis is gone."""
         self._idle = False
         """Whether the main loop found no work since it last released its connections."""
+        self.backoff = Backoff(f"actor {self.wid}", log)
+        """How the main loop waits out a Redis that fails or turns it away."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
 
@@ -230,19 +233,18 @@ class Actor:
         restarting, are waited out (with backoff, said once) instead of ending the actor. An engine
         that cannot hold the run's weights (a layout it cannot write, an unsupported engine) never
         will: that ends the actor at once, with the error."""
-        backoff, said = 1.0, False
+        backoff = Backoff(f"actor {self.wid}: {what}", log, base_s=1.0, cap_s=15.0)
         while True:
             try:
-                return fn()
+                got = fn()
+                backoff.succeeded()
+                return got
             except (LayoutError, UnsupportedError):
                 raise
             except AuroraError as exc:
-                if not said:
-                    log.warning("actor %s: %s failed (%s); retrying with backoff", self.wid, what, exc)
-                    said = True
-            if self.stop.wait(backoff):
+                wait = backoff.failed(exc)
+            if self.stop.wait(wait):
                 raise SystemExit(0)
-            backoff = min(backoff * 2, 15.0)
 
     def _sample(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
         s = self.spec.sampling
@@ -428,10 +430,11 @@ class Actor:
             except CoordinationError as exc:
                 if self.stop.is_set():
                     break  # stopping: what Redis could not be told is said once, by _leave
-                log.warning("actor %s: %s", self.wid, exc)
                 self._reregister.set()
                 self.follower.busy.clear()
-                self.stop.wait(0.5)
+                self.stop.wait(self.backoff.failed(exc))  # jittered: a refused fleet does not return at once
+                continue
+            self.backoff.succeeded()
         self._leave()
 
     def _claim(self) -> list[Lease]:

@@ -545,6 +545,28 @@ def test_an_idle_actor_holds_one_connection_and_beats_on_it(loop: Loop) -> None:
     loop.finish(actor, "actor after SIGTERM", timeout=120)
 
 
+def test_an_actor_redis_turns_away_says_so_once_and_joins_when_it_can(loop: Loop) -> None:
+    """Issue 41: Redis refuses an actor (its ``maxclients`` reached): the actor says so in one line, retries
+    with jittered backoff (no crash, no line per try), and joins once Redis has room; the run completes."""
+    trainer = loop.trainer("--steps", "2")
+    loop.wait(lambda: "wait for an actor holding version 0" in loop.log("trainer"), "the trainer's version 0", 600)
+    r = loop.coord.r
+    r.config_set("maxclients", int(r.info("clients")["connected_clients"]))  # no room for one more
+    refused = int(r.info("stats")["rejected_connections"])
+    try:
+        late = loop.actor("late")
+        loop.wait(lambda: int(r.info("stats")["rejected_connections"]) >= refused + 3, "three refused tries", 300)
+    finally:
+        r.config_set("maxclients", 10_000)
+    assert late.poll() is None, "refused, the actor waits; it does not crash"
+    loop.finish(trainer, "trainer")  # the actor joined and served the run
+    said = loop.log("late")
+    assert said.count("Redis turned it away (max number of clients reached)") == 1, said
+    assert "Redis serves it again after" in said and "Traceback" not in said
+    late.send_signal(signal.SIGTERM)
+    loop.finish(late, "actor after SIGTERM", timeout=120)
+
+
 def test_an_actor_stopped_while_cut_off_from_redis_says_what_it_could_not_give_back(loop: Loop) -> None:
     """Issue 39: SIGTERM reaches an actor mid-batch while its Redis is unreachable. It exits 0, and its
     last words name the leases it could not give back and when they expire on their own (the trainer
