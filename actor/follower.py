@@ -60,8 +60,8 @@ class Follower:
             seen = self.wake.seq
             try:
                 latest = self.wake.committed  # heard by the listener, on its connection
-                if latest is None:
-                    latest = self.up.latest()
+                if latest is None:  # nothing heard: Redis (unless the listener found nothing there), else the bucket
+                    latest = self.up.latest(redis=not self.wake.looked)
                 self.metrics.region_at(latest)
                 applied = self.up.applied
                 if latest is not None and applied is not None and latest > applied.version:

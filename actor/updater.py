@@ -96,9 +96,9 @@ class Updater:
 
     # ------------------------------------------------------------ discovery
 
-    def latest(self) -> int | None:
-        """The region's committed version: from Redis, else from the bucket."""
-        if self.coord is not None:
+    def latest(self, *, redis: bool = True) -> int | None:
+        """The region's committed version: from Redis (unless ``redis`` is False), else from the bucket."""
+        if self.coord is not None and redis:
             try:
                 rv = self.coord.regions.version(self.region)
                 if rv is not None:

@@ -56,6 +56,8 @@ class Wakeups:
         self.region = region
         self.look_every_s = block_s
         self._next_look = time.monotonic()
+        self.looked = False
+        """Whether this listener has looked at the region's version yet (then the stager need not)."""
         self.committed: int | None = None
         """The region's newest committed version as this listener last heard it (a commit event, or its
         own look at the region's version every ``block_s``): where the stager looks, so an idle actor's
@@ -126,8 +128,9 @@ class Wakeups:
                 self._look_if_due()
                 if self._after[self.commits] == "$":
                     self._after[self.commits] = self._last(self.commits)
-                due = self._next_look if self.beat is None else min(self._next_look, self._next_beat)
-                block = min(self.block_ms, max(1, int((due - time.monotonic()) * 1000)))  # wake up for what is due
+                # wake up for the next beat; the look rides on the first beat after it is due
+                due = self._next_look if self.beat is None else self._next_beat
+                block = min(self.block_ms, max(1, int((due - time.monotonic()) * 1000)))
                 got = self.coord.read_streams(dict(self._after), block_ms=block, count=256)
                 self.round_trips += 1
             except CoordinationError as exc:
@@ -167,6 +170,7 @@ class Wakeups:
             return
         self._next_look = time.monotonic() + self.look_every_s
         rv = self.coord.regions.version(self.region)
+        self.looked = True
         if rv is not None and (self.committed is None or rv.version > self.committed):
             self.committed = rv.version
             self._bump()

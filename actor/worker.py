@@ -119,8 +119,6 @@ class Actor:
         """The leases this actor holds, renewed while their jobs run."""
         self._reregister = threading.Event()
         """Set by the heartbeat when this actor's state in Redis is gone."""
-        self._idle = False
-        """Whether the main loop found no work since it last released its connections."""
         self.backoff = Backoff(f"actor {self.wid}", log)
         """How the main loop waits out a Redis that fails or turns it away."""
         self.rewards: RewardPool | None = None
@@ -419,14 +417,13 @@ class Actor:
                     self.serve(leases)
                     self.follower.busy.clear()
                     self.wake.kick.set()  # more may wait: take again before waiting
-                    self._idle = False
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
                     self.follower.apply()
                     self.wake.poke()
-                    self._idle = False  # it told Redis (its registration's version)
-                elif not self._idle and not self.wake.waiting:
-                    self._idle = True
-                    self.coord.release_idle()  # idle: the listener's connection is the one left open
+                elif not self.wake.waiting:
+                    # idle: close what this loop, the stager or a setup opened (the listener's connection,
+                    # busy in its blocking read, stays); every --check-s at most, when no work woke it
+                    self.coord.release_idle()
             except CoordinationError as exc:
                 if self.stop.is_set():
                     break  # stopping: what Redis could not be told is said once, by _leave
