@@ -214,3 +214,33 @@ def test_commits_wake_a_blocked_actor_once_per_version(redis_url: str) -> None:
     assert woke < 4, "woken by the commit, not by the timeout"
     (entries,) = got.values()
     assert [(f["type"], f["version"]) for _, f in entries] == [("commit", "1")]
+
+
+def test_the_listener_hears_commits_and_the_regions_word_replaces_a_hostile_event(redis_url: str) -> None:
+    """Issue 41: the stager follows the version the listener heard (commit events, and its own look at
+    the region every --check-s). A commit event anyone wrote with a version from nowhere is believed only
+    until the next look, where the region's own version replaces it; a malformed one is counted, skipped."""
+    import threading
+
+    from actor.wakeups import Wakeups
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    c.regions.commit("eu", 3, "a" * 64, "full")
+    wake = Wakeups(c, "a1", "eu", block_s=0.2)
+    wake.look_every_s = 6.0  # long enough to see the planted event believed before the look corrects it
+    stop = threading.Event()
+    t = threading.Thread(target=wake.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: wake.committed == 3, "the listener's first look", 10)
+        commits = c.regions.commits_key("eu")
+        c.r.xadd(commits, {"type": "commit", "version": "not-a-number"})
+        c.r.xadd(commits, {"type": "commit", "version": str(10**9)})
+        wait_for(lambda: wake.committed == 10**9, "the planted event, heard", 10)
+        wait_for(lambda: wake.committed == 3, "the next look: the region's word", 10)
+        c.regions.commit("eu", 4, "b" * 64, "delta")
+        wait_for(lambda: wake.committed == 4, "a real commit, heard", 10)
+        assert sum(c.skipped.counts.values()) >= 1, "the malformed event was counted"
+    finally:
+        stop.set()
+        t.join(5)
