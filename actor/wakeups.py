@@ -145,6 +145,7 @@ class Wakeups:
                     continue
                 self._after[key] = entries[-1][0]
                 if key == self.inbox:
+                    entries = entries + self._rest_of_burst(entries[-1][0])
                     with self._jobs_lock:
                         self._jobs.extend(entries)
                     self.kick.set()
@@ -153,6 +154,20 @@ class Wakeups:
                     self._bump()
                 elif self.board is not None and self.on_notices is not None:
                     self.on_notices(self.board.notices.parse(self.worker_id, entries))
+
+    def _rest_of_burst(self, after: str) -> list[tuple[str, dict[str, str]]]:
+        """The inbox entries posted with those just read: a blocked read is answered at the first job of a
+        batch the trainer posts in one go, and the main loop would start a batch of one while the rest
+        arrive. One more read, without blocking, when jobs came (never while idle)."""
+        assert self.inbox is not None
+        try:
+            got = self.coord.read_streams({self.inbox: after}, block_ms=0, count=256)
+        except CoordinationError:
+            return []  # read with the next blocking read
+        rest = [e for key, entries in got.items() if key == self.inbox for e in entries]
+        if rest:
+            self._after[self.inbox] = rest[-1][0]
+        return rest
 
     def _heard(self, versions: list[object]) -> None:
         """Commit events' versions (hostile: anyone who can write Redis may have put them there)."""

@@ -247,7 +247,9 @@ def test_a_batch_longer_than_its_lease_keeps_it_and_a_paused_holder_loses_it(loo
     _check_exactly_once(loop, 2)
     assert loop.steps()[-1]["dropped"].get("lease_lost", 0) >= 1, "the paused holder's leases expired"
     by_job = {a["job"]: a["actor"] for a in _admitted(loop)}
-    assert all(by_job[j] == "fast" for j in held), "what the paused actor held was redone by the live one"
+    assert all(by_job[j] == "fast" for j in held), (
+        f"what the paused actor held was redone by the live one: {held} {by_job}\n{loop.log('slow')[-3000:]}"
+    )
 
 
 def test_trainer_killed_and_restarted_resumes_at_the_next_version(loop: Loop) -> None:
