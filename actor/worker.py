@@ -16,8 +16,8 @@ region's commits and the trainer's notices, and between two blocking reads beats
 2.5 times a lifetime), on the one connection an idle actor holds (the others it opened while busy
 are closed when it falls idle); the inbox entries it reads are claimed by the main loop; the
 leases of the jobs it runs are renewed while they run (:mod:`actor.renewals`), so a batch longer
-than a lease keeps them; and the stager's look at the region every ``--check-s`` is the safety net
-under a lost commit.
+than a lease keeps them; and the listener's look at the region's version every ``--check-s`` is the
+safety net under a lost commit event.
 """
 
 from __future__ import annotations
