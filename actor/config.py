@@ -21,7 +21,7 @@ class SyncConfig:
     region: str = field(metadata=option(file="region.name"))
     """This region's name in Redis."""
     redis: str = field(metadata=option(env="AURORA_REDIS", file="redis"))
-    """Redis URL."""
+    """Redis URL: one server (``redis://``, ``rediss://``) or a Redis Cluster (``redis+cluster://host:port,...``)."""
     run_id: str = field(metadata=option(file="run_id"))
     """The run's name in Redis."""
     worker_id: str = field(metadata=option(env="AURORA_WORKER_ID", file=HOST))

@@ -69,7 +69,7 @@ class Wakeups:
         """Set when jobs may be waiting (or anything else the main loop should look at now)."""
         self._commits = threading.Condition()
         self._seq = 0
-        self.commits = coord.regions.commits_key(region)
+        self.commits = coord.regions.commits_key(region, worker_id)
         self.inbox = board.inbox(worker_id) if board is not None else None
         self.notices = board.notices.key(worker_id) if board is not None else None
         self._after: dict[str, str] = {self.commits: "$"}

@@ -19,7 +19,7 @@ class RelayConfig:
     dest: str = field(metadata=option(file="region.uri"))
     """This region's run URI."""
     redis: str | None = field(default=None, metadata=option(env="AURORA_REDIS", file="redis"))
-    """Redis URL; a relay without one can only --once."""
+    """Redis URL (one server, or a cluster's ``redis+cluster://host:port,...``); a relay without one can only --once."""
     run_id: str | None = field(default=None, metadata=option(file="run_id"))
     """The run's name in Redis (default: the last part of --source)."""
     source_region: str = field(default="home", metadata=option(file="source.name"))

@@ -18,6 +18,7 @@ from hypothesis import settings
 
 from aurora_store.testing.gcs import GcsServer, GcsUnavailable, start_fake_gcs
 from aurora_store.testing.moto import S3Server, start_moto
+from aurora_store.testing.redis_cluster import RedisCluster
 from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
 
 # Hypothesis's default 200 ms deadline per example is a timing assertion, which fails on a loaded
@@ -98,6 +99,33 @@ def redis_server() -> Iterator[RedisServer]:
         pytest.skip("redis-server is not installed")
     with server.start():
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A real Redis Cluster of 3 masters (no replicas) on free ports, shared by the session: a test keeps
+    to a run id of its own."""
+    try:
+        cluster = RedisCluster(masters=3)
+    except RedisUnavailable:
+        pytest.skip("redis-server and redis-cli are not installed")
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["server", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """A Redis URL of each kind: a fresh ``redis-server``'s, and the session's Redis Cluster's (a test on it
+    uses a run id no other test uses)."""
+    if request.param == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+def run_id() -> str:
+    """A run id of this test's own (tests on the session's cluster share its keys otherwise)."""
+    return f"t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="session")

@@ -18,11 +18,13 @@ from aurora_store.testing.processes import free_port, wait_for, wait_until_answe
 from aurora_store.testing.redis_server import RedisServer
 
 
-@pytest.fixture(params=["redis-server", "embedded"])
+@pytest.fixture(params=["redis-server", "embedded", "cluster"])
 def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "embedded":
         with EmbeddedRedis() as server:
             yield server.url
+    elif request.param == "cluster":
+        yield request.getfixturevalue("redis_cluster").url
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
         yield server.url
@@ -242,7 +244,7 @@ def test_the_listener_hears_commits_and_the_regions_word_replaces_a_hostile_even
     t.start()
     try:
         wait_for(lambda: wake.committed == 3, "the listener's first look", 10)
-        commits = c.regions.commits_key("eu")
+        commits = c.regions.commits_key("eu", "a1")  # the stream a1 blocks on (its shard's copy on a cluster)
         c.r.xadd(commits, {"type": "commit", "version": "not-a-number"})
         c.r.xadd(commits, {"type": "commit", "version": str(10**9)})
         wait_for(lambda: wake.committed == 10**9, "the planted event, heard", 10)

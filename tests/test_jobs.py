@@ -22,8 +22,9 @@ HASHES = {0: H0, 1: H1}
 
 
 @pytest.fixture
-def board(redis_server: Any) -> JobBoard:
-    return JobBoard(Coordinator(redis_server.url, "jobs-test"))
+def board(redis_url: str, run_id: str) -> JobBoard:
+    """A board on a fresh Redis server, and one on a Redis Cluster (keys hash-tagged, actor streams sharded)."""
+    return JobBoard(Coordinator(redis_url, run_id))
 
 
 def prompt(i: int) -> dict[str, str]:
@@ -106,7 +107,7 @@ def test_concurrent_admission_admits_once(board: JobBoard) -> None:
     assert sorted(outcomes) == ["duplicate"] * 7 + ["ok"]
 
 
-def test_malformed_results_are_refused(board: JobBoard, redis_server: Any) -> None:
+def test_malformed_results_are_refused(board: JobBoard) -> None:
     good = {"job": "x", "token": "1", "actor": "a", "version": "0", "version_hash": H0}
     sha = "ab" * 32
     ref = {"ref": f"results/{sha}.bin", "sha256": sha, "size": "10", "region": "eu"}
@@ -173,9 +174,10 @@ def test_the_sweep_indexes_hold_only_open_leases(board: JobBoard) -> None:
     assert not any(board.r.exists(board.coord.key("job", j)) for j in jobs), "dropped jobs leave Redis"
 
 
-def test_a_step_of_leases_is_one_round_trip(board: JobBoard, redis_server: Any) -> None:
+def test_a_step_of_leases_is_one_round_trip(redis_server: Any) -> None:
     import redis
 
+    board = JobBoard(Coordinator(redis_server.url, "jobs-test"))
     probe = redis.Redis(port=redis_server.port)
     before = probe.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     board.post(1, 0, [prompt(i) for i in range(300)], {"a": 300}, lease_s=30, tag="t")

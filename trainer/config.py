@@ -226,7 +226,7 @@ class TrainerConfig:
     store: str = field(metadata=option(file="home.uri"))
     """The home run's URI (any fsspec URI: s3://, gs://, file://, memory://)."""
     redis: str = field(metadata=option(env="AURORA_REDIS", file="redis"))
-    """Redis URL."""
+    """Redis URL: one server (``redis://``, ``rediss://``) or a Redis Cluster (``redis+cluster://host:port,...``)."""
     run_id: str = field(metadata=option(file="run_id"))
     """The run's name in Redis."""
     region: str = field(default="home", metadata=option(file="home.name"))

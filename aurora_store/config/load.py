@@ -112,8 +112,11 @@ def _common(doc: dict[str, Any], path: str, errors: list[str], warnings: list[st
     home = _string(doc, "home", "the trainer's region, a key of [regions]", errors, required=True)
     redis = _string(doc, "redis", "a Redis URL", errors)
     if redis is not None:
-        if not re.match(r"^(redis|rediss|unix)://", redis):
-            errors.append(f"redis: expected a redis://, rediss:// or unix:// URL, got {redact(redis)!r:.120}")
+        if not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", redis):
+            errors.append(
+                "redis: expected a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL,"
+                f" got {redact(redis)!r:.120}"
+            )
         elif redact(redis) != redis:
             warnings.append("redis: the URL holds a password; keep it out of the file, in $AURORA_REDIS")
     keys = _table(doc, "keys", errors)

@@ -60,7 +60,6 @@ class Coordinator:
         self.keys = Keyspace(url, run_id, prefix=prefix, client_name=client_name)
         """The run's keys, clients and calls (shared with the job board and the roster)."""
         self.url, self.run_id, self.base = url, run_id, self.keys.base
-        self.r = self.keys.r
         self.skipped = self.keys.skipped
         """Entries read from Redis that failed their checks, by reason."""
         self.key, self.call = self.keys.key, self.keys.call
@@ -70,6 +69,11 @@ class Coordinator:
         """Registrations, heartbeats and liveness."""
         self.regions = Regions(self.keys)
         """The version each region holds, and its events."""
+
+    @property
+    def r(self) -> Any:
+        """The keyspace's client (decoding)."""
+        return self.keys.r
 
     def ping(self) -> None:
         self.call(self.r.ping)

@@ -29,7 +29,7 @@ class Epoch:
 
     def __init__(self, keys: Keyspace) -> None:
         self.keys = keys
-        self._script = keys.r.register_script(_EPOCH)
+        self._script = keys.script(_EPOCH)
         self.seen: str | None = None
         """The epoch last seen (None before the first check)."""
         self._lost = False

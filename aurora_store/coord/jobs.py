@@ -59,7 +59,8 @@ INBOX_MAXLEN = 4096
 
 # KEYS: job, fence, inbox, open set, deadlines, untaken.  ARGV: job id, actor, deadline_ms, step, version,
 # prompt JSON or '', a random start for the fencing counter if Redis has none, inbox maxlen, now_ms,
-# hold_until_ms (how far its holder may renew it)
+# hold_until_ms (how far its holder may renew it), '0' to leave the inbox to the caller (on a cluster the
+# inbox is on the actor's shard slot, not the job's: KEYS[3] is then any key of the job's slot)
 _LEASE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'admitted' then return 0 end
@@ -73,7 +74,7 @@ redis.call('HINCRBY', KEYS[1], 'leases', 1)
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[6], ARGV[9], ARGV[1])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*', 'lease', ARGV[1] .. '|' .. token)
+if ARGV[11] ~= '0' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*', 'lease', ARGV[1] .. '|' .. token) end
 return token
 """
 
@@ -135,21 +136,27 @@ class JobBoard:
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         self.keys = coord.keys
-        self.r = self.keys.r
-        self.rb = self.keys.rb
-        """A client that does not decode (results carry bytes)."""
         self.results = ResultStream(self.keys)
         """The results actors submit and the trainer reads."""
         self.notices = Notices(self.keys)
         """What the trainer tells actors about their dropped results."""
         self.throughputs = Throughputs(self.keys)
         """The actors' throughput EMAs and probation."""
-        self._lease = self.r.register_script(_LEASE)
-        self._admit = self.r.register_script(_ADMIT)
-        self._release = self.r.register_script(_RELEASE)
-        self._renew = self.r.register_script(_RENEW)
+        self._lease = self.keys.script(_LEASE)
+        self._admit = self.keys.script(_ADMIT)
+        self._release = self.keys.script(_RELEASE)
+        self._renew = self.keys.script(_RENEW)
         self._inbox_after: dict[str, str] = {}
         """Per actor, the inbox id this board has read up to (what :meth:`take` reads after)."""
+
+    @property
+    def r(self) -> Any:
+        return self.keys.r
+
+    @property
+    def rb(self) -> Any:
+        """A client that does not decode (results carry bytes)."""
+        return self.keys.rb
 
     def _k(self, *parts: str) -> str:
         return self.keys.key(*parts)
@@ -162,7 +169,7 @@ class JobBoard:
 
     def inbox(self, actor: str) -> str:
         """The stream of leases sent to ``actor``."""
-        return self._k("jobs", check_name(actor, "actor"))
+        return self.keys.actor_key(actor, "jobs", check_name(actor, "actor"))
 
     # ------------------------------------------------------------ trainer side
 
@@ -194,18 +201,34 @@ class JobBoard:
         now = now_ms()
         hold_until = now + int(max(hold_s, lease_s) * 1000)
         calls: list[tuple[list[str], list[str | int]]] = []
+        split = self.keys.cluster
         for job, actor, prompt, step in items:
-            keys = [self._k("job", job), self._k("fence"), self.inbox(actor), self._k("open")]
-            keys += [self._k("deadlines"), self._k("untaken")]
+            keys = [self._k("job", job), self._k("fence"), self._k("fence") if split else self.inbox(actor)]
+            keys += [self._k("open"), self._k("deadlines"), self._k("untaken")]
             body = json.dumps(dict(prompt)) if prompt is not None else ""
             start = secrets.randbelow(MAX_FENCE_START)
             deadline = now + int(lease_s * 1000)
-            calls.append((keys, [job, actor, deadline, step, version, body, start, INBOX_MAXLEN, now, hold_until]))
+            args = [job, actor, deadline, step, version, body, start, INBOX_MAXLEN, now, hold_until]
+            calls.append((keys, [*args, "0" if split else ""]))
         tokens = [int(t) for t in self._pipeline(lambda p: [self._lease(keys=k, args=a, client=p) for k, a in calls])]
         for (job, *_), token in zip(items, tokens, strict=True):
             if token < 0:
                 raise JobError(f"job {job!r} does not exist; give its prompt to post it")
+        if split:
+            leased = zip(items, tokens, strict=True)
+            self._tell_inboxes([(actor, job, token) for (job, actor, *_), token in leased if token > 0])
         return tokens
+
+    def _tell_inboxes(self, leases: Sequence[tuple[str, str, int]]) -> None:
+        """On a cluster, put each ``(actor, job, token)`` lease in its actor's inbox (on the actor's shard
+        slot, so not in the lease's script): one pipeline after the leases. A lease whose entry is lost (a
+        node failed between the two) is never taken: its deadline passes and the sweep leases it again."""
+        self._pipeline(
+            lambda p: [
+                p.xadd(self.inbox(actor), {"lease": f"{job}|{token}"}, maxlen=INBOX_MAXLEN, approximate=True)
+                for actor, job, token in leases
+            ]
+        )
 
     def post(
         self,
@@ -327,7 +350,8 @@ class JobBoard:
             chunk = list(jobs[i : i + 500])
 
             def fill(p: Any, chunk: list[str] = chunk) -> None:
-                p.delete(*(self._k("job", j) for j in chunk))
+                for j in chunk:  # one key a DEL: a cluster's pipeline takes no multi-key DEL
+                    p.delete(self._k("job", j))
                 p.srem(self._k("open"), *chunk)
                 p.zrem(self._k("deadlines"), *chunk)
                 p.zrem(self._k("untaken"), *chunk)
@@ -342,7 +366,8 @@ class JobBoard:
             return
 
         def fill(p: Any) -> None:
-            p.delete(*(self.inbox(a) for a in names))
+            for a in names:  # one key a command: on a cluster the inboxes are on different slots
+                p.delete(self.inbox(a))
             self.notices.forget(p, names)
             self.throughputs.forget(p, names)
 

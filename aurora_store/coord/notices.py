@@ -56,7 +56,7 @@ class Notices:
 
     def key(self, actor: str) -> str:
         """The stream of notices to ``actor``."""
-        return self.keys.key("notices", check_name(actor, "actor"))
+        return self.keys.actor_key(actor, "notices", check_name(actor, "actor"))
 
     def tell(
         self, actor: str, job: str, reason: str, result: str = "", *, key: Ed25519PrivateKey | None = None
@@ -118,4 +118,5 @@ class Notices:
 
     def forget(self, pipe: Any, actors: Sequence[str]) -> None:
         """Queue on ``pipe`` the deletion of the notice streams of ``actors`` (checked names)."""
-        pipe.delete(*(self.key(a) for a in actors))
+        for a in actors:  # one key a command: on a cluster the actors' streams are on different slots
+            pipe.delete(self.key(a))

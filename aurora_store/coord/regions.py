@@ -13,12 +13,16 @@ version can be rediscovered from the region's bucket (:meth:`Regions.rebuild`).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aurora_store.coord import wire
+from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.keyspace import Keyspace
+
+log = logging.getLogger("aurora.coord")
 
 if TYPE_CHECKING:
     from aurora_store.bucket.reader import Reader
@@ -72,18 +76,45 @@ class Regions:
 
     def __init__(self, keys: Keyspace) -> None:
         self.keys = keys
-        self._commit = keys.r.register_script(_COMMIT)
+        self._commit = keys.script(_COMMIT)
 
     def commit(self, region: str, version: int, version_hash: str, kind: str) -> bool:
         """Advance ``region`` to ``version`` and post its commit event, atomically; False if not newer."""
         now = str(int(time.time() * 1000))
         keys = [self.keys.key("region", region), self.keys.key("events", region), self.commits_key(region)]
         args = [version, version_hash, kind, now, STREAM_MAXLEN, COMMITS_MAXLEN]
-        return bool(self.keys.call(self._commit, keys=keys, args=args))
+        if not self.keys.call(self._commit, keys=keys, args=args):
+            return False
+        if self.keys.cluster:
+            event = {"type": "commit", "version": version, "version_hash": version_hash, "kind": kind}
+            self._copy_commit(region, event)
+        return True
 
-    def commits_key(self, region: str) -> str:
-        """The stream of ``region``'s commit events alone (actors block on it)."""
-        return self.keys.key("commits", region)
+    def _copy_commit(self, region: str, fields: dict[str, Any]) -> None:
+        """On a cluster, the commit event copied to every actor shard's stream (where the region's actors
+        block), one pipeline. Not atomic with the commit: a copy lost to a failed node only delays the
+        actors it would have woken until their listener's next look at the region's version."""
+        try:
+            self.keys.pipeline(
+                lambda p: [
+                    p.xadd(k, fields, maxlen=COMMITS_MAXLEN, approximate=True)
+                    for k in self.keys.shard_keys("commits", region)
+                ]
+            )
+        except CoordinationError as exc:
+            log.warning(
+                "region %s: version %s committed, its wake-up not copied to every actor shard: %s",
+                region,
+                fields["version"],
+                exc,
+            )
+
+    def commits_key(self, region: str, actor: str | None = None) -> str:
+        """The stream of ``region``'s commit events alone, as ``actor`` blocks on it (on a cluster, its
+        shard's copy; the control stream when no actor is named)."""
+        if actor is None:
+            return self.keys.key("commits", region)
+        return self.keys.actor_key(actor, "commits", region)
 
     def version(self, region: str) -> RegionVersion | None:
         """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""

@@ -70,7 +70,7 @@ class Roster:
 
     def __init__(self, coord: Coordinator, *, prune_after_s: float = PRUNE_AFTER_S) -> None:
         self.coord = coord
-        self._refresh = coord.r.register_script(_REFRESH)
+        self._refresh = coord.keys.script(_REFRESH)
         self.prune_ms = int(prune_after_s * 1000)
         self.docs: dict[str, dict[str, Any]] = {}
         """Alive workers' registrations, by worker id."""

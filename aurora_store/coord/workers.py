@@ -105,11 +105,10 @@ class Workers:
     def __init__(self, keys: Keyspace, epoch: Epoch) -> None:
         self.keys = keys
         self.epoch = epoch
-        r = keys.r
-        self._beat = r.register_script(_BEAT)
-        self._register = r.register_script(_REGISTER)
-        self._unregister = r.register_script(_UNREGISTER)
-        self._alive = r.register_script(_ALIVE)
+        self._beat = keys.script(_BEAT)
+        self._register = keys.script(_REGISTER)
+        self._unregister = keys.script(_UNREGISTER)
+        self._alive = keys.script(_ALIVE)
         self._docs: dict[str, dict[str, Any]] = {}
         """The registrations this registry wrote, by worker id (merged into by :meth:`update`)."""
 

@@ -46,9 +46,8 @@ class RedisServer:
         """Start an empty server and wait until it answers PING."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"redis-server already runs on port {self.port}")
-        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         out = self.log if self.log is not None else subprocess.DEVNULL
-        self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(self._args(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
         import redis
 
@@ -61,6 +60,9 @@ class RedisServer:
         finally:
             probe.close()
         return self
+
+    def _args(self) -> list[str]:
+        return [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
     def kill(self) -> None:
         """SIGKILL the server (its whole process group) and wait for it; idempotent."""
