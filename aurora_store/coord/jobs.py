@@ -208,7 +208,7 @@ class JobBoard:
             body = json.dumps(dict(prompt)) if prompt is not None else ""
             start = secrets.randbelow(MAX_FENCE_START)
             deadline = now + int(lease_s * 1000)
-            args = [job, actor, deadline, step, version, body, start, INBOX_MAXLEN, now, hold_until]
+            args: list[str | int] = [job, actor, deadline, step, version, body, start, INBOX_MAXLEN, now, hold_until]
             calls.append((keys, [*args, "0" if split else ""]))
         tokens = [int(t) for t in self._pipeline(lambda p: [self._lease(keys=k, args=a, client=p) for k, a in calls])]
         for (job, *_), token in zip(items, tokens, strict=True):
