@@ -170,9 +170,25 @@ class LazyClient:
         if self._client is not None:
             self._client.close()
 
-    def release_idle(self) -> None:
-        """Close every node's connections no thread is using now."""
+    def release_idle(self, *, keep_one: bool) -> None:
+        """:func:`release_idle` on every node's pool."""
         if self._client is not None:
             for node in self._client.get_nodes():
                 if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect(inuse_connections=False)
+                    release_idle(node.redis_connection.connection_pool, keep_one=keep_one)
+
+
+def release_idle(pool: Any, *, keep_one: bool = False) -> None:
+    """Close the connections of ``pool`` that no thread is using now; with ``keep_one``, all but the one
+    to be used next when none is in use (an idle actor's listener beats on a cluster node it does not
+    block on, the control slot's: a connection closed between two beats would cost a new one, connect
+    and name, at every beat). They reconnect when next used."""
+    lock = getattr(pool, "_lock", None)
+    avail = getattr(pool, "_available_connections", None)
+    in_use = getattr(pool, "_in_use_connections", None)
+    if not keep_one or lock is None or not isinstance(avail, list) or in_use is None:
+        pool.disconnect(inuse_connections=False)
+        return
+    with lock:
+        for conn in avail if in_use else avail[:-1]:  # the pool hands out its last one first
+            conn.disconnect()

@@ -164,11 +164,11 @@ class Keyspace:
 
     def release_idle(self) -> None:
         """Close the connections no thread is using now, of both clients (they reconnect when next used)."""
-        for client in (self.r, self._rb):
+        for client, keep_one in ((self.r, True), (self._rb, False)):  # the listener beats on r's
             if isinstance(client, clients.LazyClient):
-                client.release_idle()
+                client.release_idle(keep_one=keep_one)
             elif client is not None:
-                client.connection_pool.disconnect(inuse_connections=False)
+                clients.release_idle(client.connection_pool, keep_one=keep_one)
 
     def close(self) -> None:
         self.close_binary()

@@ -191,7 +191,7 @@ class RedisCluster:
         self._tmp.cleanup()
 
     def __enter__(self) -> Self:
-        return self.start()
+        return self if any(n.process is not None for n in self.nodes) else self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -13,7 +13,9 @@ the worker builds them. Measured per row:
   pipeline is one), the commands Redis ran (``INFO``, script-internal ones included), Redis CPU
   seconds (``INFO cpu``), bytes in and out of Redis (``INFO stats``), Redis memory after it, and the
   trainer's wall time from posting to the last admission;
-- ``idle``: round trips per second per actor while every actor waits for work;
+- ``idle``: round trips per second per actor while every actor waits for work, and Redis CPU per actor
+  (Redis's own background work, its cron and a cluster's bus, measured for 3 s before any client
+  connects, subtracted; the figure with it is kept beside it);
 - ``admission``: the trainer's decoding and checking of results read from Redis, in completion
   tokens per second (CPU of one thread; no Redis in the timing).
 
@@ -50,6 +52,8 @@ class Config:
     procs: int = 0
     """Processes the actors run in (0: one per 128 actors)."""
     seed: int = 0
+    cluster: int = 0
+    """Masters of a Redis Cluster to run on (0: one redis-server)."""
 
 
 _DEFAULT = Config()
@@ -77,31 +81,60 @@ class Flags(Output):
     """Processes the actors run in (0: one per 128)."""
     seed: int = _DEFAULT.seed
     """Seeds the completions."""
+    cluster: int = _DEFAULT.cluster
+    """Run on a Redis Cluster of this many masters (0: one redis-server)."""
 
 
 class Probe:
-    """Redis's own counters (``INFO``), read by a client of its own."""
+    """Redis's own counters (``INFO``) of each server (a cluster's masters), summed, each server's CPU
+    kept too (``cpu_s@i``); read by clients of its own."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, ports: list[int]) -> None:
         import redis
 
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.rs = [redis.Redis(port=p, decode_responses=True) for p in ports]
 
     def read(self) -> dict[str, float]:
-        info = self.r.info("all")
-        calls = sum(float(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and isinstance(v, dict))
-        return {
-            "commands": float(info["total_commands_processed"]),
-            "calls": calls,  # by command, the commands scripts ran included
-            "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-            "bytes": float(info["total_net_input_bytes"]) + float(info["total_net_output_bytes"]),
-            "memory": float(info["used_memory"]),
-            "clients": float(info["connected_clients"]),
-        }
+        out: dict[str, float] = {}
+        for i, r in enumerate(self.rs):
+            info = r.info("all")
+            calls = sum(float(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and isinstance(v, dict))
+            cpu = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+            mine = {
+                "commands": float(info["total_commands_processed"]),
+                "calls": calls,  # by command, the commands scripts ran included
+                "cpu_s": cpu,
+                "bytes": float(info["total_net_input_bytes"]) + float(info["total_net_output_bytes"]),
+                "memory": float(info["used_memory"]),
+                "clients": float(info["connected_clients"]),
+                "connections_opened": float(info["total_connections_received"]),
+            }
+            for k, v in mine.items():
+                out[k] = out.get(k, 0.0) + v
+            out[f"cpu_s@{i}"] = cpu
+        return out
+
+    def close(self) -> None:
+        for r in self.rs:
+            r.close()
 
 
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: b[k] - a[k] for k in a if k not in ("memory", "clients")}
+
+
+def _split(delta: dict[str, float], background: dict[str, float] | None = None) -> dict[str, Any]:
+    """How a measured span's Redis CPU split over the servers (less each one's ``background`` CPU over
+    the span, if given): each one's share, and the largest over an even share."""
+    less = background or {}
+    parts = [max(v - less.get(k, 0.0), 0.0) for k, v in sorted(delta.items()) if k.startswith("cpu_s@")]
+    total = sum(parts)
+    if len(parts) < 2 or total <= 0:
+        return {"shares": [1.0] * len(parts), "max_over_even": 1.0}
+    return {
+        "shares": [round(p / total, 3) for p in parts],
+        "max_over_even": round(max(parts) / (total / len(parts)), 3),
+    }
 
 
 def _rows(spec: str) -> list[tuple[int, int, int]]:
@@ -141,6 +174,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     from aurora_store.coord.jobs import JobBoard
     from aurora_store.rl.sampling import SamplingConfig
     from aurora_store.rl.tasks import Prompt
+    from aurora_store.testing.redis_cluster import RedisCluster
     from aurora_store.testing.redis_server import RedisServer
     from bench.fleet.actors import Fleet, Procs
     from trainer.config import ScheduleConfig
@@ -152,8 +186,16 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     run = aurora_store.open_run(store)
     info = run.publish({"w": torch.zeros(64, dtype=torch.bfloat16)})
     run_id = "bench"
-    with RedisServer().start() as server:
-        probe = Probe(server.url)
+    server: Any = RedisCluster(masters=cfg.cluster) if cfg.cluster else RedisServer()
+    with server.start():
+        masters = server.primaries() if cfg.cluster else [server]
+        probe = Probe([m.port for m in masters])
+        # Redis's own background work (its cron; a cluster's bus), measured before any client: not the actors'
+        b0, q0 = probe.read(), time.perf_counter()
+        time.sleep(3.0)
+        quiet_span = _delta(b0, probe.read())
+        background = quiet_span["cpu_s"] / (time.perf_counter() - q0)
+        per_node_background = {k: v / (time.perf_counter() - q0) for k, v in quiet_span.items() if "@" in k}
         coord = Coordinator(server.url, run_id)
         board = JobBoard(coord)
         sampling = SamplingConfig(group=cfg.group, max_new_tokens=tokens)
@@ -213,6 +255,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
                     "round_trips": trips.now() - n0 - 2 + fleet_trips() - f0,
                     "redis_commands": delta["commands"] - 2,
                     "redis_cpu_s": round(delta["cpu_s"], 4),
+                    "redis_cpu_split": _split(delta),
                     "bytes": int(delta["bytes"]),
                     "memory_after": int(b["memory"]),
                     "collect_s": round(wall, 4),
@@ -236,13 +279,14 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         idle = _delta(a, idle_end)
         made = fleet_trips() - f0 if procs else trips.now() - n0 - 1
         idle_trips = made / idle_wall / actors
-        idle_cpu = idle["cpu_s"] / idle_wall / actors
+        idle_cpu = max(idle["cpu_s"] / idle_wall - background, 0.0) / actors
         fleet.stop()
         local = Fleet(1, first=actors, **spec) if procs else fleet  # an Actor to encode and submit with
         admission = _admission(d, board, local, cfg, tokens)
         d.close()
         admission["during_steps_tokens_per_cpu_s"] = round(d.payloads.tokens / max(d.payloads.cpu_s, 1e-9))
         coord.close()
+        probe.close()
     last = steps[-1]
     step_cpu = last["redis_cpu_s"]
     rest = max(cfg.step_period_s - last["collect_s"], 0.0)
@@ -252,6 +296,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         "tokens": tokens,
         "fleet_built_s": round(built_s, 2),
         "processes": nprocs,
+        "redis": f"a Redis Cluster of {cfg.cluster} masters" if cfg.cluster else "one redis-server",
         "post_round_trips": post_trips,
         "sweep": {
             "round_trips": sweeps[1][1],
@@ -268,9 +313,13 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             "seconds": round(idle_wall, 3),
             "round_trips_per_actor_s": round(idle_trips, 3),
             "redis_cpu_per_actor_s": idle_cpu,
+            "redis_cpu_per_actor_s_with_background": idle["cpu_s"] / idle_wall / actors,
+            "redis_background_cpu_per_s": round(background, 6),
             "redis_commands_per_s": round(idle["commands"] / idle_wall, 1),
             "commands_per_actor_s": round(idle["calls"] / idle_wall / actors, 3),
             "connections_per_actor": round(idle_end["clients"] / actors, 2),
+            "connections_opened_per_actor_s": round(idle["connections_opened"] / idle_wall / actors, 3),
+            "redis_cpu_split": _split(idle, {k: v * idle_wall for k, v in per_node_background.items()}),
         },
         "admission": admission,
         "bytes_per_token": round(last["bytes"] / max(last["tokens"], 1), 3),
