@@ -52,6 +52,8 @@ class Follower:
         name the next), instead of the latest."""
         self.broken: str | None = None
         """Why the engine's weights are not trusted any more (``--verify-live`` found other weights)."""
+        self.skipped = 0
+        """Versions skipped to reach the one applied last (never applied: the stager went past them)."""
 
     def run(self) -> None:
         """Stage ahead while the engine generates (the stager thread), until ``stop``. Looks when a
@@ -104,7 +106,7 @@ class Follower:
         count it, and tell whoever listens."""
         if self.verify_live:
             self._verify(applied)
-        self.metrics.applied(applied.version)
+        self.skipped = self.metrics.applied(applied.version)
         if self.on_applied is not None:
             self.on_applied(applied)
 

@@ -49,9 +49,26 @@ THROUGHPUT = Spec(
     "The throughput EMA (tokens/s) this actor last wrote to Redis: what the trainer splits jobs by.",
     _LABELS,
 )
+SKIPPED = Spec(
+    "aurora_actor_versions_skipped_total",
+    "counter",
+    "Versions this actor never applied because it went from an older one straight to a newer (staging the "
+    "latest its region held, or a full version on its route).",
+    _LABELS,
+)
 RESULTS = Spec("aurora_actor_results_submitted_total", "counter", "Results (one per job) submitted.", _LABELS)
 TOKENS = Spec("aurora_actor_generated_tokens_total", "counter", "Completion tokens generated for jobs.", _LABELS)
-SPECS = (APPLIED_VERSION, VERSION_LAG, STAGE_SECONDS, APPLY_SECONDS, PAUSE_SECONDS, THROUGHPUT, RESULTS, TOKENS)
+SPECS = (
+    APPLIED_VERSION,
+    VERSION_LAG,
+    SKIPPED,
+    STAGE_SECONDS,
+    APPLY_SECONDS,
+    PAUSE_SECONDS,
+    THROUGHPUT,
+    RESULTS,
+    TOKENS,
+)
 
 
 class ActorMetrics:
@@ -69,6 +86,9 @@ class ActorMetrics:
         self._tau = self.m.gauge(THROUGHPUT).labels(*labels)
         self._results = self.m.counter(RESULTS).labels(*labels)
         self._tokens = self.m.counter(TOKENS).labels(*labels)
+        self._skipped = self.m.counter(SKIPPED).labels(*labels)
+        self.skipped = 0
+        """Versions skipped since the actor started (:data:`SKIPPED`)."""
         self.m.pull(APPLIED_VERSION, self._read_applied, *labels)
         self.m.pull(VERSION_LAG, self._read_lag, *labels)
 
@@ -83,11 +103,16 @@ class ActorMetrics:
     def watch_redis(self, coord: Coordinator) -> None:
         self.m.redis_skipped(coord.skipped.snapshot)
 
-    def applied(self, version: int) -> None:
-        """The actor now holds ``version`` (bootstrapped or applied)."""
+    def applied(self, version: int) -> int:
+        """The actor now holds ``version`` (bootstrapped or applied); the versions it skipped to get there
+        (none at its first, or when it went back to an older one)."""
         with self._lock:
+            skipped = max(version - self._applied - 1, 0) if self._applied >= 0 else 0
+            self.skipped += skipped
+            self._skipped.inc(skipped)
             self._applied = version
             self._region = max(self._region, version)
+        return skipped
 
     def region_at(self, version: int | None) -> None:
         """The region's committed version, as the actor just read it."""

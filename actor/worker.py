@@ -278,6 +278,7 @@ class Actor:
                 actor=self.wid,
                 region=self.cfg.sync.region,
                 version=applied.version,
+                skipped=self.follower.skipped,
                 ms=int(time.time() * 1000),
             )
 

@@ -328,4 +328,7 @@ def test_every_role_serves_its_metrics_in_a_live_run(world: World, tmp_path: Pat
     assert value(trainer, "aurora_trainer_steps_total") >= 2
     assert value(trainer, "aurora_trainer_publish_seconds_count") == value(trainer, "aurora_trainer_steps_total")
     assert present(trainer, "aurora_trainer_leases_expired_total") and present(trainer, "aurora_trainer_pending_jobs")
+    lag = {s: value(trainer, "aurora_trainer_result_version_lag", stat=s) for s in ("p50", "p99", "max")}
+    assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"] <= 2, lag  # one-step asynchrony: jobs of t+2 at version t
+    assert value(actor, "aurora_actor_versions_skipped_total", actor="eu-0") >= 0
     assert value(trainer, "aurora_trainer_results_dropped_total") >= 0

@@ -164,6 +164,9 @@ def _check_exactly_once(loop: Loop, steps: int) -> None:
     reports = loop.steps()
     assert [r["step"] for r in reports] == list(range(1, steps + 1))
     assert all(r["admitted"] == PROMPTS for r in reports), "every prompt of every step admitted once"
+    for r in reports:  # the step's version lag is over its admitted results
+        lag = r["version_lag"]
+        assert lag["results"] == PROMPTS and 0 <= lag["p50"] <= lag["p99"] <= lag["max"] <= r["step"], r
     lines = _admitted(loop)
     per_trainer = Counter((a["trainer"], a["step"], a["job"]) for a in lines)
     assert max(per_trainer.values()) == 1, "no trainer admitted a job twice"

@@ -52,6 +52,7 @@ from trainer.dispatch import Admitted, Dispatcher
 from trainer.distributed import Dist
 from trainer.grpo import GRPOConfig, Sample, advantages, sft_loss
 from trainer.identity import ResultGate
+from trainer.lag import summarize, version_lags
 from trainer.metrics import TrainerMetrics
 from trainer.publication import ModelPublisher, artefact_for
 from trainer.rollout_policy import RolloutPolicy
@@ -101,6 +102,8 @@ class StepReport:
     state_s: float = 0.0
     """Seconds the training thread spent on saving trainer states during the step (capturing one and
     waiting for the writer's copy before the update); the writing itself overlaps the next step."""
+    version_lag: dict[str, int] = field(default_factory=dict)
+    """The step's admitted results' version lag (:mod:`trainer.lag`): ``p50``, ``p99``, ``max``, ``results``."""
 
 
 def _stderr(xs: list[float]) -> float:
@@ -558,6 +561,7 @@ class Trainer:
             t0 = time.perf_counter()
             state_before = self.states.cost.training_thread_s
             results = self.dispatch.collect(step) if main else []
+            lag = summarize(version_lags((r.result.version for r in results), self.dispatch.leases.latest or 0))
             batch = self.dist.broadcast(self._batch(step, results) if main else None)
             wait = time.perf_counter() - t0
             reward, train_s, stats = self.train_step(step, batch)
@@ -572,6 +576,7 @@ class Trainer:
                 train_s=train_s,
                 wait_s=wait,
                 mismatch={"abs": stats.mismatch_abs, "kl": stats.mismatch_kl, "corrected": stats.corrected_frac},
+                lag=lag if main else None,
             )
             if not main:
                 continue
@@ -600,6 +605,7 @@ class Trainer:
                 changed=info.changed if info.kind == "delta" else 0,
                 rolls_back_to=None if back is None else {"version": back.version, "abandons": list(back.abandons)},
                 state_s=self.states.cost.training_thread_s - state_before,
+                version_lag=asdict(lag),
             )
             try:
                 self.coord.note("steps", **asdict(rep))

@@ -16,6 +16,7 @@ from aurora_store.metrics import Metrics, Spec
 if TYPE_CHECKING:
     from aurora_store.coord.coordinator import Coordinator
     from trainer.dispatch import Dispatcher
+    from trainer.lag import VersionLag
     from trainer.state import SaveCost
 
 PUBLISHED_VERSION = Spec(
@@ -87,6 +88,13 @@ ROLLOUT_MISMATCH = Spec(
     "sequence-level KL(rollout ‖ trainer), measure=corrected the fraction of tokens truncated or dropped.",
     ("measure",),
 )
+VERSION_LAG = Spec(
+    "aurora_trainer_result_version_lag",
+    "gauge",
+    "The last step's admitted results' version lag (the latest version published when the step trained minus "
+    "the version each result was generated with), stat=p50|p99|max over its results.",
+    ("stat",),
+)
 STATE_SAVES = Spec(
     "aurora_trainer_state_saves_total",
     "counter",
@@ -129,6 +137,7 @@ SPECS = (
     ADMISSION_TOKENS,
     PAYLOAD_FETCHED,
     ROLLOUT_MISMATCH,
+    VERSION_LAG,
     STATE_SAVES,
     STATE_FAILURES,
     STATE_BLOCKED_SECONDS,
@@ -149,6 +158,7 @@ class TrainerMetrics:
         self._train = self.m.histogram(TRAIN_SECONDS)
         self._wait = self.m.histogram(WAIT_SECONDS)
         self._mismatch = self.m.gauge(ROLLOUT_MISMATCH)
+        self._lag = self.m.gauge(VERSION_LAG)
         self._rollbacks = self.m.counter(ROLLBACKS)
         self._abandoned = self.m.counter(ABANDONED)
 
@@ -182,9 +192,20 @@ class TrainerMetrics:
         self._version.set(version)
 
     def step(
-        self, *, version: int, publish_s: float, train_s: float, wait_s: float, mismatch: dict[str, float | None]
+        self,
+        *,
+        version: int,
+        publish_s: float,
+        train_s: float,
+        wait_s: float,
+        mismatch: dict[str, float | None],
+        lag: VersionLag | None = None,
     ) -> None:
-        """One step done; ``mismatch``: the rollout correction's measures (None where not measured)."""
+        """One step done; ``mismatch``: the rollout correction's measures (None where not measured); ``lag``:
+        its results' version lag (rank 0's; None on the other ranks)."""
+        if lag is not None and lag.results:
+            for stat in ("p50", "p99", "max"):
+                self._lag.labels(stat).set(getattr(lag, stat))
         for measure, value in mismatch.items():
             if value is not None:
                 self._mismatch.labels(measure).set(value)

@@ -39,6 +39,8 @@ NODE_FAILURES: tuple[type[Exception], ...] = (
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterDownError,
     redis.exceptions.RedisClusterException,
+    redis.exceptions.MovedError,  # an XREAD sent to the node its slot was on (keyspace.xread): the map moved
+    redis.exceptions.AskError,
 )
 """Failures after which a cluster client learns the slot map again (:meth:`LazyClient.failed`)."""
 

@@ -83,7 +83,7 @@ class Coordinator:
     ) -> dict[str, list[tuple[str, dict[str, str]]]]:
         """One blocking XREAD over several streams (key -> the id to read after): what arrived in
         each, raw (the caller parses it as hostile input), waiting up to ``block_ms`` for anything."""
-        reply = self.call(self.r.xread, after, count=count, block=max(block_ms, 1))
+        reply = self.keys.xread(after, count=count, block=max(block_ms, 1))
         return {str(key): list(entries) for key, entries in reply or []}
 
     def versions_in_use(self) -> tuple[dict[str, int], list[str]]:
@@ -119,7 +119,7 @@ class Coordinator:
 
     def notes(self, stream: str, after: str = "0-0", *, count: int = 10_000) -> list[tuple[str, dict[str, Any]]]:
         """Records of ``stream`` after id ``after``, oldest first."""
-        reply = self.call(self.r.xread, {self.key("log", stream): after}, count=count)
+        reply = self.keys.xread({self.key("log", stream): after}, count=count)
         out = []
         for _s, entries in reply or []:
             for eid, f in entries:

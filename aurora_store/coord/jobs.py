@@ -382,7 +382,7 @@ class JobBoard:
         inbox = self.inbox(actor)
         after = self._inbox_after.get(actor, "0-0")
         block = None if block_s <= 0 else max(int(block_s * 1000), 1)
-        reply = self._call(self.r.xread, {inbox: after}, count=max_jobs, block=block)
+        reply = self.keys.xread({inbox: after}, count=max_jobs, block=block)
         entries = [e for _s, got in reply or [] for e in got]
         if not entries:
             return []

@@ -147,6 +147,28 @@ class Keyspace:
                 log.info("Redis Cluster: %s; learning its slot map again on the next command", type(exc).__name__)
             raise CoordinationError(f"Redis at {redact(self.url)}: {type(exc).__name__}: {redact(str(exc))}") from None
 
+    def xread(
+        self, streams: dict[str, str], *, count: int | None = None, block: int | None = None, binary: bool = False
+    ) -> Any:
+        """XREAD (blocking ``block`` ms if given) as a CoordinationError-raising :meth:`call`. On a cluster it
+        goes straight to the node of its streams' slot: redis-py would first ask a node which keys an XREAD
+        names (``COMMAND GETKEYS``, a round trip per read: an idle actor's listener reads every beat)."""
+        client = self.rb if binary else self.r
+        if not self.cluster:
+            return self.call(client.xread, streams, count=count, block=block)
+        args: list[Any] = ["XREAD"]
+        if count is not None:
+            args += ["COUNT", count]
+        if block is not None:
+            args += ["BLOCK", block]
+        args += ["STREAMS", *streams, *streams.values()]
+
+        def go() -> Any:
+            node = client.get_node_from_key(next(iter(streams)))
+            return client.execute_command(*args, target_nodes=node)
+
+        return self.call(go)
+
     def pipeline(self, fill: Any, *, binary: bool = False) -> list[Any]:
         """Run ``fill(pipe)``'s commands in one round trip (no transaction); their replies."""
 

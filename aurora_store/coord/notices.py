@@ -95,7 +95,7 @@ class Notices:
 
     def read(self, actor: str, after: str) -> list[Notice]:
         """What the trainer told ``actor`` after stream id ``after`` (damaged entries skipped)."""
-        reply = self.keys.call(self.keys.r.xread, {self.key(actor): after}, count=NOTICES_MAXLEN)
+        reply = self.keys.xread({self.key(actor): after}, count=NOTICES_MAXLEN)
         return self.parse(actor, [e for _s, entries in reply or [] for e in entries])
 
     def parse(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Notice]:

@@ -153,7 +153,7 @@ class Regions:
 
     def events(self, region: str, after: str, *, block_ms: int = 1000, count: int = 1000) -> list[Event]:
         """Events of ``region`` after id ``after``, waiting up to ``block_ms`` for the first one."""
-        reply = self.keys.call(self.keys.r.xread, {self.keys.key("events", region): after}, count=count, block=block_ms)
+        reply = self.keys.xread({self.keys.key("events", region): after}, count=count, block=block_ms)
         return [self._event(region, eid, fields) for _stream, entries in reply or [] for eid, fields in entries]
 
     def _event(self, region: str, eid: str, fields: dict[str, str]) -> Event:

@@ -207,7 +207,7 @@ class ResultStream:
         """Results submitted after stream id ``after`` (at most ``count``, so a read is bounded in bytes),
         parsed as hostile input: a damaged entry comes back with :attr:`Result.malformed` set (so the
         reader moves past it and counts it)."""
-        reply = self.keys.call(self.keys.rb.xread, {self.key: after}, count=count, block=max(block_ms, 1))
+        reply = self.keys.xread({self.key: after}, count=count, block=max(block_ms, 1), binary=True)
         return [parse_result(eid, f) for _stream, entries in reply or [] for eid, f in entries]
 
     def discard(self, ids: Sequence[str]) -> None:

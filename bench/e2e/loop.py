@@ -15,8 +15,10 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from trainer.lag import summarize
 
 if TYPE_CHECKING:
     from actor.updater import Updater
@@ -370,10 +372,13 @@ def run_steps(
 
 
 def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timing: Timing, base: int) -> dict[str, Any]:
-    """Per step: time since the previous step's end, stalls, versions used; means over the timed steps."""
+    """Per step: time since the previous step's end, stalls, versions used, the version lag of its batches
+    (:mod:`trainer.lag`, p50/p99/max); means over the timed steps, and the lag over every timed batch."""
     out = []
+    lags: dict[int, list[int]] = {}
     for i, s in enumerate(steps):
         bs = batches[s["step"]]
+        lags[s["step"]] = [base + s["step"] - 1 - b.version for b in bs]
         prev_end = steps[i - 1]["end"] if i else 0.0
         out.append(
             {
@@ -382,7 +387,8 @@ def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timin
                 "stall_max_s": max(b.stall_s for b in bs),
                 "stall_mean_s": sum(b.stall_s for b in bs) / len(bs),
                 "versions_used": sorted({b.version for b in bs}),
-                "staleness_max": max(base + s["step"] - 1 - b.version for b in bs),
+                "staleness_max": max(lags[s["step"]]),
+                "version_lag": asdict(summarize(lags[s["step"]])),
                 "stalls": {b.actor: b.stall_s for b in bs},
                 "last_batch_region": max(bs, key=lambda b: b.end).actor.split("/", 1)[0],
             }
@@ -399,5 +405,6 @@ def _summary(steps: list[dict[str, Any]], batches: dict[int, list[Batch]], timin
         "trainer_waited_s": mean("trainer_waited_s"),
         "publish_s": mean("publish_s"),
         "staleness_max": max(s["staleness_max"] for s in timed),
+        "version_lag": asdict(summarize([x for s in timed for x in lags[s["step"]]])),
         "steps": out,
     }
