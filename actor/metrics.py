@@ -56,12 +56,29 @@ SKIPPED = Spec(
     "latest its region held, or a full version on its route).",
     _LABELS,
 )
+JOINED = Spec(
+    "aurora_actor_joined",
+    "gauge",
+    "1 while this actor is registered with its run and its Redis serves it; 0 before it joins and while Redis "
+    'turns it away or fails: sum(aurora_role_info{role="actor"}) - sum(aurora_actor_joined) counts the actors '
+    "that could not join (they cannot say so in the Redis that refuses them).",
+    _LABELS,
+)
+REDIS_FAILURES = Spec(
+    "aurora_actor_redis_failures_total",
+    "counter",
+    "Tries at Redis that failed, by reason: maxclients, connection_refused, clusterdown, moved, tryagain, "
+    "loading, other.",
+    (*_LABELS, "reason"),
+)
 RESULTS = Spec("aurora_actor_results_submitted_total", "counter", "Results (one per job) submitted.", _LABELS)
 TOKENS = Spec("aurora_actor_generated_tokens_total", "counter", "Completion tokens generated for jobs.", _LABELS)
 SPECS = (
     APPLIED_VERSION,
     VERSION_LAG,
     SKIPPED,
+    JOINED,
+    REDIS_FAILURES,
     STAGE_SECONDS,
     APPLY_SECONDS,
     PAUSE_SECONDS,
@@ -87,6 +104,9 @@ class ActorMetrics:
         self._results = self.m.counter(RESULTS).labels(*labels)
         self._tokens = self.m.counter(TOKENS).labels(*labels)
         self._skipped = self.m.counter(SKIPPED).labels(*labels)
+        self._joined = self.m.gauge(JOINED).labels(*labels)
+        self._joined.set(0)
+        self._redis_failures = self.m.counter(REDIS_FAILURES)
         self.skipped = 0
         """Versions skipped since the actor started (:data:`SKIPPED`)."""
         self.m.pull(APPLIED_VERSION, self._read_applied, *labels)
@@ -113,6 +133,14 @@ class ActorMetrics:
             self._applied = version
             self._region = max(self._region, version)
         return skipped
+
+    def joined(self, now: bool) -> None:
+        """Whether the actor is registered with its run and its Redis serves it (:data:`JOINED`)."""
+        self._joined.set(1 if now else 0)
+
+    def redis_failed(self, why: str) -> None:
+        """A try at Redis failed, for ``why`` (:func:`aurora_store.coord.backoff.reason`)."""
+        self._redis_failures.labels(*self._labels, why).inc()
 
     def region_at(self, version: int | None) -> None:
         """The region's committed version, as the actor just read it."""

@@ -48,7 +48,7 @@ from actor.updater import Applied, Updater, open_sync_runs
 from actor.wakeups import Wakeups
 from aurora_store.cli_parser import Parser
 from aurora_store.config.options import add_options, build
-from aurora_store.coord.backoff import Backoff
+from aurora_store.coord.backoff import Backoff, reason
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
@@ -206,6 +206,7 @@ class Actor:
             lambda: self.coord.workers.update(self.wid, version=applied.version, version_hash=applied.version_hash),
         )
         self.follower.now_at(applied)
+        self.metrics.joined(True)
         log.info("actor %s %s at version %d", self.wid, "rejoined" if rejoined else "joined", applied.version)
 
     def follow(self, up: Updater) -> None:
@@ -240,6 +241,8 @@ class Actor:
             except (LayoutError, UnsupportedError):
                 raise
             except AuroraError as exc:
+                if isinstance(exc, CoordinationError):
+                    self.metrics.redis_failed(reason(exc))
                 wait = backoff.failed(exc)
             if self.stop.wait(wait):
                 raise SystemExit(0)
@@ -430,9 +433,12 @@ class Actor:
                     break  # stopping: what Redis could not be told is said once, by _leave
                 self._reregister.set()
                 self.follower.busy.clear()
+                self.metrics.joined(False)
+                self.metrics.redis_failed(reason(exc))
                 self.stop.wait(self.backoff.failed(exc))  # jittered: a refused fleet does not return at once
                 continue
             self.backoff.succeeded()
+            self.metrics.joined(True)
         self._leave()
 
     def _claim(self) -> list[Lease]:

@@ -552,18 +552,40 @@ def test_an_idle_actor_holds_one_connection_and_beats_on_it(loop: Loop) -> None:
 
 def test_an_actor_redis_turns_away_says_so_once_and_joins_when_it_can(loop: Loop) -> None:
     """Issue 41: Redis refuses an actor (its ``maxclients`` reached): the actor says so in one line, retries
-    with jittered backoff (no crash, no line per try), and joins once Redis has room; the run completes."""
+    with jittered backoff (no crash, no line per try), and joins once Redis has room; the run completes.
+    Its metrics count it among the actors that could not join while it could not (``aurora_actor_joined``
+    0, refusals counted by reason): the Redis that refuses it cannot be told."""
+    from aurora_store.testing.processes import free_port
+    from tests.monitoring import scrape, value
+
     trainer = loop.trainer("--steps", "2")
     loop.wait(lambda: "wait for an actor holding version 0" in loop.log("trainer"), "the trainer's version 0", 600)
     r = loop.coord.r
     r.config_set("maxclients", int(r.info("clients")["connected_clients"]))  # no room for one more
     refused = int(r.info("stats")["rejected_connections"])
+    port = free_port()
     try:
-        late = loop.actor("late")
+        late = loop.actor("late", "--metrics-port", str(port))
         loop.wait(lambda: int(r.info("stats")["rejected_connections"]) >= refused + 3, "three refused tries", 300)
+        shut_out: list[float] = []
+
+        def counted() -> bool:
+            try:
+                samples = scrape(port)
+            except OSError:
+                return False  # not serving yet
+            shut_out[:] = [
+                value(samples, "aurora_actor_joined", actor="late"),
+                value(samples, "aurora_actor_redis_failures_total", actor="late", reason="maxclients"),
+            ]
+            return shut_out[1] >= 1
+
+        loop.wait(counted, "the refusals in the actor's metrics", 300)
+        assert shut_out[0] == 0, "not joined while Redis turns it away"
     finally:
         r.config_set("maxclients", 10_000)
     assert late.poll() is None, "refused, the actor waits; it does not crash"
+    loop.wait(lambda: value(scrape(port), "aurora_actor_joined", actor="late") == 1, "the actor to join", 300)
     loop.finish(trainer, "trainer")  # the actor joined and served the run
     said = loop.log("late")
     assert said.count("Redis turned it away (max number of clients reached)") == 1, said

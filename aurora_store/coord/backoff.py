@@ -14,6 +14,15 @@ import random
 
 REFUSED = ("max number of clients reached", "Connection refused", "CLUSTERDOWN", "MOVED", "TRYAGAIN", "LOADING")
 """Reasons a Redis turns a client away or cannot serve it now, as redis-py reports them."""
+REASONS = dict(
+    zip(REFUSED, ("maxclients", "connection_refused", "clusterdown", "moved", "tryagain", "loading"), strict=True)
+)
+"""Each refusal's name in metrics (``other`` for any other failure)."""
+
+
+def reason(error: object) -> str:
+    """The name of why Redis failed a try (:data:`REASONS`, else ``other``)."""
+    return next((name for text, name in REASONS.items() if text in str(error)), "other")
 
 
 class Backoff:

@@ -127,6 +127,59 @@ class Fleet:
         # connections stay open: a listener blocked in its read ends when the server goes
 
 
+class Listeners:
+    """``n`` idle actors as Redis sees them: each is the idle actor's own loop and nothing else, the
+    :class:`actor.wakeups.Wakeups` listener that blocks on the actor's inbox, notices and region commits
+    and beats (a :class:`~aurora_store.coord.workers.Beat`) on its one connection, as
+    :class:`actor.worker.Actor` builds it (one thread each). They register as actors that hold no version
+    yet (still bootstrapping, as the trainer sees them), so they are leased nothing: a real actor's whole
+    loop is six threads, and ten thousand of those in a few interpreters on two cores spend their time
+    fighting over the interpreter lock, not on Redis."""
+
+    def __init__(self, n: int, *, redis: str, run_id: str, first: int = 0, **_: Any) -> None:
+        from actor.wakeups import Wakeups
+        from actor.worker import BEATS_PER_LIFETIME
+        from aurora_store.coord.coordinator import Coordinator
+        from aurora_store.coord.jobs import JobBoard
+        from aurora_store.coord.workers import Beat
+
+        rollout = RolloutConfig()
+        self.stop_event = threading.Event()
+        self.wakes: list[Any] = []
+        self.coords: list[Any] = []
+        self.threads: list[threading.Thread] = []
+        for i in range(first, first + n):
+            wid = f"idle-{i:05d}"
+            coord = Coordinator(redis, run_id, client_name=f"aurora-actor-{wid}")
+            coord.workers.register("actor", "home", worker_id=wid, ttl_s=rollout.heartbeat_s)
+            beat = Beat(coord.workers, wid, rollout.heartbeat_s)
+
+            def beating(beat: Beat = beat) -> None:
+                beat()  # Redis losing its state is not what this measures: the row's Redis keeps it
+
+            self.wakes.append(
+                Wakeups(
+                    coord,
+                    wid,
+                    "home",
+                    block_s=rollout.check_s,
+                    board=JobBoard(coord),
+                    beat=beating,
+                    beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
+                )
+            )
+            self.coords.append(coord)
+
+    def start(self) -> None:
+        for wake in self.wakes:
+            t = threading.Thread(target=wake.run, args=(self.stop_event,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        self.stop_event.set()  # each ends at its next wake-up; the server's end ends the rest
+
+
 class RoundTrips:
     """Round trips every redis-py client of this process makes (a pipeline's batch is one)."""
 
@@ -154,10 +207,13 @@ class RoundTrips:
 class Procs:
     """``n`` actors in ``procs`` processes; :meth:`trips` is the round trips they have made so far."""
 
-    def __init__(self, n: int, procs: int, *, workdir: str, **fleet: Any) -> None:
+    def __init__(self, n: int, procs: int, *, workdir: str, listeners: bool = False, **fleet: Any) -> None:
+        """``listeners``: each process runs :class:`Listeners` (idle actors) instead of a :class:`Fleet`."""
         self.dir = Path(workdir)
+        kind = "idle" if listeners else "fleet"
         self.procs: list[subprocess.Popen[bytes]] = []
         self._seq: list[int] = []
+        self.kind = kind
         chunk = -(-n // procs)
         for k, first in enumerate(range(0, n, chunk)):
             argv = [
@@ -169,15 +225,16 @@ class Procs:
                 "--first",
                 str(first),
             ]
-            argv += ["--out", str(self.dir / f"fleet-{k}.json"), "--spec", json.dumps(fleet)]
-            log = open(self.dir / f"fleet-{k}.log", "wb")  # noqa: SIM115
+            argv += ["--out", str(self.dir / f"{kind}-{k}.json"), "--spec", json.dumps(fleet)]
+            argv += ["--listeners"] if listeners else []
+            log = open(self.dir / f"{kind}-{k}.log", "wb")  # noqa: SIM115
             self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
             self._seq.append(-1)
         self._wait(time.monotonic() + 600)
 
     def _read(self, k: int) -> dict[str, int] | None:
         try:
-            return dict(json.loads((self.dir / f"fleet-{k}.json").read_text()))
+            return dict(json.loads((self.dir / f"{self.kind}-{k}.json").read_text()))
         except (OSError, ValueError):
             return None
 
@@ -191,9 +248,10 @@ class Procs:
                     total += got["trips"]
                     break
                 if proc.poll() is not None:
-                    raise RuntimeError(f"fleet process {k} exited {proc.returncode}: see {self.dir}/fleet-{k}.log")
+                    log = f"{self.dir}/{self.kind}-{k}.log"
+                    raise RuntimeError(f"fleet process {k} exited {proc.returncode}: see {log}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"fleet process {k} did not answer: see {self.dir}/fleet-{k}.log")
+                    raise RuntimeError(f"fleet process {k} did not answer: see {self.dir}/{self.kind}-{k}.log")
                 time.sleep(0.02)
         return total
 
@@ -225,6 +283,12 @@ class ProcessFlags:
     """The file it writes its round trips to, when ready and on SIGUSR1."""
     spec: dict[str, Any]
     """The Fleet's keyword arguments, as a JSON object."""
+    listeners: bool = False
+    """Run :class:`Listeners` (idle actors), not a :class:`Fleet`."""
+
+
+THREAD_STACK = 512 * 1024
+"""Stack of each thread of a fleet process (six an actor: a 10,000-actor fleet is 60,000 threads)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     add_options(p, ProcessFlags)
     args: ProcessFlags = build(ProcessFlags, p.parse_args(argv))
     logging.getLogger("aurora").setLevel(logging.ERROR)
+    threading.stack_size(THREAD_STACK)
     trips = RoundTrips()
-    fleet = Fleet(args.n, first=args.first, **args.spec)
+    fleet: Fleet | Listeners = (Listeners if args.listeners else Fleet)(args.n, first=args.first, **args.spec)
     stop = threading.Event()
     seq = itertools.count()
 

@@ -19,6 +19,11 @@ the worker builds them. Measured per row:
 - ``admission``: the trainer's decoding and checking of results read from Redis, in completion
   tokens per second (CPU of one thread; no Redis in the timing).
 
+``--idle-actors N`` adds N idle actors to every row (:class:`bench.fleet.actors.Listeners`): what an idle
+actor runs against Redis, its listener and its beat on one connection, one thread each; a real actor's
+whole loop is six threads, and 10,000 of them on two cores starve on the interpreter lock. So a row of
+256 working actors and ``--idle-actors 9744`` measures 10,000 actors on one Redis.
+
 Projections: Redis CPU as a fraction of one core at one step per 30 s (the step's CPU plus the
 idle actors' CPU over the rest of the 30 s), and bytes through Redis per completion token.
 """
@@ -54,6 +59,10 @@ class Config:
     seed: int = 0
     cluster: int = 0
     """Masters of a Redis Cluster to run on (0: one redis-server)."""
+    idle_actors: int = 0
+    """Idle actors added to every row (:class:`bench.fleet.actors.Listeners`: the idle actor's own loop)."""
+    idle_procs: int = 0
+    """Processes the idle actors run in (0: one per 2,500)."""
 
 
 _DEFAULT = Config()
@@ -83,6 +92,11 @@ class Flags(Output):
     """Seeds the completions."""
     cluster: int = _DEFAULT.cluster
     """Run on a Redis Cluster of this many masters (0: one redis-server)."""
+    idle_actors: int = _DEFAULT.idle_actors
+    """Idle actors added to every row beside its ACTORS: each the idle actor's own loop (its listener and
+    beat, one thread and one connection), registered without a version so the trainer leases it nothing."""
+    idle_procs: int = _DEFAULT.idle_procs
+    """Processes the idle actors run in (0: one per 2,500)."""
 
 
 class Probe:
@@ -160,7 +174,11 @@ def measure(cfg: Config) -> dict[str, Any]:
     finally:
         trips.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    clients = "actors: threads of one process, or of --procs processes (one per 128 actors by default)"
+    clients = (
+        "actors: real Actor loops, threads of one process, or of --procs processes (one per 128 actors by default);"
+        " --idle-actors: the idle actor's own loop (its listener and beat, one thread each), in --idle-procs"
+        " processes (one per 2,500), registered without a version, so leased nothing"
+    )
     return {"bench": "coord", "config": asdict(cfg), "clients": clients, "rows": rows}
 
 
@@ -190,6 +208,11 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     with server.start():
         masters = server.primaries() if cfg.cluster else [server]
         probe = Probe([m.port for m in masters])
+        import resource
+
+        room = max(10_000, min(2 * actors + 100, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64))
+        for r in probe.rs:  # room for every actor's connections, as far as the server's file limit allows
+            r.config_set("maxclients", room)
         # Redis's own background work (its cron; a cluster's bus), measured before any client: not the actors'
         b0, q0 = probe.read(), time.perf_counter()
         time.sleep(3.0)
@@ -217,13 +240,19 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         spec: dict[str, Any] = {"store": store, "redis": server.url, "run_id": run_id, "tokens": tokens}
         spec["group"] = cfg.group
         spec["vocab"] = cfg.vocab
+        idle_fleet: Any = None
+        if cfg.idle_actors:
+            idle_n = cfg.idle_procs or -(-cfg.idle_actors // 2500)
+            idle_fleet = Procs(cfg.idle_actors, idle_n, workdir=root, listeners=True, **spec)
+        idle_built_s = time.perf_counter() - t0
         nprocs = cfg.procs or -(-actors // 128)
         fleet: Any = Fleet(actors, **spec) if nprocs <= 1 else Procs(actors, nprocs, workdir=root, **spec)
-        built_s = time.perf_counter() - t0
+        built_s = time.perf_counter() - t0 - idle_built_s
         procs = isinstance(fleet, Procs)
+        working, actors = actors, actors + cfg.idle_actors  # the per-actor figures are over the whole fleet
 
         def fleet_trips() -> int:
-            return int(fleet.trips()) if procs else 0
+            return int(fleet.trips() if procs else 0) + int(idle_fleet.trips() if idle_fleet is not None else 0)
 
         # one sweep, with every actor registered and the step's jobs open
         n0 = trips.now()
@@ -277,11 +306,13 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         idle_wall = time.perf_counter() - s0
         idle_end = probe.read()
         idle = _delta(a, idle_end)
-        made = fleet_trips() - f0 if procs else trips.now() - n0 - 1
+        made = fleet_trips() - f0 + (0 if procs else trips.now() - n0 - 1)
         idle_trips = made / idle_wall / actors
         idle_cpu = max(idle["cpu_s"] / idle_wall - background, 0.0) / actors
         fleet.stop()
-        local = Fleet(1, first=actors, **spec) if procs else fleet  # an Actor to encode and submit with
+        if idle_fleet is not None:
+            idle_fleet.stop()
+        local = Fleet(1, first=working, **spec) if procs else fleet  # an Actor to encode and submit with
         admission = _admission(d, board, local, cfg, tokens)
         d.close()
         admission["during_steps_tokens_per_cpu_s"] = round(d.payloads.tokens / max(d.payloads.cpu_s, 1e-9))
@@ -292,6 +323,9 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     rest = max(cfg.step_period_s - last["collect_s"], 0.0)
     return {
         "actors": actors,
+        "working_actors": working,
+        "idle_actors": cfg.idle_actors,
+        "idle_actors_built_s": round(idle_built_s, 2),
         "groups": groups,
         "tokens": tokens,
         "fleet_built_s": round(built_s, 2),
