@@ -210,7 +210,9 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         probe = Probe([m.port for m in masters])
         import resource
 
-        room = max(10_000, min(2 * actors + 100, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64))
+        room = max(
+            10_000, min(2 * (actors + cfg.idle_actors) + 100, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64)
+        )
         for r in probe.rs:  # room for every actor's connections, as far as the server's file limit allows
             r.config_set("maxclients", room)
         # Redis's own background work (its cron; a cluster's bus), measured before any client: not the actors'
