@@ -56,3 +56,18 @@ def test_the_command_prints_one_json_object() -> None:
     assert doc["bench"] == "coord" and doc["rows"][0]["actors"] == 2
     bad = subprocess.run([*cmd[:-4], "--rows", "2x2", "--json"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "ACTORSxGROUPSxTOKENS" in bad.stderr
+
+
+@pytest.mark.slow
+def test_idle_actors_join_the_row_on_one_connection_each_and_a_cluster_row_splits_its_cpu() -> None:
+    """Issue 41: ``--idle-actors`` adds the idle actor's own loop (listener and beat) in processes of their
+    own, counted in the row; on a 3-master cluster the bench says how the CPU split over the masters."""
+    out = coord.measure(coord.Config(rows="4x8x64", steps=1, idle_s=3.0, idle_actors=40, idle_procs=2, cluster=3))
+    (row,) = out["rows"]
+    assert (row["actors"], row["working_actors"], row["idle_actors"]) == (44, 4, 40)
+    assert row["steps"][0]["admitted"] == 8, "the idle actors are leased nothing: the working ones serve the step"
+    assert idle_within_a_trip_a_second(row), row["idle"]
+    assert row["idle"]["connections_per_actor"] <= 2.5, "a cluster actor: its shard's node and the control node"
+    split = row["idle"]["redis_cpu_split"]
+    assert len(split["shares"]) == 3 and abs(sum(split["shares"]) - 1) < 0.01 and split["max_over_even"] >= 1
+    assert "Redis Cluster of 3" in row["redis"]

@@ -12,6 +12,7 @@ a thousand actors (five threads each) on a small machine.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -31,7 +32,7 @@ import numpy as np
 from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
-from actor.worker import Actor
+from actor.worker import BEATS_PER_LIFETIME, Actor
 from aurora_store.cli_parser import Parser
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -138,8 +139,8 @@ class Listeners:
 
     def __init__(self, n: int, *, redis: str, run_id: str, first: int = 0, **_: Any) -> None:
         from actor.wakeups import Wakeups
-        from actor.worker import BEATS_PER_LIFETIME
         from aurora_store.coord.coordinator import Coordinator
+        from aurora_store.coord.errors import CoordinationError
         from aurora_store.coord.jobs import JobBoard
         from aurora_store.coord.workers import Beat
 
@@ -155,7 +156,8 @@ class Listeners:
             beat = Beat(coord.workers, wid, rollout.heartbeat_s)
 
             def beating(beat: Beat = beat) -> None:
-                beat()  # Redis losing its state is not what this measures: the row's Redis keeps it
+                with contextlib.suppress(CoordinationError):  # the listener retries; the actor's main loop
+                    beat()  # would register again, what a row whose Redis keeps its state never needs
 
             self.wakes.append(
                 Wakeups(
@@ -171,10 +173,14 @@ class Listeners:
             self.coords.append(coord)
 
     def start(self) -> None:
+        """Start the listeners spread over one beat period, as actors that started at different times beat
+        (all at once, their first beats would be one burst a period, not the fleet's steady rate)."""
+        period = RolloutConfig().heartbeat_s / BEATS_PER_LIFETIME
         for wake in self.wakes:
             t = threading.Thread(target=wake.run, args=(self.stop_event,), daemon=True)
             t.start()
             self.threads.append(t)
+            time.sleep(period / max(len(self.wakes), 1))
 
     def stop(self) -> None:
         self.stop_event.set()  # each ends at its next wake-up; the server's end ends the rest
@@ -256,9 +262,11 @@ class Procs:
         return total
 
     def trips(self) -> int:
+        if self.kind == "idle":
+            raise RuntimeError("idle actors' processes are not asked their round trips: Redis counts them")
         for proc in self.procs:
             proc.send_signal(signal.SIGUSR1)
-        return self._wait(time.monotonic() + 120)
+        return self._wait(time.monotonic() + 600)  # thousands of threads a process: its main thread waits
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -254,7 +254,10 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         working, actors = actors, actors + cfg.idle_actors  # the per-actor figures are over the whole fleet
 
         def fleet_trips() -> int:
-            return int(fleet.trips() if procs else 0) + int(idle_fleet.trips() if idle_fleet is not None else 0)
+            """The working actors' round trips so far, as their processes count them (asked first, before a
+            span's Redis counters are read: a process of thousands of threads may take a while to answer).
+            The idle actors' are Redis's count of commands (``commands_per_actor_s``)."""
+            return int(fleet.trips()) if procs else 0
 
         # one sweep, with every actor registered and the step's jobs open
         n0 = trips.now()
@@ -272,7 +275,8 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         d.start()  # as the trainer does: sweeps, reads and admits on a thread of its own
         steps = []
         for step in range(1, cfg.steps + 1):
-            a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
+            f0 = fleet_trips()
+            a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
             if step > 1:
                 d.post(step, prompts(step))
             results = d.collect(step)
@@ -303,13 +307,14 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             d.leases.sweep()
             quiet.append((time.perf_counter() - s0, trips.now() - n0 - 1))
         time.sleep(1.0)
-        a, n0, f0, s0 = probe.read(), trips.now(), fleet_trips(), time.perf_counter()
+        f0, t_f0 = fleet_trips(), time.perf_counter()
+        a, n0, s0 = probe.read(), trips.now(), time.perf_counter()
         time.sleep(cfg.idle_s)
         idle_wall = time.perf_counter() - s0
         idle_end = probe.read()
         idle = _delta(a, idle_end)
-        made = fleet_trips() - f0 + (0 if procs else trips.now() - n0 - 1)
-        idle_trips = made / idle_wall / actors
+        made = fleet_trips() - f0 if procs else trips.now() - n0 - 1
+        idle_trips = made / (time.perf_counter() - t_f0 if procs else idle_wall) / working
         idle_cpu = max(idle["cpu_s"] / idle_wall - background, 0.0) / actors
         fleet.stop()
         if idle_fleet is not None:
@@ -348,6 +353,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             "round_trips": int(made),
             "seconds": round(idle_wall, 3),
             "round_trips_per_actor_s": round(idle_trips, 3),
+            "round_trips_counted_for": "the working actors" if cfg.idle_actors else "every actor",
             "redis_cpu_per_actor_s": idle_cpu,
             "redis_cpu_per_actor_s_with_background": idle["cpu_s"] / idle_wall / actors,
             "redis_background_cpu_per_s": round(background, 6),
