@@ -37,6 +37,8 @@ def test_cluster_urls_name_seeds_credentials_and_tls() -> None:
         ("redis+cluster://:pw@h:1/3", "database 0"),
         ("redis+cluster://h:1?password=x", "unknown option"),
         ("redis+cluster://:hunter2@h:x", "host:port"),
+        ("redis+cluster://h:\u00b2", "host:port"),  # a digit to str.isdigit, not to int()
+        ("redis+cluster://h:\uff11\uff12", "host:port"),
     ],
 )
 def test_bad_cluster_urls_are_refused_by_name_without_the_password(url: str, why: str) -> None:

@@ -79,7 +79,7 @@ def parse_cluster(url: str) -> ClusterTarget:
     for hp in hosts.split(","):
         host, _, port = hp.strip().rpartition(":")
         host = host.strip("[]")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise CoordinationError(f"a Redis Cluster URL names nodes as host:port, got {hp!r} in {redact(url)!r}")
         nodes.append((host, int(port)))
     options = urllib.parse.parse_qsl(query, keep_blank_values=True)
