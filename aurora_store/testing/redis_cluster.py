@@ -27,10 +27,11 @@ BUS_OFFSET = 10000
 
 
 def free_node_port(tries: int = 200) -> int:
-    """A port on 127.0.0.1 free now with its cluster bus port (the port plus :data:`BUS_OFFSET`, so below
-    the ephemeral range the OS hands out for port 0)."""
+    """A port on 127.0.0.1 free now with its cluster bus port (the port plus :data:`BUS_OFFSET`): both below
+    32,768, where Linux's ephemeral ports (outgoing connections, port 0) begin, so no client takes one
+    between this check and the node's start."""
     for _ in range(tries):
-        port = random.randrange(20000, 32000)
+        port = random.randrange(20000, 32768 - BUS_OFFSET)
         try:
             for p in (port, port + BUS_OFFSET):
                 with socket.socket() as s:
