@@ -82,7 +82,7 @@ class _Script:
 
 
 class Keyspace:
-    """The keys of one run (``{prefix}:{run_id}:...``) on one Redis."""
+    """The keys of one run on one Redis server (``{prefix}:{run_id}:...``) or a Redis Cluster (hash-tagged)."""
 
     def __init__(self, url: str, run_id: str, *, prefix: str = "aurora", client_name: str | None = None) -> None:
         """``client_name``: what ``CLIENT LIST`` names this process's connections (an actor: its worker id)."""
