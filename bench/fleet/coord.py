@@ -21,8 +21,9 @@ the worker builds them. Measured per row:
 
 ``--idle-actors N`` adds N idle actors to every row (:class:`bench.fleet.actors.Listeners`): what an idle
 actor runs against Redis, its listener and its beat on one connection, one thread each; a real actor's
-whole loop is six threads, and 10,000 of them on two cores starve on the interpreter lock. So a row of
-256 working actors and ``--idle-actors 9744`` measures 10,000 actors on one Redis.
+whole loop is six threads, and 10,000 of them on two cores starve on the interpreter lock. So
+``--rows 16x16x64 --idle-actors 9984`` measures 10,000 actors on one Redis (on two cores; there, 256 working
+actors running a large step beside 9,744 idle ones were starved of CPU until their heartbeats lapsed).
 
 Projections: Redis CPU as a fraction of one core at one step per 30 s (the step's CPU plus the
 idle actors' CPU over the rest of the 30 s), and bytes through Redis per completion token.
