@@ -12,17 +12,27 @@ from __future__ import annotations
 import logging
 import random
 
-REFUSED = ("max number of clients reached", "Connection refused", "CLUSTERDOWN", "MOVED", "TRYAGAIN", "LOADING")
-"""Reasons a Redis turns a client away or cannot serve it now, as redis-py reports them."""
-REASONS = dict(
-    zip(REFUSED, ("maxclients", "connection_refused", "clusterdown", "moved", "tryagain", "loading"), strict=True)
-)
-"""Each refusal's name in metrics (``other`` for any other failure)."""
+REASONS = {
+    "max number of clients reached": "maxclients",
+    "Connection refused": "connection_refused",
+    "CLUSTERDOWN": "clusterdown",
+    "MOVED": "moved",
+    "TRYAGAIN": "tryagain",
+    "LOADING": "loading",
+}
+"""Reasons a Redis turns a client away or cannot serve it now, as redis-py reports them, and each one's name
+in metrics (``other`` for any other failure)."""
+
+
+def refusal(error: object) -> str | None:
+    """The refusal (a key of :data:`REASONS`) that ``error`` reports, None if it is another failure."""
+    return next((text for text in REASONS if text in str(error)), None)
 
 
 def reason(error: object) -> str:
     """The name of why Redis failed a try (:data:`REASONS`, else ``other``)."""
-    return next((name for text, name in REASONS.items() if text in str(error)), "other")
+    why = refusal(error)
+    return "other" if why is None else REASONS[why]
 
 
 class Backoff:
@@ -47,7 +57,7 @@ class Backoff:
     def failed(self, error: object) -> float:
         """A try failed with ``error``: the seconds to wait before the next (said once an episode)."""
         if self.failures == 0 and self.log is not None:
-            why = next((r for r in REFUSED if r in str(error)), None)
+            why = refusal(error)
             said = f"Redis turned it away ({why})" if why else "Redis failed"
             self.log.warning(
                 "%s: %s: %s; retrying with jittered backoff (up to %.0f s), said again when it recovers",
