@@ -12,11 +12,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self, TypeVar
 
 from aurora_store.testing.redis_server import RedisServer, RedisUnavailable
+
+T = TypeVar("T")
 
 NODE_TIMEOUT_MS = 1000
 """``cluster-node-timeout``: how long a master may not answer before its replica is promoted."""
@@ -93,16 +96,23 @@ class RedisCluster:
             raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-2000:]!r} {done.stderr[-2000:]!r}")
         self.wait_ok(timeout)
 
-    def state(self, node: RedisServer) -> str:
+    @staticmethod
+    def _ask(node: RedisServer, ask: Callable[[Any], T]) -> T | None:
+        """``ask(client)`` on a client of ``node``'s own, closed after; None if the node does not answer."""
         import redis
 
         client = redis.Redis(port=node.port, socket_timeout=2, decode_responses=True)
         try:
-            text = client.execute_command("CLUSTER", "INFO")
+            return ask(client)
         except redis.RedisError:
-            return "unreachable"
+            return None
         finally:
             client.close()
+
+    def state(self, node: RedisServer) -> str:
+        text = self._ask(node, lambda c: c.execute_command("CLUSTER", "INFO"))
+        if text is None:
+            return "unreachable"
         info = text if isinstance(text, dict) else dict(line.split(":", 1) for line in str(text).split() if ":" in line)
         return str(info.get("cluster_state", "unknown"))
 
@@ -122,16 +132,10 @@ class RedisCluster:
 
     def _synced(self) -> bool:
         """Every live replica whose master lives has its link up (a replica never synced cannot fail over)."""
-        import redis
-
         for node in self.live():
-            client = redis.Redis(port=node.port, socket_timeout=2, decode_responses=True)
-            try:
-                info = client.info("replication")
-            except redis.RedisError:
+            info = self._ask(node, lambda c: c.info("replication"))
+            if info is None:
                 return False
-            finally:
-                client.close()
             down = info.get("role") == "slave" and info.get("master_link_status") != "up"
             if down and all(n.port != int(info.get("master_port", 0)) for n in self.killed):
                 return False
@@ -139,31 +143,18 @@ class RedisCluster:
 
     def primaries(self) -> list[ClusterServer]:
         """The live nodes that are masters now."""
-        import redis
-
-        out = []
-        for node in self.live():
-            client = redis.Redis(port=node.port, socket_timeout=2, decode_responses=True)
-            try:
-                if client.info("replication").get("role") == "master":
-                    out.append(node)
-            except redis.RedisError:
-                pass
-            finally:
-                client.close()
-        return out
+        roles = {n: self._ask(n, lambda c: c.info("replication").get("role")) for n in self.live()}
+        return [n for n, role in roles.items() if role == "master"]
 
     def master_of(self, key: str) -> ClusterServer:
         """The live master that serves ``key``'s slot now."""
-        import redis
-
         node = self.primaries()[0]
-        client = redis.Redis(port=node.port, socket_timeout=2, decode_responses=True)
-        try:
-            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
-            nodes = str(client.execute_command("CLUSTER", "NODES"))
-        finally:
-            client.close()
+        asked = self._ask(
+            node, lambda c: (c.execute_command("CLUSTER", "KEYSLOT", key), c.execute_command("CLUSTER", "NODES"))
+        )
+        if asked is None:
+            raise RuntimeError(f"the cluster's master on port {node.port} does not answer")
+        slot, nodes = int(asked[0]), str(asked[1])
         for line in nodes.splitlines():  # <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slots...>
             parts = line.split()
             if len(parts) < 9 or "master" not in parts[2] or "fail" in parts[2]:
