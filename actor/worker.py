@@ -36,7 +36,7 @@ from typing import TypeVar
 import torch
 
 from actor import assemble
-from actor.config import ActorConfig
+from actor.config import ActorConfig, RolloutConfig
 from actor.engines.base import Completion
 from actor.follower import Follower
 from actor.identity import Identity
@@ -53,6 +53,7 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
+from aurora_store.coord.notices import Notice
 from aurora_store.coord.workers import Beat
 from aurora_store.errors import (
     AuroraError,
@@ -74,6 +75,31 @@ CLOSE_WAIT_S = 10.0
 they use."""
 BEATS_PER_LIFETIME = 2.5
 """Beats in one heartbeat lifetime (``--heartbeat-s``): one late beat still leaves the actor alive."""
+
+
+def listener(
+    coord: Coordinator,
+    worker_id: str,
+    region: str,
+    rollout: RolloutConfig,
+    *,
+    board: JobBoard,
+    beat: Callable[[], None],
+    on_notices: Callable[[list[Notice]], None] | None = None,
+) -> Wakeups:
+    """The listener an actor runs, its one idle loop: it blocks on the actor's inbox, notices and region
+    commits until the next beat (:data:`BEATS_PER_LIFETIME` a ``--heartbeat-s``), beats with ``beat`` and
+    looks at the region's version every ``--check-s``."""
+    return Wakeups(
+        coord,
+        worker_id,
+        region,
+        block_s=rollout.check_s,
+        board=board,
+        on_notices=on_notices,
+        beat=beat,
+        beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
+    )
 
 
 class Actor:
@@ -105,15 +131,14 @@ class Actor:
         """What this actor submitted, and what the trainer said of it."""
         self.beat = Beat(self.coord.workers, self.wid, cfg.rollout.heartbeat_s)
         """This actor's heartbeat: one ZADD a beat (beaten by the listener, on its connection)."""
-        self.wake = Wakeups(
+        self.wake = listener(
             self.coord,
             self.wid,
             sync.region,
-            block_s=cfg.rollout.check_s,
+            cfg.rollout,
             board=self.board,
-            on_notices=self.outbox.told,
             beat=self._heartbeat,
-            beat_every_s=cfg.rollout.heartbeat_s / BEATS_PER_LIFETIME,
+            on_notices=self.outbox.told,
         )
         self.renewer = Renewer(self.board, self.wid, max_period_s=cfg.rollout.heartbeat_s / 3)
         """The leases this actor holds, renewed while their jobs run."""

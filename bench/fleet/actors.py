@@ -32,7 +32,7 @@ import numpy as np
 from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
-from actor.worker import BEATS_PER_LIFETIME, Actor
+from actor.worker import BEATS_PER_LIFETIME, Actor, listener
 from aurora_store.cli_parser import Parser
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -132,13 +132,12 @@ class Listeners:
     """``n`` idle actors as Redis sees them: each is the idle actor's own loop and nothing else, the
     :class:`actor.wakeups.Wakeups` listener that blocks on the actor's inbox, notices and region commits
     and beats (a :class:`~aurora_store.coord.workers.Beat`) on its one connection, as
-    :class:`actor.worker.Actor` builds it (one thread each). They register as actors that hold no version
+    :class:`actor.worker.Actor` builds it (:func:`actor.worker.listener`, one thread each). They register as actors that hold no version
     yet (still bootstrapping, as the trainer sees them), so they are leased nothing: a real actor's whole
     loop is six threads, and ten thousand of those in a few interpreters on two cores spend their time
     fighting over the interpreter lock, not on Redis."""
 
     def __init__(self, n: int, *, redis: str, run_id: str, first: int = 0, **_: Any) -> None:
-        from actor.wakeups import Wakeups
         from aurora_store.coord.coordinator import Coordinator
         from aurora_store.coord.errors import CoordinationError
         from aurora_store.coord.jobs import JobBoard
@@ -159,17 +158,7 @@ class Listeners:
                 with contextlib.suppress(CoordinationError):  # the listener retries; the actor's main loop
                     beat()  # would register again, what a row whose Redis keeps its state never needs
 
-            self.wakes.append(
-                Wakeups(
-                    coord,
-                    wid,
-                    "home",
-                    block_s=rollout.check_s,
-                    board=JobBoard(coord),
-                    beat=beating,
-                    beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
-                )
-            )
+            self.wakes.append(listener(coord, wid, "home", rollout, board=JobBoard(coord), beat=beating))
             self.coords.append(coord)
 
     def start(self) -> None:
