@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from actor.config import RolloutConfig
 from aurora_store.coord import wire
 from aurora_store.coord.backoff import Backoff
 from aurora_store.coord.coordinator import Coordinator
@@ -198,3 +199,32 @@ class Wakeups:
     def _last(self, key: str) -> str:
         last = self.coord.call(self.coord.r.xrevrange, key, count=1)
         return last[0][0] if last else "0-0"
+
+
+BEATS_PER_LIFETIME = 2.5
+"""Beats in one heartbeat lifetime (``--heartbeat-s``): one late beat still leaves the actor alive."""
+
+
+def listener(
+    coord: Coordinator,
+    worker_id: str,
+    region: str,
+    rollout: RolloutConfig,
+    *,
+    board: JobBoard,
+    beat: Callable[[], None],
+    on_notices: Callable[[list[Notice]], None] | None = None,
+) -> Wakeups:
+    """The listener an actor runs, its one idle loop: it blocks on the actor's inbox, notices and region
+    commits until the next beat (:data:`BEATS_PER_LIFETIME` a ``--heartbeat-s``), beats with ``beat`` and
+    looks at the region's version every ``--check-s``."""
+    return Wakeups(
+        coord,
+        worker_id,
+        region,
+        block_s=rollout.check_s,
+        board=board,
+        on_notices=on_notices,
+        beat=beat,
+        beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
+    )

@@ -36,7 +36,7 @@ from typing import TypeVar
 import torch
 
 from actor import assemble
-from actor.config import ActorConfig, RolloutConfig
+from actor.config import ActorConfig
 from actor.engines.base import Completion
 from actor.follower import Follower
 from actor.identity import Identity
@@ -45,7 +45,7 @@ from actor.outbox import Outbox
 from actor.renewals import Renewer
 from actor.rewards import RewardPool
 from actor.updater import Applied, Updater, open_sync_runs
-from actor.wakeups import Wakeups
+from actor.wakeups import listener
 from aurora_store.cli_parser import Parser
 from aurora_store.config.options import add_options, build
 from aurora_store.coord.backoff import Backoff, reason
@@ -53,7 +53,6 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
-from aurora_store.coord.notices import Notice
 from aurora_store.coord.workers import Beat
 from aurora_store.errors import (
     AuroraError,
@@ -73,33 +72,6 @@ CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 CLOSE_WAIT_S = 10.0
 """How long a stopping actor waits for its stager and renewer to finish before it closes the clients
 they use."""
-BEATS_PER_LIFETIME = 2.5
-"""Beats in one heartbeat lifetime (``--heartbeat-s``): one late beat still leaves the actor alive."""
-
-
-def listener(
-    coord: Coordinator,
-    worker_id: str,
-    region: str,
-    rollout: RolloutConfig,
-    *,
-    board: JobBoard,
-    beat: Callable[[], None],
-    on_notices: Callable[[list[Notice]], None] | None = None,
-) -> Wakeups:
-    """The listener an actor runs, its one idle loop: it blocks on the actor's inbox, notices and region
-    commits until the next beat (:data:`BEATS_PER_LIFETIME` a ``--heartbeat-s``), beats with ``beat`` and
-    looks at the region's version every ``--check-s``."""
-    return Wakeups(
-        coord,
-        worker_id,
-        region,
-        block_s=rollout.check_s,
-        board=board,
-        on_notices=on_notices,
-        beat=beat,
-        beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
-    )
 
 
 class Actor:

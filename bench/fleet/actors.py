@@ -32,7 +32,8 @@ import numpy as np
 from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
-from actor.worker import BEATS_PER_LIFETIME, Actor, listener
+from actor.wakeups import BEATS_PER_LIFETIME, listener
+from actor.worker import Actor
 from aurora_store.cli_parser import Parser
 from aurora_store.rl.sampling import SamplingConfig
 
@@ -131,11 +132,11 @@ class Fleet:
 class Listeners:
     """``n`` idle actors as Redis sees them: each is the idle actor's own loop and nothing else, the
     :class:`actor.wakeups.Wakeups` listener that blocks on the actor's inbox, notices and region commits
-    and beats (a :class:`~aurora_store.coord.workers.Beat`) on its one connection, as
-    :class:`actor.worker.Actor` builds it (:func:`actor.worker.listener`, one thread each). They register as actors that hold no version
-    yet (still bootstrapping, as the trainer sees them), so they are leased nothing: a real actor's whole
-    loop is six threads, and ten thousand of those in a few interpreters on two cores spend their time
-    fighting over the interpreter lock, not on Redis."""
+    and beats (a :class:`~aurora_store.coord.workers.Beat`) on its one connection, built as
+    :class:`actor.worker.Actor` builds it (:func:`actor.wakeups.listener`), one thread each. They register
+    as actors that hold no version yet (still bootstrapping, as the trainer sees them), so they are leased
+    nothing: a real actor's whole loop is six threads, and ten thousand of those in a few interpreters on
+    two cores spend their time fighting over the interpreter lock, not on Redis."""
 
     def __init__(self, n: int, *, redis: str, run_id: str, first: int = 0, **_: Any) -> None:
         from aurora_store.coord.coordinator import Coordinator
