@@ -219,9 +219,9 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         # Redis's own background work (its cron; a cluster's bus), measured before any client: not the actors'
         b0, q0 = probe.read(), time.perf_counter()
         time.sleep(3.0)
-        quiet_span = _delta(b0, probe.read())
-        background = quiet_span["cpu_s"] / (time.perf_counter() - q0)
-        per_node_background = {k: v / (time.perf_counter() - q0) for k, v in quiet_span.items() if "@" in k}
+        quiet_span, quiet_s = _delta(b0, probe.read()), time.perf_counter() - q0
+        background = quiet_span["cpu_s"] / quiet_s
+        per_node_background = {k: v / quiet_s for k, v in quiet_span.items() if "@" in k}
         coord = Coordinator(server.url, run_id)
         board = JobBoard(coord)
         sampling = SamplingConfig(group=cfg.group, max_new_tokens=tokens)
