@@ -57,7 +57,7 @@ class RolloutConfig:
     """Prompts per generate() call."""
     beta: Annotated[float, Range(ge=0, lt=1)] = 0.5
     """Throughput EMA smoothing: the weight of the past, in [0, 1)."""
-    heartbeat_s: Annotated[float, SECONDS] = 12.0
+    heartbeat_s: Annotated[float, SECONDS] = 20.0
     """Heartbeat lifetime in seconds (it beats two and a half times in one): an actor silent this long
     counts as gone, and its jobs are leased to others. A beat is one ZADD, sent by the listener after
     its blocking read on the one connection an idle actor holds: at 12 s an idle actor costs Redis

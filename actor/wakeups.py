@@ -1,9 +1,11 @@
 """What Redis pushes to one actor, read with one blocking call: its job inbox, its region's commits,
 and the trainer's notices about its results; and the actor's heartbeat, on the same connection.
 
-An idle actor is one connection and one loop: a blocking XREAD that waits until the next beat is due,
-then the beat (one ZADD, :class:`~aurora_store.coord.workers.Beat`): two commands a beat period, and
-nothing else while no job comes. The listener thread only signals and hands over: inbox entries go to
+An idle actor is one connection and one loop: the beat (one ZADD, :class:`~aurora_store.coord.workers.Beat`)
+and a blocking XREAD that waits until the next beat is due, sent together: one round trip and two
+commands a beat period, and nothing else while no job comes but a look at the region's version every
+``--check-s`` (a third command in that round trip on one server; on a Redis Cluster the region's
+entry is on another slot than the actor's streams, so it is a round trip of its own). The listener thread only signals and hands over: inbox entries go to
 the main loop (:meth:`Wakeups.jobs`, claimed there when :attr:`Wakeups.kick` is set), the stager checks
 the region's version when :meth:`Wakeups.wait_commit` returns, and notices go to a callback. Each
 signal is a hint to check, never trusted as the answer: a claimed entry is checked against its job,
@@ -26,6 +28,8 @@ from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.notices import Notice
+from aurora_store.coord.regions import RegionVersion
+from aurora_store.coord.workers import Beat
 
 log = logging.getLogger("aurora.actor")
 
@@ -42,17 +46,19 @@ class Wakeups:
         block_s: float,
         board: JobBoard | None = None,
         on_notices: Callable[[list[Notice]], None] | None = None,
-        beat: Callable[[], None] | None = None,
+        beat: Beat | None = None,
         beat_every_s: float | None = None,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
         """Without a ``board`` it listens to the region's commits only (an actor that takes no jobs,
-        as ``python -m actor.follow``). ``beat``: called on this thread every ``beat_every_s`` (the
-        blocking read returns for it)."""
+        as ``python -m actor.follow``). ``beat``: beaten on this thread every ``beat_every_s`` (the
+        blocking read returns for it; a cheap beat goes with the next read); ``on_lost``: called when a
+        beat says this worker's state in Redis is gone, or a full beat fails (register again)."""
         self.coord, self.board = coord, board
         self.worker_id = worker_id
         self.block_ms = max(int(block_s * 1000), 1)
         self.on_notices = on_notices
-        self.beat, self.beat_every_s = beat, beat_every_s or block_s
+        self.beat, self.beat_every_s, self.on_lost = beat, beat_every_s or block_s, on_lost
         self._next_beat = time.monotonic()
         self.region = region
         self.look_every_s = block_s
@@ -124,23 +130,37 @@ class Wakeups:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self._beat_if_due()
+            deadline, look = None, False
             try:
-                self._look_if_due()
                 if self._after[self.commits] == "$":
                     self._after[self.commits] = self._last(self.commits)
+                look = self._look_due()
+                if look and self.coord.keys.cluster:  # the region's entry is on the control slot, not here
+                    self._looked(self.coord.regions.version(self.region))
+                    look = False
+                deadline = self._beat_if_due()
                 # wake up for the next beat; the look rides on the first beat after it is due
                 due = self._next_look if self.beat is None else self._next_beat
                 block = min(self.block_ms, max(1, int((due - time.monotonic()) * 1000)))
-                got = self.coord.read_streams(dict(self._after), block_ms=block, count=256)
+                first, got = self.coord.read_streams_after(
+                    self._with_read(look, deadline), dict(self._after), block_ms=block, count=256
+                )
                 self.round_trips += 1
             except CoordinationError as exc:
                 if stop.is_set():
                     return  # stopping: the client was closed under its blocked read ("Bad file descriptor")
                 log.debug("actor %s: listener: %s", self.worker_id, exc)
+                if deadline is not None:
+                    self._next_beat = time.monotonic()  # the beat did not land: beat again first
+                if look:
+                    self._next_look = time.monotonic()
                 stop.wait(self._backoff.failed(exc))  # the main loop says it (the same Redis fails it)
                 continue
             self._backoff.succeeded()
+            if look:
+                self._looked(self.coord.regions.parse_version(self.region, first.pop(0)))
+            if deadline is not None and self.beat is not None and not self.beat.landed(deadline, first[0] == 1):
+                self._beat_full()  # its entry was gone: Redis lost its state, or this worker was pruned
             for key, entries in got.items():
                 if not entries or key not in self._after:
                     continue
@@ -180,21 +200,48 @@ class Wakeups:
                 continue
             self.committed = got if self.committed is None else max(self.committed, got)
 
-    def _look_if_due(self) -> None:
-        """The region's version, every ``look_every_s`` (the safety net under a lost commit event)."""
+    def _with_read(self, look: bool, deadline: int | None) -> list[tuple[object, ...]]:
+        """What goes to Redis in the blocking read's round trip: the look at the region's version, the beat."""
+        commands: list[tuple[object, ...]] = []
+        if look:
+            commands.append(("HGETALL", self.coord.regions.version_key(self.region)))
+        if deadline is not None:
+            commands.append(self.coord.workers.cheap_beat(self.worker_id, deadline))
+        return commands
+
+    def _look_due(self) -> bool:
+        """Whether to look at the region's version now (every ``look_every_s``: the safety net under a lost
+        commit event); on one server the look goes with the next read, on a cluster it is a call of its own."""
         if time.monotonic() < self._next_look:
-            return
+            return False
         self._next_look = time.monotonic() + self.look_every_s
-        rv = self.coord.regions.version(self.region)
+        return True
+
+    def _looked(self, rv: RegionVersion | None) -> None:
         self.looked = True
         if rv is not None and rv.version != self.committed:  # the region's word replaces what events said
             self.committed = rv.version  # (an event anyone wrote with a version from nowhere lasts one look)
             self._bump()
 
-    def _beat_if_due(self) -> None:
-        if self.beat is not None and time.monotonic() >= self._next_beat:
-            self._next_beat = time.monotonic() + self.beat_every_s
-            self.beat()
+    def _beat_if_due(self) -> int | None:
+        """Beat if a beat is due: a cheap beat's deadline (sent with the next read), or a full beat here."""
+        if self.beat is None or time.monotonic() < self._next_beat:
+            return None
+        self._next_beat = time.monotonic() + self.beat_every_s
+        deadline = self.beat.plan()
+        if deadline is None:
+            self._beat_full()
+        return deadline
+
+    def _beat_full(self) -> None:
+        assert self.beat is not None
+        try:
+            lost = self.beat.full()
+        except CoordinationError as exc:
+            log.debug("actor %s: full beat: %s", self.worker_id, exc)
+            lost = True  # the main loop registers again (and says what fails, from its own calls)
+        if lost and self.on_lost is not None:
+            self.on_lost()
 
     def _last(self, key: str) -> str:
         last = self.coord.call(self.coord.r.xrevrange, key, count=1)
@@ -212,12 +259,13 @@ def listener(
     rollout: RolloutConfig,
     *,
     board: JobBoard,
-    beat: Callable[[], None],
+    beat: Beat,
+    on_lost: Callable[[], None] | None = None,
     on_notices: Callable[[list[Notice]], None] | None = None,
 ) -> Wakeups:
-    """The listener an actor runs, its one idle loop: it blocks on the actor's inbox, notices and region
-    commits until the next beat (:data:`BEATS_PER_LIFETIME` a ``--heartbeat-s``), beats with ``beat`` and
-    looks at the region's version every ``--check-s``."""
+    """The listener an actor runs, its one idle loop: it beats with ``beat`` (:data:`BEATS_PER_LIFETIME` a
+    ``--heartbeat-s``) and blocks on the actor's inbox, notices and region commits until the next beat,
+    and looks at the region's version every ``--check-s``."""
     return Wakeups(
         coord,
         worker_id,
@@ -227,4 +275,5 @@ def listener(
         on_notices=on_notices,
         beat=beat,
         beat_every_s=rollout.heartbeat_s / BEATS_PER_LIFETIME,
+        on_lost=on_lost,
     )

@@ -12,8 +12,8 @@ that fell behind catches up by deltas and becomes eligible again once it holds t
 version or the one before.
 
 Nothing polls: one listener thread (:mod:`actor.wakeups`) blocks on this actor's inbox, its
-region's commits and the trainer's notices, and between two blocking reads beats (one ZADD,
-2.5 times a lifetime), on the one connection an idle actor holds (the others it opened while busy
+region's commits and the trainer's notices, and beats with each blocking read (one ZADD, 2.5 times a
+lifetime, in the read's round trip), on the one connection an idle actor holds (the others it opened while busy
 are closed when it falls idle); the inbox entries it reads are claimed by the main loop; the
 leases of the jobs it runs are renewed while they run (:mod:`actor.renewals`), so a batch longer
 than a lease keeps them; and the listener's look at the region's version every ``--check-s`` is the
@@ -109,7 +109,8 @@ class Actor:
             sync.region,
             cfg.rollout,
             board=self.board,
-            beat=self._heartbeat,
+            beat=self.beat,
+            on_lost=self._lost,
             on_notices=self.outbox.told,
         )
         self.renewer = Renewer(self.board, self.wid, max_period_s=cfg.rollout.heartbeat_s / 3)
@@ -371,18 +372,13 @@ class Actor:
         self.renewer.done(lease)  # renewed until now: the trainer has a whole lease to admit it
         return True
 
-    def _heartbeat(self) -> None:
-        """One beat, on the listener's thread and connection (so a long batch does not look like a dead
-        actor, and an idle actor holds one connection); when the beat says this actor's state in Redis
-        is gone (a flush, an empty failover, a pruned registration: no disconnect tells), the main loop
+    def _lost(self) -> None:
+        """The listener's beat (on its thread and connection, so a long batch does not look like a dead
+        actor, and an idle actor holds one connection) says this actor's state in Redis is gone (a flush,
+        an empty failover, a pruned registration: no disconnect tells), or it failed: the main loop
         registers again."""
-        try:
-            if self.beat():
-                self._reregister.set()
-                self.wake.kick.set()
-        except CoordinationError:
-            self._reregister.set()
-            self.wake.kick.set()
+        self._reregister.set()
+        self.wake.kick.set()
 
     def _register_again(self) -> None:
         self._reregister.clear()

@@ -64,9 +64,10 @@ def test_shard_slots_are_spread_evenly_and_an_actors_streams_share_one() -> None
     board = JobBoard(Coordinator("redis+cluster://127.0.0.1:1", run))  # nothing is sent: made on first use
     for actor in ("a", "actor-eu-7", "x" * 100):
         keys = [board.inbox(actor), board.notices.key(actor), board.coord.regions.commits_key("eu", actor)]
-        assert len({key_slot(k.encode()) for k in keys}) == 1, "one XREAD reads one slot"
+        keys.append(board.coord.workers.alive_key(actor))
+        assert len({key_slot(k.encode()) for k in keys}) == 1, "one XREAD, and the beat sent with it, read one slot"
         assert key_slot(keys[0].encode()) == slots[shard_of(actor)]
-    control = {key_slot(board.coord.key(*p).encode()) for p in [("job", "t:1:0"), ("fence",), ("alive",), ("epoch",)]}
+    control = {key_slot(board.coord.key(*p).encode()) for p in [("job", "t:1:0"), ("fence",), ("workers",), ("epoch",)]}
     assert len(control) == 1, "the control keys share one slot"
     used = {shard_of(f"actor-{i}") for i in range(1000)}
     assert len(used) == SHARDS, "a fleet spreads over every shard"
@@ -88,11 +89,16 @@ def test_a_cluster_run_spreads_its_actor_streams_over_the_masters(redis_cluster:
     masters = {redis_cluster.master_of(board.inbox(a)).port for a in actors}
     assert len(masters) == 3, "the inboxes of 30 actors live on every master"
     for a in actors:
+        coord.workers.register("actor", "eu", worker_id=a, ttl_s=30)
+    assert {redis_cluster.master_of(coord.workers.alive_key(a)).port for a in actors} == masters, "so do their beats"
+    assert coord.workers.alive() == set(actors), "who is alive is read from every shard"
+    coord.workers.unregister("a29")
+    assert coord.workers.alive() == set(actors[:29]) and "a29" not in coord.workers.registrations(alive_only=False)
+    for a in actors:
         (lease,) = board.take(a, max_jobs=5, block_s=1)
         assert lease.step == 1
         got = coord.read_streams({coord.regions.commits_key("eu", a): "0-0"}, block_ms=10)
         assert [f["version"] for _, f in next(iter(got.values()))] == ["1"], "each shard has the commit"
-    coord.workers.register("actor", "eu", worker_id="a0", ttl_s=30)
     coord.workers.update("a0", version=1)
     coord.regions.commit("us", 1, "b" * 64, "full")
     in_use, unreadable = coord.versions_in_use()

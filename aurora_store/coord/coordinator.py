@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aurora_store.coord import wire
@@ -83,8 +83,15 @@ class Coordinator:
     ) -> dict[str, list[tuple[str, dict[str, str]]]]:
         """One blocking XREAD over several streams (key -> the id to read after): what arrived in
         each, raw (the caller parses it as hostile input), waiting up to ``block_ms`` for anything."""
-        reply = self.keys.xread(after, count=count, block=max(block_ms, 1))
-        return {str(key): list(entries) for key, entries in reply or []}
+        return self.read_streams_after((), after, block_ms=block_ms, count=count)[1]
+
+    def read_streams_after(
+        self, commands: Sequence[tuple[Any, ...]], after: dict[str, str], *, block_ms: int, count: int = 1000
+    ) -> tuple[list[Any], dict[str, list[tuple[str, dict[str, str]]]]]:
+        """``commands`` (on the streams' slot), then :meth:`read_streams`, in one round trip: their replies,
+        and what arrived."""
+        first, reply = self.keys.xread_after(commands, after, count=count, block=max(block_ms, 1))
+        return first, {str(key): list(entries) for key, entries in reply or []}
 
     def versions_in_use(self) -> tuple[dict[str, int], list[str]]:
         """What ``aurora gc`` must not delete from under anyone: the version every live actor has applied

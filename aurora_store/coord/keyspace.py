@@ -10,19 +10,21 @@ handed it, so they share one connection pool and one tally without reaching into
 (``redis+cluster://``, :mod:`aurora_store.coord.clients`) the keys carry hash tags, so that every script
 and multi-key command touches one slot:
 
-- the run's *control* keys (jobs and leases, results, workers and liveness, regions and their events,
+- the run's *control* keys (jobs and leases, results, workers' registrations, regions and their events,
   the epoch, throughputs) are ``{prefix}:{<run_id>}:...``: one slot, where the trainer's scripts run;
 - each actor's own streams (its job inbox, its notices, and its copy of its region's commit stream:
-  what its listener blocks on, in one XREAD) are ``{prefix}:{<run_id>/s<k>.<salt>}:...``, on one of
+  what its listener blocks on, in one XREAD) and its liveness entry (the shard's ``alive`` set, what
+  it beats in the same round trip) are ``{prefix}:{<run_id>/s<k>.<salt>}:...``, on one of
   :data:`SHARDS` shard slots picked by a hash of the actor id. The salts place the shards' slots
   evenly over the 16,384 (:func:`shard_tags`), so a cluster whose masters hold equal slot ranges
-  carries equal shares of the idle fleet's blocking reads.
+  carries equal shares of the idle fleet's blocking reads and beats.
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -62,17 +64,19 @@ def shard_of(actor: str, shards: int = SHARDS) -> int:
 class _Script:
     """A Lua script registered with the keyspace's client on its first call (a cluster client is made on
     first use: registering does not make it). In a cluster's pipeline it is sent whole (EVAL): redis-py's
-    cluster pipelines do not load a script a node lacks (a replica promoted by a failover has none), and
-    EVAL of a script Redis has compiled costs a hash of its text."""
+    cluster pipelines do not load a script a node lacks (a replica promoted by a failover has none). On
+    one server a pipeline sends it by hash, after asking the server whether it is loaded (``SCRIPT
+    EXISTS``, a round trip before every execution), unless it is ``inline``: small scripts in pipelines
+    run on every sweep are sent whole, as EVAL of a script Redis has compiled costs a hash of its text."""
 
-    def __init__(self, keys: Keyspace, source: str) -> None:
-        self.keys, self.source = keys, source
+    def __init__(self, keys: Keyspace, source: str, *, inline: bool = False) -> None:
+        self.keys, self.source, self.inline = keys, source, inline
         self._script: Any = None
         self._client: Any = None
         """The client the script is registered with (a cluster's is made again after a node failure)."""
 
     def __call__(self, *, keys: list[str], args: list[Any] | None = None, client: Any = None) -> Any:
-        if client is not None and self.keys.cluster:
+        if client is not None and (self.inline or self.keys.cluster):
             return client.execute_command("EVAL", self.source, len(keys), *keys, *(args or []))
         r = self.keys.r
         current = r.client if isinstance(r, clients.LazyClient) else r
@@ -132,9 +136,15 @@ class Keyspace:
             return []
         return [":".join((f"{self.prefix}:{{{tag}}}", *parts)) for tag in shard_tags(self.run_id)]
 
-    def script(self, source: str) -> _Script:
-        """A Lua script on this Redis (every key it is given must be in one slot on a cluster)."""
-        return _Script(self, source)
+    def sharded(self, *parts: str) -> list[str]:
+        """Every key of that name a run has: one a shard on a cluster (:meth:`shard_keys`), the one
+        control key on one server."""
+        return self.shard_keys(*parts) or [self.key(*parts)]
+
+    def script(self, source: str, *, inline: bool = False) -> _Script:
+        """A Lua script on this Redis (every key it is given must be in one slot on a cluster); ``inline``:
+        sent whole in pipelines (see :class:`_Script`)."""
+        return _Script(self, source, inline=inline)
 
     def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """``fn(*args, **kw)`` on this Redis; a Redis failure is a CoordinationError (the password never
@@ -150,12 +160,25 @@ class Keyspace:
     def xread(
         self, streams: dict[str, str], *, count: int | None = None, block: int | None = None, binary: bool = False
     ) -> Any:
-        """XREAD (blocking ``block`` ms if given) as a CoordinationError-raising :meth:`call`. On a cluster it
-        goes straight to the node of its streams' slot: redis-py would first ask a node which keys an XREAD
-        names (``COMMAND GETKEYS``, a round trip per read: an idle actor's listener reads every beat)."""
+        """XREAD (blocking ``block`` ms if given) as a CoordinationError-raising :meth:`call`."""
+        return self.xread_after((), streams, count=count, block=block, binary=binary)[1]
+
+    def xread_after(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        streams: dict[str, str],
+        *,
+        count: int | None = None,
+        block: int | None = None,
+        binary: bool = False,
+    ) -> tuple[list[Any], Any]:
+        """``commands`` (keys of the streams' slot only), then an XREAD, in one round trip: their replies,
+        and the XREAD's. It goes straight to the node of the streams' slot: on a cluster redis-py would
+        first ask a node which keys an XREAD names (``COMMAND GETKEYS``, a round trip per read: an idle
+        actor's listener reads every beat)."""
         client = self.rb if binary else self.r
-        if not self.cluster:
-            return self.call(client.xread, streams, count=count, block=block)
+        if not self.cluster and not commands:
+            return [], self.call(client.xread, streams, count=count, block=block)
         args: list[Any] = ["XREAD"]
         if count is not None:
             args += ["COUNT", count]
@@ -163,9 +186,16 @@ class Keyspace:
             args += ["BLOCK", block]
         args += ["STREAMS", *streams, *streams.values()]
 
-        def go() -> Any:
-            node = client.get_node_from_key(next(iter(streams)))
-            return client.execute_command(*args, target_nodes=node)
+        def go() -> tuple[list[Any], Any]:
+            node = (
+                client.get_redis_connection(client.get_node_from_key(next(iter(streams)))) if self.cluster else client
+            )
+            with node.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                pipe.execute_command(*args)
+                *first, read = pipe.execute()
+            return first, read
 
         return self.call(go)
 

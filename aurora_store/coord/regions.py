@@ -118,8 +118,16 @@ class Regions:
 
     def version(self, region: str) -> RegionVersion | None:
         """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
-        h = self.keys.call(self.keys.r.hgetall, self.keys.key("region", region))
-        if not h:
+        return self.parse_version(region, self.keys.call(self.keys.r.hgetall, self.version_key(region)))
+
+    def version_key(self, region: str) -> str:
+        """The hash of ``region``'s version (a control key: read it with HGETALL, parse it with
+        :meth:`parse_version`)."""
+        return self.keys.key("region", region)
+
+    def parse_version(self, region: str, h: Any) -> RegionVersion | None:
+        """:meth:`version` from the hash's HGETALL reply (hostile: a damaged entry is counted, None)."""
+        if not isinstance(h, dict) or not h:
             return None
         try:
             kind = h.get("kind")

@@ -4,7 +4,9 @@ Redis's clock. A *worker* is any process that registers with the run: an actor (
 or a relay (:class:`relay.worker.Relay`); its id is its worker id (``--worker-id`` for an actor).
 
 - ``workers`` (hash): worker id -> JSON registration (role, region, protocol, the version an actor has applied).
-- ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on Redis's clock).
+- ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on the clock of the Redis node that
+  holds the set). On a Redis Cluster there is one a shard, on the worker's shard slot
+  (:meth:`Workers.alive_key`), so a beat goes where the worker's listener blocks.
 - ``roster`` (sorted set): worker id -> the ``roster_seq`` number of its last change (registered,
   updated, gone, back after expiring), so a reader asks only what changed
   (:class:`~aurora_store.coord.roster.Roster`).
@@ -39,58 +41,52 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: roster, roster_seq.  Marks ARGV[1] changed (after LUA_NOW).
+# KEYS: roster, roster_seq.  Marks a worker changed.
 _CHANGED = """
 local function changed(wid) redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[2]), wid) end
 """
 
 
-# KEYS: roster, roster_seq, alive, workers, epoch.  ARGV: worker id, ttl_ms, a new random epoch id.
-# A heartbeat: the worker's expiry moves on; one that had expired (or was never alive) is marked
-# changed, so the trainer sees it back. Returns the epoch, whether the registration exists, and
-# Redis's clock (ms), from which the worker's cheap beats (:class:`Beat`) reckon deadlines.
+# KEYS: alive (the worker's shard's).  ARGV: worker id, ttl_ms.  The first half of a full beat: the
+# worker's expiry moves on, on the clock of the node that holds it; returns that clock (ms), from which
+# the worker's cheap beats (:class:`Beat`) reckon deadlines.
+_BEAT_ALIVE = (
+    LUA_NOW
+    + """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return now
+"""
+)
+
+# KEYS: roster, roster_seq, workers, epoch.  ARGV: worker id, a new random epoch id.  The second half of
+# a full beat, after its expiry moved on: the worker is marked changed (so a trainer that took it for
+# dead sees it back: full beats are rare, a mark costs the trainer one registration read), and the
+# epoch and whether the registration exists are returned.
 _BEAT = (
-    LUA_NOW
-    + _CHANGED
+    _CHANGED
     + """
-local prev = redis.call('ZSCORE', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-if (not prev) or tonumber(prev) < now then changed(ARGV[1]) end
-local e = redis.call('GET', KEYS[5])
+changed(ARGV[1])
+local e = redis.call('GET', KEYS[4])
 if not e then
-  e = ARGV[3]
-  redis.call('SET', KEYS[5], e)
+  e = ARGV[2]
+  redis.call('SET', KEYS[4], e)
 end
-return {e, redis.call('HEXISTS', KEYS[4], ARGV[1]), now}
+return {e, redis.call('HEXISTS', KEYS[3], ARGV[1])}
 """
 )
 
-# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id, registration JSON, ttl_ms (or '' to keep
-# the expiry as it is).  Writes a registration and marks it changed.
+# KEYS: roster, roster_seq, workers.  ARGV: worker id, registration JSON, or '' to remove it.  Writes
+# (or removes) a registration and marks it changed.
 _REGISTER = (
-    LUA_NOW
-    + _CHANGED
+    _CHANGED
     + """
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-if ARGV[3] ~= '' then redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[1]) end
+if ARGV[2] == '' then redis.call('HDEL', KEYS[3], ARGV[1]) else redis.call('HSET', KEYS[3], ARGV[1], ARGV[2]) end
 changed(ARGV[1])
 return 1
 """
 )
 
-# KEYS: roster, roster_seq, alive, workers.  ARGV: worker id.  A worker leaves.
-_UNREGISTER = (
-    LUA_NOW
-    + _CHANGED
-    + """
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-changed(ARGV[1])
-return 1
-"""
-)
-
-# KEYS: alive.  The ids of the workers alive now.
+# KEYS: alive (one shard's).  The ids of the workers alive now, on that node's clock.
 _ALIVE = (
     LUA_NOW
     + """
@@ -100,20 +96,34 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 
 
 class Workers:
-    """The worker registry of a run: registrations, heartbeats (which also read the epoch) and liveness."""
+    """The worker registry of a run: registrations, heartbeats (which also read the epoch) and liveness.
+
+    A worker's liveness entry is in the ``alive`` set of its shard (:meth:`alive_key`; on one server
+    there is one ``alive``), beside its own streams, so on a Redis Cluster the fleet's beats spread over
+    the masters as its blocking reads do, and a listener sends its beat and its read to one node in one
+    round trip. Its registration is on the run's control slot. A change to both is two steps, liveness
+    first: whoever sees a worker marked changed then finds its expiry already moved on."""
 
     def __init__(self, keys: Keyspace, epoch: Epoch) -> None:
         self.keys = keys
         self.epoch = epoch
+        self._beat_alive = keys.script(_BEAT_ALIVE)
         self._beat = keys.script(_BEAT)
         self._register = keys.script(_REGISTER)
-        self._unregister = keys.script(_UNREGISTER)
-        self._alive = keys.script(_ALIVE)
+        self._alive = keys.script(_ALIVE, inline=True)
         self._docs: dict[str, dict[str, Any]] = {}
         """The registrations this registry wrote, by worker id (merged into by :meth:`update`)."""
 
     def _keys(self) -> list[str]:
-        return [self.keys.key(k) for k in ("roster", "roster_seq", "alive", "workers")]
+        return [self.keys.key(k) for k in ("roster", "roster_seq", "workers")]
+
+    def alive_key(self, worker_id: str) -> str:
+        """The ``alive`` set that holds ``worker_id``'s expiry (its shard's, on a cluster)."""
+        return self.keys.actor_key(worker_id, "alive")
+
+    def alive_keys(self) -> list[str]:
+        """Every ``alive`` set of the run (one on one server, one a shard on a cluster)."""
+        return self.keys.sharded("alive")
 
     def register(
         self,
@@ -128,47 +138,59 @@ class Workers:
         wid = worker_id or f"{role}-{region}-{uuid.uuid4().hex[:8]}"
         doc = {"role": role, "region": region, "protocol": PROTOCOL, "started_ms": int(time.time() * 1000)}
         doc.update(info or {})
-        self.keys.call(self._register, keys=self._keys(), args=[wid, json.dumps(doc), int(ttl_s * 1000)])
+        self.keys.call(self._beat_alive, keys=[self.alive_key(wid)], args=[wid, int(ttl_s * 1000)])
+        self.keys.call(self._register, keys=self._keys(), args=[wid, json.dumps(doc)])
         self._docs[wid] = doc
         return wid
 
     def heartbeat(self, worker_id: str, ttl_s: float = 15.0) -> bool:
-        """Beat (one round trip, which also checks the epoch); True if this worker's state in Redis is
-        gone: Redis lost its state since the last check, or the registration was removed (a worker
-        long taken for dead is pruned). Either way the worker registers again; :meth:`Epoch.lost`
-        then says so once too. A script of five commands: a worker that beats often uses a
-        :class:`Beat`, which runs it only when one ZADD cannot do."""
+        """Beat in full (two round trips, which also check the epoch); True if this worker's state in
+        Redis is gone: Redis lost its state since the last check, or the registration was removed (a
+        worker long taken for dead is pruned). Either way the worker registers again; :meth:`Epoch.lost`
+        then says so once too. A worker that beats often uses a :class:`Beat`, which beats in full only
+        when one ZADD cannot do."""
         return self._exact(worker_id, ttl_s)[0]
 
-    def _exact(self, worker_id: str, ttl_s: float) -> tuple[bool, int | None]:
-        """:meth:`heartbeat`, and Redis's clock (ms) when it ran (None on a reply it could not read)."""
+    def _exact(self, worker_id: str, ttl_s: float) -> tuple[bool, int | None, float]:
+        """:meth:`heartbeat`; the clock (ms) of the node holding its expiry when it moved (None on a reply
+        it could not read), and this machine's clock (ms) when that answer came."""
+        now = self.keys.call(self._beat_alive, keys=[self.alive_key(worker_id)], args=[worker_id, int(ttl_s * 1000)])
+        after = time.time() * 1000
         keys = [*self._keys(), self.epoch.key]
-        args = [worker_id, int(ttl_s * 1000), secrets.token_hex(8)]
-        reply = self.keys.call(self._beat, keys=keys, args=args)
-        if not (isinstance(reply, list) and len(reply) == 3):
+        reply = self.keys.call(self._beat, keys=keys, args=[worker_id, secrets.token_hex(8)])
+        if not (isinstance(reply, list) and len(reply) == 2):
             self.keys.skipped.skip("bad_beat", repr(reply)[:60])
-            return False, None
+            return False, None, after
         lost = self.epoch.saw(reply[0])
         if reply[1] != 1 and not lost:
             log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
             self.epoch.mark_lost()
             lost = True
         try:
-            return lost, int(reply[2])
+            return lost, int(now), after
         except (TypeError, ValueError):
-            self.keys.skipped.skip("bad_beat", repr(reply)[:60])
-            return lost, None
+            self.keys.skipped.skip("bad_beat", repr(now)[:60])
+            return lost, None, after
 
     def beat_cheap(self, worker_id: str, deadline_ms: int) -> bool:
-        """Move ``worker_id``'s expiry to ``deadline_ms`` (Redis's clock, as the caller reckons it) if it
-        is alive in Redis: one ZADD. False if it is not (never beat, expired and pruned, or Redis lost
-        its state): the caller then beats with :meth:`heartbeat`."""
-        changed = self.keys.call(self.keys.r.zadd, self.keys.key("alive"), {worker_id: deadline_ms}, xx=True, ch=True)
-        return changed == 1
+        """Move ``worker_id``'s expiry to ``deadline_ms`` (its node's clock, as the caller reckons it) if it
+        is alive in Redis: one ZADD (:meth:`cheap_beat`). False if it is not (never beat, expired and
+        pruned, or Redis lost its state): the caller then beats with :meth:`heartbeat`."""
+        return self.keys.call(self.keys.r.execute_command, *self.cheap_beat(worker_id, deadline_ms)) == 1
+
+    def cheap_beat(self, worker_id: str, deadline_ms: int) -> tuple[Any, ...]:
+        """The one command of a cheap beat, as sent: ZADD XX CH, whose answer is 1 exactly when the entry
+        existed (the caller never sends the score it holds)."""
+        return ("ZADD", self.alive_key(worker_id), "XX", "CH", deadline_ms, worker_id)
 
     def alive(self) -> set[str]:
-        """The ids of the workers alive now (one round trip; Redis's clock)."""
-        return {str(w) for w in self.keys.call(self._alive, keys=[self.keys.key("alive")])}
+        """The ids of the workers alive now (one round trip a node; each node's clock judges its own)."""
+
+        def fill(pipe: Any) -> None:
+            for key in self.alive_keys():
+                self._alive(keys=[key], client=pipe)
+
+        return {str(w) for ids in self.keys.pipeline(fill) for w in ids}
 
     def registrations(self, *, alive_only: bool = True) -> dict[str, dict[str, Any]]:
         """Registered workers (those alive unless ``alive_only`` is False); a damaged registration is
@@ -201,7 +223,7 @@ class Workers:
                 self.keys.skipped.skip(exc.reason, f"worker {worker_id}: {exc}")
                 old = {}
         merged = {**old, **fields}
-        self.keys.call(self._register, keys=self._keys(), args=[worker_id, json.dumps(merged), ""])
+        self.keys.call(self._register, keys=self._keys(), args=[worker_id, json.dumps(merged)])
         self._docs[worker_id] = merged
 
     def versions(self) -> tuple[dict[str, int], list[str]]:
@@ -232,22 +254,24 @@ class Workers:
         return applied, unreadable
 
     def unregister(self, worker_id: str) -> None:
-        self.keys.call(self._unregister, keys=self._keys(), args=[worker_id])
+        """Leave: the registration goes (marked changed: the trainer sees it gone), then the expiry."""
+        self.keys.call(self._register, keys=self._keys(), args=[worker_id, ""])
+        self.keys.call(self.keys.r.zrem, self.alive_key(worker_id), worker_id)
         self._docs.pop(worker_id, None)
 
 
 class Beat:
     """One worker's heartbeat at fleet scale: one ZADD a beat, with the deadline as its score.
 
-    The full beat (:meth:`Workers.heartbeat`: a script of five commands on Redis's clock, which also
-    checks the epoch and marks a worker back from expiry changed for the trainer) runs only when one
-    ZADD cannot do its work: the first beat, a beat that may come after this worker's expiry (the
-    trainer must then see it back), one whose ZADD finds no entry (Redis lost its state, or the worker
-    was pruned: the epoch and the registration are checked), and every :data:`RESYNC_S` to measure
-    Redis's clock again. A cheap beat's deadline is this machine's clock plus the offset to Redis's
-    clock measured by the last full beat (to within half its round trip), plus the lifetime; a beat
-    is taken to come after the expiry if the last deadline is within :data:`MARGIN_S` of passing,
-    so a skew below that margin never hides a comeback."""
+    The full beat (:meth:`Workers.heartbeat`: two scripts, the expiry on the node's clock, then the mark
+    that makes a trainer that took the worker for dead see it back, the epoch and the registration's
+    check) runs only when one ZADD cannot do its work: the first beat, a beat that may come after this
+    worker's expiry (the trainer must then see it back), one whose ZADD finds no entry (Redis lost its
+    state, or the worker was pruned: the epoch and the registration are checked), and every
+    :data:`RESYNC_S` to measure the node's clock again. A cheap beat's deadline is this machine's clock
+    plus the offset to the node's clock measured by the last full beat (to within half its round trip),
+    plus the lifetime; a beat is taken to come after the expiry if the last deadline is within
+    :data:`MARGIN_S` of passing, so a skew below that margin never hides a comeback."""
 
     def __init__(self, workers: Workers, worker_id: str, ttl_s: float) -> None:
         self.workers, self.worker_id, self.ttl_ms = workers, worker_id, int(ttl_s * 1000)
@@ -257,30 +281,47 @@ class Beat:
         """The expiry the last beat set (Redis's clock)."""
         self._synced = -math.inf
         """When (monotonic s) the last full beat ran."""
-        self.full = 0
-        self.cheap = 0
+        self.fulls = 0
+        """Full beats so far."""
+        self.cheaps = 0
+        """Cheap beats so far."""
 
     def __call__(self) -> bool:
         """Beat; True if this worker's state in Redis is gone (as :meth:`Workers.heartbeat`)."""
+        deadline = self.plan()
+        if deadline is not None and self.landed(deadline, self.workers.beat_cheap(self.worker_id, deadline)):
+            return False
+        return self.full()
+
+    def plan(self) -> int | None:
+        """The deadline of a cheap beat now (its command: :meth:`Workers.cheap_beat`), or None if this beat
+        must be full (:meth:`full`). A caller that sends the command itself (with its blocking read, in
+        one round trip) reports its answer to :meth:`landed`."""
         local = time.time() * 1000
         offset = self._offset_ms
         margin_ms = min(MARGIN_S * 1000, self.ttl_ms / 4)  # a short lifetime (tests) has less room
-        fresh = offset is not None and time.monotonic() - self._synced <= RESYNC_S
-        if fresh and offset is not None and local + offset + margin_ms < self._deadline_ms:
-            # never the score it holds: ZADD XX CH then answers 1 exactly when the entry exists
-            deadline = max(int(local) + offset + self.ttl_ms, self._deadline_ms + 1)
-            if self.workers.beat_cheap(self.worker_id, deadline):
-                self._deadline_ms = deadline
-                self.cheap += 1
-                return False
-        return self._full()
+        if offset is None or time.monotonic() - self._synced > RESYNC_S:
+            return None
+        if local + offset + margin_ms >= self._deadline_ms:
+            return None
+        # never the score it holds: ZADD XX CH then answers 1 exactly when the entry exists
+        return max(int(local) + offset + self.ttl_ms, self._deadline_ms + 1)
 
-    def _full(self) -> bool:
+    def landed(self, deadline: int, existed: bool) -> bool:
+        """A cheap beat's answer: True if it moved the expiry; False if the entry was gone (beat in full)."""
+        if not existed:
+            return False
+        self._deadline_ms = deadline
+        self.cheaps += 1
+        return True
+
+    def full(self) -> bool:
+        """A full beat (:meth:`Workers.heartbeat`), which measures the node's clock again."""
         before = time.time() * 1000
-        lost, now = self.workers._exact(self.worker_id, self.ttl_ms / 1000)
-        self.full += 1
+        lost, now, after = self.workers._exact(self.worker_id, self.ttl_ms / 1000)
+        self.fulls += 1
         if now is not None:
-            self._offset_ms = int(now - (before + time.time() * 1000) / 2)
+            self._offset_ms = int(now - (before + after) / 2)
             self._deadline_ms = now + self.ttl_ms
             self._synced = time.monotonic()
         return lost

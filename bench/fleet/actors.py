@@ -12,7 +12,6 @@ a thousand actors (five threads each) on a small machine.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -140,7 +139,6 @@ class Listeners:
 
     def __init__(self, n: int, *, redis: str, run_id: str, first: int = 0, **_: Any) -> None:
         from aurora_store.coord.coordinator import Coordinator
-        from aurora_store.coord.errors import CoordinationError
         from aurora_store.coord.jobs import JobBoard
         from aurora_store.coord.workers import Beat
 
@@ -154,12 +152,9 @@ class Listeners:
             coord = Coordinator(redis, run_id, client_name=f"aurora-actor-{wid}")
             coord.workers.register("actor", "home", worker_id=wid, ttl_s=rollout.heartbeat_s)
             beat = Beat(coord.workers, wid, rollout.heartbeat_s)
-
-            def beating(beat: Beat = beat) -> None:
-                with contextlib.suppress(CoordinationError):  # the listener retries; the actor's main loop
-                    beat()  # would register again, what a row whose Redis keeps its state never needs
-
-            self.wakes.append(listener(coord, wid, "home", rollout, board=JobBoard(coord), beat=beating))
+            # no on_lost: the actor's main loop would register again, what a row whose Redis keeps its state
+            # never needs
+            self.wakes.append(listener(coord, wid, "home", rollout, board=JobBoard(coord), beat=beat))
             self.coords.append(coord)
 
     def start(self) -> None:

@@ -144,8 +144,8 @@ def _split(delta: dict[str, float], background: dict[str, float] | None = None) 
     less = background or {}
     parts = [max(v - less.get(k, 0.0), 0.0) for k, v in sorted(delta.items()) if k.startswith("cpu_s@")]
     total = sum(parts)
-    if len(parts) < 2 or total <= 0:
-        return {"shares": [1.0] * len(parts), "max_over_even": 1.0}
+    if len(parts) < 2 or total <= 0:  # one server, or nothing measured above the background: even
+        return {"shares": [round(1 / len(parts), 3)] * len(parts) if parts else [], "max_over_even": 1.0}
     return {
         "shares": [round(p / total, 3) for p in parts],
         "max_over_even": round(max(parts) / (total / len(parts)), 3),
