@@ -59,9 +59,11 @@ class RolloutConfig:
     """Throughput EMA smoothing: the weight of the past, in [0, 1)."""
     heartbeat_s: Annotated[float, SECONDS] = 20.0
     """Heartbeat lifetime in seconds (it beats two and a half times in one): an actor silent this long
-    counts as gone, and its jobs are leased to others. A beat is one ZADD, sent by the listener after
-    its blocking read on the one connection an idle actor holds: at 12 s an idle actor costs Redis
-    0.42 commands a second in all (a read and a beat every 4.8 s)."""
+    counts as gone, and its jobs are leased to others. A beat is one ZADD, sent with the listener's
+    blocking read on the one connection an idle actor holds: at 20 s an idle actor costs Redis one
+    wake-up every 8 s (0.32 commands a second with its look at the region's version), and a Redis Cluster
+    failover within the default ``cluster-node-timeout`` (15 s) takes no actor for dead. Lower it to
+    take work back from a dead actor sooner, at a cost in Redis CPU proportional to the beat rate."""
     check_s: Annotated[float, SECONDS] = 15.0
     """How often an idle actor looks at its region's version without being woken (the safety net under
     push: jobs and commits wake it at once); a look at the bucket, not at Redis."""
