@@ -259,3 +259,65 @@ def test_the_listener_hears_commits_and_the_regions_word_replaces_a_hostile_even
     finally:
         stop.set()
         t.join(5)
+
+
+def test_the_listener_beats_in_its_reads_round_trip_and_says_when_its_state_is_gone(redis_url: str) -> None:
+    """Issue 41: an idle actor wakes Redis once a beat: its cheap beat (one ZADD) goes in the same round
+    trip as its blocking read, to the node of its shard. Counted where redis-py sends: every send of the
+    listener's thread is one of its reads, a full beat's two scripts, or its first look at the stream's
+    end (and, on a cluster, its look at the region's version, on the control slot). When Redis lost its
+    state, the beat's ZADD finds no entry, the full beat says so, and the listener tells the actor."""
+    import threading
+
+    import redis.connection
+
+    from actor.wakeups import Wakeups
+    from aurora_store.coord.jobs import JobBoard
+    from aurora_store.coord.workers import Beat
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    c.regions.commit("eu", 1, "a" * 64, "full")
+    a = c.workers.register("actor", "eu", worker_id="a1", ttl_s=1.5)
+    beat = Beat(c.workers, a, 1.5)
+    assert beat() is False  # a full beat (its scripts loaded: redis-py's first call of one takes three sends)
+    lost = threading.Event()
+    wake = Wakeups(c, a, "eu", block_s=30, board=JobBoard(c), beat=beat, beat_every_s=0.3, on_lost=lost.set)
+    wake.look_every_s = 1000.0  # one look, at the start
+    sends: list[str] = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(conn: object, command: object, check_health: bool = True) -> None:
+        if threading.current_thread().name == "listener":
+            sends.append(str(command)[:80])
+        return original(conn, command, check_health)  # type: ignore[arg-type]
+
+    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    stop = threading.Event()
+    t = threading.Thread(target=wake.run, args=(stop,), name="listener", daemon=True)
+    try:
+        t.start()
+        wait_for(lambda: beat.cheaps >= 5, "five cheap beats", 30)
+        stop.set()
+        c.regions.commit("eu", 2, "b" * 64, "delta")  # wakes the read it blocks in now
+        t.join(10)
+        assert not t.is_alive()
+        looks = 1 if c.keys.cluster else 0  # on one server the look rides in the read's round trip
+        fulls = beat.fulls - 1
+        assert len(sends) == wake.round_trips + 2 * fulls + 1 + looks, "\n".join(sends)
+        assert beat.cheaps >= wake.round_trips - fulls - 1, "a beat in (nearly) every read's round trip"
+        assert c.r.zscore(c.workers.alive_key(a), a) is not None
+    finally:
+        redis.connection.AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        stop.set()
+    # Redis lost its state: the next beat's ZADD finds no entry; the full beat sees the epoch gone
+    stop = threading.Event()
+    t = threading.Thread(target=wake.run, args=(stop,), name="listener", daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: beat.cheaps >= 6, "a cheap beat again", 30)
+        c.r.flushall()
+        wait_for(lost.is_set, "the listener to say this actor's state is gone", 30)
+    finally:
+        stop.set()
+        c.regions.commit("eu", 3, "c" * 64, "delta")
+        t.join(10)

@@ -200,7 +200,9 @@ class ResultStream:
         fields = entry(
             lease.job, lease.token, actor, version, version_hash, inline=payload, ref=ref, cert=cert, sig=sig
         )
-        rid = self.keys.call(self.keys.rb.xadd, self.key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
+        # the decoding client: a write's bytes go as they are, and its reply is an id; an actor needs no
+        # client of its own for bytes (on a cluster each client costs Redis a COMMAND, a millisecond)
+        rid = self.keys.call(self.keys.r.xadd, self.key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
         return rid.decode() if isinstance(rid, bytes) else str(rid)
 
     def read(self, after: str, *, block_ms: int = 500, count: int = ENTRIES_PER_READ) -> list[Result]:
