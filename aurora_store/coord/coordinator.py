@@ -19,7 +19,8 @@ Keys:
   version (a blocking XREAD, with their job inbox), not once per segment.
 - ``workers`` (hash): worker id -> JSON registration.
 - ``alive`` (sorted set): worker id -> when its heartbeat expires (ms on Redis's clock): who is
-  alive, and who died since a given time, are ranges of it, never a scan of every worker.
+  alive, and who died since a given time, are ranges of it, never a scan of every worker (on a Redis
+  Cluster one a shard, beside the shard's actors' streams: :mod:`aurora_store.coord.keyspace`).
 - ``roster`` (sorted set): worker id -> the sequence number (``roster_seq``) of its last change
   (registered, updated, gone, come back): the trainer reads only what changed since it last looked
   (:class:`aurora_store.coord.roster.Roster`).
