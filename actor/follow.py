@@ -22,6 +22,7 @@ from aurora_store.cli_parser import Parser
 from aurora_store.config.options import add_options, build
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.workers import Beat
 from aurora_store.errors import ChainError
 
 CHECK_S = 0.5
@@ -59,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     applied = up.bootstrap()
     seen, registered = wake.seq, False
+    beat = Beat(coord.workers, args.worker_id, 15.0)  # one ZADD a beat; in full only when it must
     while not stop.is_set():
         try:
             if not registered:  # first time, and again after Redis lost its state
-                coord.workers.register("actor", args.region, worker_id=args.worker_id)
+                coord.workers.register("actor", args.region, worker_id=args.worker_id, ttl_s=beat.ttl_ms / 1000)
                 _report(coord, args.worker_id, applied)
                 registered = True
-            if coord.workers.heartbeat(args.worker_id):  # its state in Redis is gone: register again
+            if beat():  # its state in Redis is gone: register again
                 registered = False
                 wake.rewind()  # new stream ids may be below the ones it had read
                 continue

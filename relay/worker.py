@@ -36,6 +36,7 @@ from aurora_store.bucket.retention import records as retention_records
 from aurora_store.coord import wire
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.errors import CoordinationError
+from aurora_store.coord.workers import Beat
 from aurora_store.errors import ChainError, CorruptError, MissingError, StoreError, UnauthenticatedError
 from aurora_store.errors import about as about_url
 from aurora_store.format import retention, signing
@@ -313,6 +314,7 @@ class Relay:
             raise StoreError("a long-running relay needs Redis; use --once to backfill without it")
         info = {"source": self.source.uri, "dest": self.dest.uri}
         wid = self._starting(stop, lambda: coord.workers.register("relay", self.dest_region, info=info))
+        beat = Beat(coord.workers, wid, 15.0)  # as it registered: one ZADD a beat, in full only when it must
         after = self._starting(stop, lambda: coord.regions.last_event_id(self.source_region))
         if stop.is_set():
             self.close()
@@ -339,7 +341,7 @@ class Relay:
                         info={**info, "serving": True},
                     )
                     last_scan, need_scan = time.monotonic(), False
-                coord.workers.heartbeat(wid)
+                beat()
                 if coord.epoch.lost():  # FLUSHALL or an empty failover: rescan, rebuild, register again
                     need_scan = True
                     continue

@@ -70,4 +70,6 @@ def test_idle_actors_join_the_row_on_one_connection_each_and_a_cluster_row_split
     assert row["idle"]["connections_per_actor"] <= 2.5, "a cluster actor: its shard's node and the control node"
     split = row["idle"]["redis_cpu_split"]
     assert len(split["shares"]) == 3 and abs(sum(split["shares"]) - 1) < 0.01 and split["max_over_even"] >= 1
+    at_period = row["redis_cpu_split_at_period"]  # a step and the idle rest of its period, each server's part
+    assert len(at_period["shares"]) == 3 and abs(sum(at_period["shares"]) - 1) < 0.01
     assert "Redis Cluster of 3" in row["redis"]

@@ -329,6 +329,13 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     last = steps[-1]
     step_cpu = last["redis_cpu_s"]
     rest = max(cfg.step_period_s - last["collect_s"], 0.0)
+    idle_split = _split(idle, {k: v * idle_wall for k, v in per_node_background.items()})
+    # each server's CPU over one step period: its share of the step's, and of the idle fleet's for the rest
+    per_period = [
+        a * step_cpu + b * idle_cpu * actors * rest
+        for a, b in zip(last["redis_cpu_split"]["shares"], idle_split["shares"], strict=True)
+    ]
+    even = sum(per_period) / len(per_period)
     return {
         "actors": actors,
         "working_actors": working,
@@ -362,11 +369,15 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
             "commands_per_actor_s": round(idle["calls"] / idle_wall / actors, 3),
             "connections_per_actor": round(idle_end["clients"] / actors, 2),
             "connections_opened_per_actor_s": round(idle["connections_opened"] / idle_wall / actors, 3),
-            "redis_cpu_split": _split(idle, {k: v * idle_wall for k, v in per_node_background.items()}),
+            "redis_cpu_split": idle_split,
         },
         "admission": admission,
         "bytes_per_token": round(last["bytes"] / max(last["tokens"], 1), 3),
         "redis_core_fraction_at_period": round((step_cpu + idle_cpu * actors * rest) / cfg.step_period_s, 4),
+        "redis_cpu_split_at_period": {
+            "shares": [round(x / even / len(per_period), 3) if even else 1 / len(per_period) for x in per_period],
+            "max_over_even": round(max(per_period) / even, 3) if even else 1.0,
+        },
         "memory_growth_per_step": (steps[-1]["memory_after"] - steps[0]["memory_after"]) / max(len(steps) - 1, 1),
         "projected_actors": _projection(step_cpu, idle_cpu, idle_end["clients"] / actors, cfg.step_period_s),
     }
