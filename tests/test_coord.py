@@ -321,3 +321,33 @@ def test_the_listener_beats_in_its_reads_round_trip_and_says_when_its_state_is_g
         stop.set()
         c.regions.commit("eu", 3, "c" * 64, "delta")
         t.join(10)
+
+
+def test_a_region_key_of_another_type_does_not_stop_the_listener(redis_url: str) -> None:
+    """Bad input read from Redis: the region's version key set to a string (anyone who can write Redis
+    may do it). The listener's look counts it and goes on: its beat still lands and its read still hears
+    the region's commits (the look rides in the read's round trip on one server)."""
+    import threading
+
+    from actor.wakeups import Wakeups
+    from aurora_store.coord.jobs import JobBoard
+    from aurora_store.coord.workers import Beat
+
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    c.r.set(c.regions.version_key("eu"), "junk")
+    a = c.workers.register("actor", "eu", worker_id="a1", ttl_s=1.5)
+    beat = Beat(c.workers, a, 1.5)
+    wake = Wakeups(c, a, "eu", block_s=30, board=JobBoard(c), beat=beat, beat_every_s=0.3)
+    wake.look_every_s = 0.3  # a look with every read
+    stop = threading.Event()
+    t = threading.Thread(target=wake.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: c.skipped.counts["bad_region"] >= 2 and beat.cheaps >= 2, "looks counted, beats landing", 30)
+        assert wake.committed is None
+        c.regions.commit("eu", 5, "a" * 64, "full")  # replaces the junk, and its event wakes the read
+        wait_for(lambda: wake.committed == 5, "the commit, heard", 30)
+    finally:
+        stop.set()
+        c.regions.commit("eu", 6, "b" * 64, "delta")
+        t.join(10)

@@ -172,8 +172,9 @@ class Keyspace:
         block: int | None = None,
         binary: bool = False,
     ) -> tuple[list[Any], Any]:
-        """``commands`` (keys of the streams' slot only), then an XREAD, in one round trip: their replies,
-        and the XREAD's. It goes straight to the node of the streams' slot: on a cluster redis-py would
+        """``commands`` (keys of the streams' slot only), then an XREAD, in one round trip: their replies
+        (an error reply as the exception, for the caller to judge: a hostile key of another type must not
+        stop the read), and the XREAD's. It goes straight to the node of the streams' slot: on a cluster redis-py would
         first ask a node which keys an XREAD names (``COMMAND GETKEYS``, a round trip per read: an idle
         actor's listener reads every beat)."""
         client = self.rb if binary else self.r
@@ -194,18 +195,21 @@ class Keyspace:
                 for command in commands:
                     pipe.execute_command(*command)
                 pipe.execute_command(*args)
-                *first, read = pipe.execute()
+                *first, read = pipe.execute(raise_on_error=False)
+            if isinstance(read, Exception):
+                raise read
             return first, read
 
         return self.call(go)
 
-    def pipeline(self, fill: Any, *, binary: bool = False) -> list[Any]:
-        """Run ``fill(pipe)``'s commands in one round trip (no transaction); their replies."""
+    def pipeline(self, fill: Any, *, binary: bool = False, errors: bool = False) -> list[Any]:
+        """Run ``fill(pipe)``'s commands in one round trip (no transaction); their replies (``errors``: an
+        error reply as the exception, for the caller to judge, instead of raising it)."""
 
         def go() -> list[Any]:
             with (self.rb if binary else self.r).pipeline(transaction=False) as pipe:
                 fill(pipe)
-                return list(pipe.execute())
+                return list(pipe.execute(raise_on_error=not errors))
 
         return list(self.call(go))
 

@@ -127,6 +127,9 @@ class Regions:
 
     def parse_version(self, region: str, h: Any) -> RegionVersion | None:
         """:meth:`version` from the hash's HGETALL reply (hostile: a damaged entry is counted, None)."""
+        if isinstance(h, Exception):  # a reply in a pipeline: a key of another type (anyone may have set it)
+            self.keys.skipped.skip("bad_region", f"region {region}: {type(h).__name__}: {str(h)[:80]}")
+            return None
         if not isinstance(h, dict) or not h:
             return None
         try:
