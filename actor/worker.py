@@ -310,6 +310,16 @@ class Actor:
                 continue
             self._generate(batch)
 
+    def _abandon(self, leases: list[Lease]) -> None:
+        """Redis failed under a batch (a submit, a renewal): the leases of it still held, whose results were
+        not submitted, are given back if Redis answers, else only no longer renewed (they expire, and the
+        trainer leases them again). Renewed on, they would never come back: the batch is over."""
+        held = set(self.renewer.held)
+        for lease in leases:
+            if lease.job in held:
+                with contextlib.suppress(CoordinationError):
+                    self.renewer.give_back(lease)
+
     def _give_back(self, lease: Lease) -> None:
         """Hand a lease back to the trainer (it leases the job again); while stopping, one Redis cannot
         be told of is named by :meth:`_leave`."""
@@ -411,7 +421,11 @@ class Actor:
                 self.renewer.hold(leases)
                 if leases:
                     self.follower.busy.set()
-                    self.serve(leases)
+                    try:
+                        self.serve(leases)
+                    except CoordinationError:
+                        self._abandon(leases)
+                        raise
                     self.follower.busy.clear()
                     self.wake.kick.set()  # more may wait: take again before waiting
                 elif self.up.staged is not None:  # idle: a safe point to apply whatever is staged
