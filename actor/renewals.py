@@ -107,15 +107,16 @@ class Renewer:
             self._held.clear()
         return out
 
-    def give_back(self, lease: Lease, *, stopping: bool = False) -> None:
-        """Hand ``lease`` back to the trainer (it leases the job again) and stop renewing it. While the
-        actor is ``stopping``, one that Redis cannot be told of is kept for :meth:`give_back_all` to name."""
+    def give_back(self, lease: Lease, *, owe: bool = False) -> None:
+        """Hand ``lease`` back to the trainer (it leases the job again) and stop renewing it. With ``owe``
+        (the actor is stopping, or its batch was cut off from Redis), one that Redis cannot be told of is
+        kept, for :meth:`give_back_all` to try again and name; without, the failure is raised."""
         expires = self.expiry(lease)
         self.done(lease)
         try:
             self.board.release(lease)
         except CoordinationError:
-            if not stopping:
+            if not owe:
                 raise
             with self._lock:
                 self._unreleased.append((lease, expires))

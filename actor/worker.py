@@ -312,18 +312,18 @@ class Actor:
 
     def _abandon(self, leases: list[Lease]) -> None:
         """Redis failed under a batch (a submit, a renewal): the leases of it still held, whose results were
-        not submitted, are given back if Redis answers, else only no longer renewed (they expire, and the
-        trainer leases them again). Renewed on, they would never come back: the batch is over."""
+        not submitted, are given back if Redis answers, else no longer renewed (they expire, and the trainer
+        leases them again) and owed (an actor that leaves names them). Renewed on, they would never come
+        back: the batch is over."""
         held = set(self.renewer.held)
         for lease in leases:
-            if lease.job in held:
-                with contextlib.suppress(CoordinationError):
-                    self.renewer.give_back(lease)
+            if lease.job in held:  # one Redis cannot be told of is owed: named (and tried again) when leaving
+                self.renewer.give_back(lease, owe=True)
 
     def _give_back(self, lease: Lease) -> None:
         """Hand a lease back to the trainer (it leases the job again); while stopping, one Redis cannot
         be told of is named by :meth:`_leave`."""
-        self.renewer.give_back(lease, stopping=self.stop.is_set())
+        self.renewer.give_back(lease, owe=self.stop.is_set())
 
     def _prompt(self, lease: Lease) -> Prompt:
         """The job's prompt, its ids checked against the model (the trainer tokenized it; an older

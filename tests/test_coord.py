@@ -304,7 +304,6 @@ def test_the_listener_beats_in_its_reads_round_trip_and_says_when_its_state_is_g
         looks = 1 if c.keys.cluster else 0  # on one server the look rides in the read's round trip
         fulls = beat.fulls - 1
         assert len(sends) == wake.round_trips + 2 * fulls + 1 + looks, "\n".join(sends)
-        assert beat.cheaps >= wake.round_trips - fulls - 1, "a beat in (nearly) every read's round trip"
         assert c.r.zscore(c.workers.alive_key(a), a) is not None
     finally:
         redis.connection.AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
