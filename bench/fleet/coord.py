@@ -331,11 +331,10 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
     rest = max(cfg.step_period_s - last["collect_s"], 0.0)
     idle_split = _split(idle, {k: v * idle_wall for k, v in per_node_background.items()})
     # each server's CPU over one step period: its share of the step's, and of the idle fleet's for the rest
-    per_period = [
-        a * step_cpu + b * idle_cpu * actors * rest
-        for a, b in zip(last["redis_cpu_split"]["shares"], idle_split["shares"], strict=True)
-    ]
-    even = sum(per_period) / len(per_period)
+    per_period = {
+        f"cpu_s@{i}": a * step_cpu + b * idle_cpu * actors * rest
+        for i, (a, b) in enumerate(zip(last["redis_cpu_split"]["shares"], idle_split["shares"], strict=True))
+    }
     return {
         "actors": actors,
         "working_actors": working,
@@ -374,10 +373,7 @@ def _row(cfg: Config, actors: int, groups: int, tokens: int, trips: Any) -> dict
         "admission": admission,
         "bytes_per_token": round(last["bytes"] / max(last["tokens"], 1), 3),
         "redis_core_fraction_at_period": round((step_cpu + idle_cpu * actors * rest) / cfg.step_period_s, 4),
-        "redis_cpu_split_at_period": {
-            "shares": [round(x / even / len(per_period), 3) if even else 1 / len(per_period) for x in per_period],
-            "max_over_even": round(max(per_period) / even, 3) if even else 1.0,
-        },
+        "redis_cpu_split_at_period": _split(per_period),
         "memory_growth_per_step": (steps[-1]["memory_after"] - steps[0]["memory_after"]) / max(len(steps) - 1, 1),
         "projected_actors": _projection(step_cpu, idle_cpu, idle_end["clients"] / actors, cfg.step_period_s),
     }
