@@ -43,6 +43,9 @@ def test_a_lora_run_publishes_the_adapter_over_the_base_it_carries(tmp_path: Pat
     v0 = publisher.publish(step=0, kind="full")
     names = set(adapter_state(policy))
     assert names and all(".lora_A.weight" in n or ".lora_B.weight" in n for n in names)
+    import peft
+
+    assert _bits(adapter_state(policy)) == _bits(peft.get_peft_model_state_dict(policy)), "PEFT's saved names"
     assert set(run.materialize(0)) == names, "a version holds the adapter only"
     assert artefact.full_bytes(policy) == sum(t.numel() * 2 for t in adapter_state(policy).values())
 

@@ -72,16 +72,38 @@ def wrap(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequence[s
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's matrices of a wrapped model, by the names PEFT saves them under: what a version
-    of a LoRA run holds."""
-    import peft
+    of a LoRA run holds.
 
-    return dict(peft.get_peft_model_state_dict(model))
+    Read from the model's own state dict rather than PEFT's ``get_peft_model_state_dict``: under FSDP2
+    the matrices are DTensors, and each rank publishes its own shard of them. PEFT 0.22 gathers every
+    DTensor whole in that function (a collective on every rank, after which rank 0 would publish all
+    of it). The names are PEFT's saved names: the adapter's name left out (:func:`saved_name`)."""
+    return {saved_name(k): v for k, v in model.state_dict().items() if _is_adapter_matrix(k)}
+
+
+def _is_adapter_matrix(key: str) -> bool:
+    return any(f"{part}{ADAPTER_NAME}." in key for part in _MATRICES)
+
+
+_MATRICES = (".lora_A.", ".lora_B.")
+"""The adapter's two matrices in a module's name: the only tensors of an adapter over linear layers
+with no bias (:func:`wrap`'s configuration)."""
+
+
+def saved_name(parameter: str) -> str:
+    """The name PEFT saves a wrapped model's adapter parameter under
+    (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``): :func:`parameter_name`'s
+    inverse."""
+    for part in _MATRICES:
+        if f"{part}{ADAPTER_NAME}." in parameter:
+            return parameter.replace(f"{part}{ADAPTER_NAME}.", part, 1)
+    raise ModelError(f"{parameter!r} is not a LoRA adapter's parameter")
 
 
 def parameter_name(saved: str) -> str:
     """The wrapped model's parameter that a saved adapter tensor's name stands for
     (``...q_proj.lora_A.weight`` -> ``...q_proj.lora_A.default.weight``)."""
-    for part in (".lora_A.", ".lora_B."):
+    for part in _MATRICES:
         if part in saved:
             return saved.replace(part, f"{part}{ADAPTER_NAME}.", 1)
     raise ModelError(f"{saved!r} is not a LoRA adapter's tensor")
