@@ -138,7 +138,7 @@ class Wakeups:
                     self._after[self.commits] = self._last(self.commits)
                 look = self._look_due()
                 if look and self.coord.keys.cluster:  # the region's entry is on the control slot, not here
-                    self._look_alone()
+                    self._looked(self.coord.regions.version(self.region))
                     look = False
                 deadline = self._beat_if_due()
                 # wake up for the next beat; the look rides on the first beat after it is due
@@ -218,12 +218,6 @@ class Wakeups:
             return False
         self._next_look = time.monotonic() + self.look_every_s
         return True
-
-    def _look_alone(self) -> None:
-        """The look in a round trip of its own (a key of another type there is counted, not raised)."""
-        key = self.coord.regions.version_key(self.region)
-        (reply,) = self.coord.keys.pipeline(lambda pipe: pipe.execute_command("HGETALL", key), errors=True)
-        self._looked(self.coord.regions.parse_version(self.region, reply))
 
     def _looked(self, rv: RegionVersion | None) -> None:
         self.looked = True

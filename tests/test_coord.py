@@ -42,6 +42,19 @@ def test_versions_advance_atomically_and_never_back(redis_url: str) -> None:
     assert [(e.type, e.version) for e in events] == [("commit", 3)]
 
 
+def test_a_region_key_of_another_type_is_a_damaged_entry_not_a_redis_failure(redis_url: str) -> None:
+    """Anyone who can write Redis may leave a string where a region's hash belongs: every reader of the
+    region's version (an actor's updater, its listener on a cluster, gc) counts it and goes on."""
+    c = Coordinator(redis_url, f"run-{uuid.uuid4().hex[:6]}")
+    assert c.regions.commit("us", 2, "a" * 64, "full")
+    c.r.set(c.regions.version_key("eu"), "junk")
+    assert c.regions.version("eu") is None
+    assert c.skipped.counts["bad_region"] == 1
+    held, unreadable = c.versions_in_use()
+    assert held == {"region us": 2}
+    assert unreadable == ["region 'eu': its version entry is damaged"]
+
+
 def test_announcements_wake_waiting_workers(redis_url: str) -> None:
     import threading
 

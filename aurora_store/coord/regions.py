@@ -117,8 +117,11 @@ class Regions:
         return self.keys.actor_key(actor, "commits", region)
 
     def version(self, region: str) -> RegionVersion | None:
-        """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped)."""
-        return self.parse_version(region, self.keys.call(self.keys.r.hgetall, self.version_key(region)))
+        """The version ``region`` holds, None if unknown (or if its entry is damaged: counted, skipped; a
+        key of another type there is damaged too, not a failure of Redis)."""
+        key = self.version_key(region)
+        (reply,) = self.keys.pipeline(lambda pipe: pipe.execute_command("HGETALL", key), errors=True)
+        return self.parse_version(region, reply)
 
     def version_key(self, region: str) -> str:
         """The hash of ``region``'s version (a control key: read it with HGETALL, parse it with
