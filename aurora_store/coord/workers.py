@@ -20,7 +20,7 @@ import math
 import secrets
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from aurora_store.coord import wire
 from aurora_store.coord.epoch import Epoch
@@ -95,6 +95,17 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 )
 
 
+class FullBeat(NamedTuple):
+    """What a full beat (:meth:`Workers.beat_full`) learned."""
+
+    lost: bool
+    """This worker's state in Redis is gone (it registers again)."""
+    node_ms: int | None
+    """The clock (ms) of the node holding its expiry when it moved (None: a reply it could not read)."""
+    local_ms: float
+    """This machine's clock (ms) when that answer came."""
+
+
 class Workers:
     """The worker registry of a run: registrations, heartbeats (which also read the epoch) and liveness.
 
@@ -149,28 +160,27 @@ class Workers:
         worker long taken for dead is pruned). Either way the worker registers again; :meth:`Epoch.lost`
         then says so once too. A worker that beats often uses a :class:`Beat`, which beats in full only
         when one ZADD cannot do."""
-        return self._exact(worker_id, ttl_s)[0]
+        return self.beat_full(worker_id, ttl_s).lost
 
-    def _exact(self, worker_id: str, ttl_s: float) -> tuple[bool, int | None, float]:
-        """:meth:`heartbeat`; the clock (ms) of the node holding its expiry when it moved (None on a reply
-        it could not read), and this machine's clock (ms) when that answer came."""
+    def beat_full(self, worker_id: str, ttl_s: float) -> FullBeat:
+        """:meth:`heartbeat`, with the two clocks a :class:`Beat` reckons its cheap beats' deadlines from."""
         now = self.keys.call(self._beat_alive, keys=[self.alive_key(worker_id)], args=[worker_id, int(ttl_s * 1000)])
         after = time.time() * 1000
         keys = [*self._keys(), self.epoch.key]
         reply = self.keys.call(self._beat, keys=keys, args=[worker_id, secrets.token_hex(8)])
         if not (isinstance(reply, list) and len(reply) == 2):
             self.keys.skipped.skip("bad_beat", repr(reply)[:60])
-            return False, None, after
+            return FullBeat(False, None, after)
         lost = self.epoch.saw(reply[0])
         if reply[1] != 1 and not lost:
             log.warning("worker %s: its registration is gone from Redis; registering again", worker_id)
             self.epoch.mark_lost()
             lost = True
         try:
-            return lost, int(now), after
+            return FullBeat(lost, int(now), after)
         except (TypeError, ValueError):
             self.keys.skipped.skip("bad_beat", repr(now)[:60])
-            return lost, None, after
+            return FullBeat(lost, None, after)
 
     def beat_cheap(self, worker_id: str, deadline_ms: int) -> bool:
         """Move ``worker_id``'s expiry to ``deadline_ms`` (its node's clock, as the caller reckons it) if it
@@ -318,7 +328,7 @@ class Beat:
     def full(self) -> bool:
         """A full beat (:meth:`Workers.heartbeat`), which measures the node's clock again."""
         before = time.time() * 1000
-        lost, now, after = self.workers._exact(self.worker_id, self.ttl_ms / 1000)
+        lost, now, after = self.workers.beat_full(self.worker_id, self.ttl_ms / 1000)
         self.fulls += 1
         if now is not None:
             self._offset_ms = int(now - (before + after) / 2)
