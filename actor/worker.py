@@ -27,8 +27,6 @@ import logging
 import signal
 import threading
 import time
-import zlib
-from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -36,8 +34,8 @@ from typing import TypeVar
 import torch
 
 from actor import assemble
+from actor.batches import Batches
 from actor.config import ActorConfig
-from actor.engines.base import Completion
 from actor.follower import Follower
 from actor.identity import Identity
 from actor.metrics import ActorMetrics
@@ -62,19 +60,20 @@ from aurora_store.errors import (
     StoreError,
     UnsupportedError,
 )
-from aurora_store.format import results as payloads
 from aurora_store.redact import setup_logging
-from aurora_store.rl.tasks import Prompt, TaskError
 
 log = logging.getLogger("aurora.actor")
 T = TypeVar("T")
-CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 CLOSE_WAIT_S = 10.0
 """How long a stopping actor waits for its stager and renewer to finish before it closes the clients
 they use."""
 
 
 class Actor:
+    """One actor's life: it joins the run (:meth:`setup`), takes what the listener hands over and serves
+    it (:class:`actor.batches.Batches`) until stopped, registers again when Redis forgot it, and leaves
+    owing nothing it can pay (:meth:`close`)."""
+
     def __init__(self, cfg: ActorConfig) -> None:
         self.cfg = cfg
         sync = cfg.sync
@@ -121,6 +120,8 @@ class Actor:
         """How the main loop waits out a Redis that fails or turns it away."""
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
+        self.batches: Batches
+        """Serves the leases this actor claims (made by :meth:`setup`, once the engine is up)."""
 
     def _identity(self) -> Identity | None:
         """This actor's key and certificate (``--identity-key``, ``--identity-cert``), checked; None if not given."""
@@ -174,10 +175,10 @@ class Actor:
 
     def setup(self) -> None:
         files = self._retrying("read the run's files", self._run_files)
-        self.spec = assemble.run_spec(self.run, files)
-        self.tok = assemble.tokenizer(self.spec, files)
-        self.rewards = RewardPool(self.spec.reward, timeout_s=self.spec.reward_timeout_s, stop=self.stop)
-        self.engine = assemble.engine(self.run, self.spec, files, self.cfg.engine, self.wid)
+        spec = assemble.run_spec(self.run, files)
+        tok = assemble.tokenizer(spec, files)
+        self.rewards = RewardPool(spec.reward, timeout_s=spec.reward_timeout_s, stop=self.stop)
+        self.engine = assemble.engine(self.run, spec, files, self.cfg.engine, self.wid)
         self.follow(
             Updater(
                 self.run,
@@ -189,16 +190,30 @@ class Actor:
             )
         )
         applied = self._retrying("bootstrap", self.up.bootstrap)
-        self.vocab = assemble.vocab_size(self.run, files)
         self._retrying(
             "register",
             lambda: self.coord.workers.register(
                 "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
             ),
         )
+        self.batches = Batches(
+            self.wid,
+            engine=self.engine,
+            tok=tok,
+            vocab=assemble.vocab_size(self.run, files),
+            sampling=spec.sampling,
+            rewards=self.rewards,
+            follower=self.follower,
+            outbox=self.outbox,
+            renewer=self.renewer,
+            throughputs=self.board.throughputs,
+            metrics=self.metrics,
+            rollout=self.cfg.rollout,
+            stop=self.stop,
+        )
         rejoined = self._retrying("join", lambda: self.board.throughputs.joined(self.wid))
         if not rejoined:
-            self._retrying("calibrate", self._calibrate)
+            self._retrying("calibrate", self.batches.calibrate)
         self._retrying(
             "say its version",
             lambda: self.coord.workers.update(self.wid, version=applied.version, version_hash=applied.version_hash),
@@ -245,31 +260,6 @@ class Actor:
             if self.stop.wait(wait):
                 raise SystemExit(0)
 
-    def _sample(self, prompts: list[list[int]], seed: int) -> list[list[Completion]]:
-        s = self.spec.sampling
-        return self.engine.generate(
-            prompts,
-            samples=s.group,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=seed,
-        )
-
-    def _calibrate(self) -> None:
-        """One batch on a fixed prompt, so the first split already knows this actor's speed."""
-        prompt = self.tok.prompt_ids(CALIBRATION_PROMPT)
-        t0 = time.perf_counter()
-        outs = self._sample([prompt] * self.cfg.rollout.batch, seed=0)
-        self._emulate_slowdown(time.perf_counter() - t0)
-        tokens = sum(len(c.token_ids) for comps in outs for c in comps)
-        tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
-        self.metrics.calibrated(tau)
-
-    def _emulate_slowdown(self, elapsed: float) -> None:
-        if self.cfg.rollout.slowdown > 1:  # emulated slower hardware: documented, not hidden
-            time.sleep(elapsed * (self.cfg.rollout.slowdown - 1))
-
     def _applied(self, applied: Applied) -> None:
         """A version is the engine's now: tell the engine, and note it for the trainer's report."""
         self.engine.applied(applied.version, applied.version_hash)
@@ -282,105 +272,6 @@ class Actor:
                 skipped=self.follower.skipped,
                 ms=int(time.time() * 1000),
             )
-
-    def serve(self, leases: list[Lease]) -> None:
-        by_version: dict[int, list[tuple[Lease, Prompt]]] = defaultdict(list)
-        for lease in leases:
-            try:
-                by_version[lease.version].append((lease, self._prompt(lease)))
-            except TaskError as exc:  # another process wrote the job: give it back, never die of it
-                log.warning("actor %s: job %s: %s", self.wid, lease.job, exc)
-                self._give_back(lease)
-        for version in sorted(by_version):
-            batch = by_version[version]
-            assert self.up.applied is not None
-            if version < self.up.applied.version:  # the weights moved past it: let the trainer lease it again
-                for lease, _ in batch:
-                    self._give_back(lease)
-                continue
-            wait_s = max(0.0, min(lease.deadline_ms for lease, _ in batch) / 1000 - time.time())
-            try:
-                ready = self.follower.advance_to(version, wait_s=wait_s)
-            except AuroraError as exc:
-                log.warning("actor %s: cannot reach version %d: %s", self.wid, version, exc)
-                ready = False
-            if not ready:
-                for lease, _ in batch:
-                    self._give_back(lease)
-                continue
-            self._generate(batch)
-
-    def _abandon(self, leases: list[Lease]) -> None:
-        """Redis failed under a batch (a submit, a renewal): the leases of it still held, whose results were
-        not submitted, are given back if Redis answers, else no longer renewed (they expire, and the trainer
-        leases them again) and owed (an actor that leaves names them). Renewed on, they would never come
-        back: the batch is over."""
-        held = set(self.renewer.held)
-        for lease in leases:
-            if lease.job in held:  # one Redis cannot be told of is owed: named (and tried again) when leaving
-                self.renewer.give_back(lease, owe=True)
-
-    def _give_back(self, lease: Lease) -> None:
-        """Hand a lease back to the trainer (it leases the job again); while stopping, one Redis cannot
-        be told of is named by :meth:`_leave`."""
-        self.renewer.give_back(lease, owe=self.stop.is_set())
-
-    def _prompt(self, lease: Lease) -> Prompt:
-        """The job's prompt, its ids checked against the model (the trainer tokenized it; an older
-        trainer's jobs carry text only, tokenized here)."""
-        prompt = Prompt.from_dict(lease.prompt)
-        if not prompt.ids:
-            return Prompt(prompt.id, prompt.text, prompt.answer, tuple(self.tok.prompt_ids(prompt.text)))
-        if max(prompt.ids) >= self.vocab:
-            raise TaskError(f"prompt {prompt.id!r} holds token id {max(prompt.ids)}, the model has {self.vocab}")
-        return prompt
-
-    def _generate(self, batch: list[tuple[Lease, Prompt]]) -> None:
-        applied = self.up.applied
-        assert applied is not None
-        t0 = time.perf_counter()
-        with self.up.lock.read():  # a batch runs on one whole version
-            outs = self._sample(
-                [list(p.ids) for _, p in batch], seed=zlib.crc32(f"{self.wid}|{batch[0][0].job}".encode())
-            )
-        self._emulate_slowdown(time.perf_counter() - t0)
-        tokens = self._submit_all(batch, outs, applied)
-        if tokens is not None:
-            tau = self.board.throughputs.report(self.wid, tokens, time.perf_counter() - t0, beta=self.cfg.rollout.beta)
-            self.metrics.batch(results=len(batch), tokens=tokens, tau=tau)
-
-    def _submit_all(
-        self, batch: list[tuple[Lease, Prompt]], outs: list[list[Completion]], applied: Applied
-    ) -> int | None:
-        """Score and submit each job's completions; the tokens submitted, or None when the actor stopped
-        while they were scored: the jobs not submitted are given back (the trainer leases them again)."""
-        tokens = 0
-        for i, ((lease, prompt), comps) in enumerate(zip(batch, outs, strict=True)):
-            if not self._submit(lease, prompt, comps, applied):
-                log.warning(
-                    "actor %s: stopping while its rewards were scored; giving back %d leases", self.wid, len(batch) - i
-                )
-                for unscored, _ in batch[i:]:
-                    self._give_back(unscored)
-                return None
-            tokens += sum(len(c.token_ids) for c in comps)
-        return tokens
-
-    def _submit(self, lease: Lease, prompt: Prompt, comps: list[Completion], applied: Applied) -> bool:
-        """Score one job's completions and submit the result; False, submitting nothing, when the
-        reward process died because the actor is stopping (a crashed reward is no reward)."""
-        rewards = self.rewards
-        assert rewards is not None, "setup() starts the reward pool"
-        scored = rewards.score_group(prompt.text, [self.tok.decode(c.token_ids) for c in comps], prompt.answer)
-        if scored is None:
-            return False
-        values, failures = scored
-        rows = [(c.token_ids, c.logprobs, c.finish_reason, r) for c, r in zip(comps, values, strict=True)]
-        # weights_digest: verified when these weights were applied
-        data = payloads.encode(rows, failures=failures, weights_digest=applied.weights_digest)
-        self.outbox.submit(lease, applied.version, applied.version_hash, data)
-        self.renewer.done(lease)  # renewed until now: the trainer has a whole lease to admit it
-        return True
 
     def _lost(self) -> None:
         """The listener's beat (on its thread and connection, so a long batch does not look like a dead
@@ -422,9 +313,9 @@ class Actor:
                 if leases:
                     self.follower.busy.set()
                     try:
-                        self.serve(leases)
+                        self.batches.serve(leases)
                     except CoordinationError:
-                        self._abandon(leases)
+                        self.batches.abandon(leases)
                         raise
                     self.follower.busy.clear()
                     self.wake.kick.set()  # more may wait: take again before waiting

@@ -317,12 +317,16 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     import os
     import signal
 
+    from actor.batches import Batches
     from actor.config import ActorConfig, SyncConfig
     from actor.engines.base import Completion
+    from actor.engines.torch import TorchEngine
     from actor.rewards import RewardPool
-    from actor.updater import Applied
+    from actor.updater import Applied, Updater
     from actor.worker import Actor
     from aurora_store.format import results as payloads
+    from aurora_store.rl.models import build_model, tiny_config
+    from aurora_store.rl.sampling import SamplingConfig
     from aurora_store.rl.tasks import Prompt
     from aurora_store.rl.tokenizers import CharTokenizer
     from aurora_store.testing.processes import wait_for
@@ -352,8 +356,23 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         worker_id="a",
     )
     w = Actor(ActorConfig(sync=sync))
-    w.tok = CharTokenizer()
     w.rewards = RewardPool("tests.reward_fns:length_over_ten", timeout_s=5, stop=w.stop)
+    w.follow(Updater(w.run, region="home", coord=w.coord, worker_id="a"))
+    batches = Batches(
+        "a",
+        engine=TorchEngine(build_model(tiny_config(64), seed=0)),
+        tok=CharTokenizer(),
+        vocab=64,
+        sampling=SamplingConfig(group=2),
+        rewards=w.rewards,
+        follower=w.follower,
+        outbox=w.outbox,
+        renewer=w.renewer,
+        throughputs=w.board.throughputs,
+        metrics=w.metrics,
+        rollout=w.cfg.rollout,
+        stop=w.stop,
+    )
     try:
         pid = w.rewards.pid
         assert pid is not None
@@ -362,7 +381,7 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text(), "its end")
         comps = [Completion((5, 1), (-0.5, -0.5), "stop"), Completion((6, 1), (-0.5, -0.5), "stop")]
         applied = Applied(0, "0" * 64, "d" * 32)
-        assert w._submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], applied) is None
+        assert batches.submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], applied) is None
     finally:
         w.close()
     assert d.board.results.read("0-0", block_ms=1) == [], "no result of zeros reached the trainer"

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from actor.batches import Batches
 from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
@@ -82,11 +83,6 @@ class _Reward:
         return [0.0] * len(completions), Counter()
 
 
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    sampling: SamplingConfig
-
-
 class Fleet:
     """``n`` actors of one region, started on a run whose version 0 is published at ``store``."""
 
@@ -102,12 +98,23 @@ class Fleet:
                 rollout=RolloutConfig(batch=8),  # the actor's defaults: heartbeat, check interval, inline cap
             )
             w = Actor(cfg)
-            w.spec = _Spec(sampling)  # type: ignore[assignment]
-            w.tok = _Tokenizer()  # type: ignore[assignment]
-            w.rewards = _Reward()  # type: ignore[assignment]
             w.engine = InstantEngine(tokens, vocab, seed=i)
-            w.vocab = vocab
             w.follow(Updater(w.run, region="home", coord=w.coord, worker_id=w.wid))
+            w.batches = Batches(
+                w.wid,
+                engine=w.engine,
+                tok=_Tokenizer(),
+                vocab=vocab,
+                sampling=sampling,
+                rewards=_Reward(),  # type: ignore[arg-type]
+                follower=w.follower,
+                outbox=w.outbox,
+                renewer=w.renewer,
+                throughputs=w.board.throughputs,
+                metrics=w.metrics,
+                rollout=cfg.rollout,
+                stop=w.stop,
+            )
             held = w.up.bootstrap()
             w.coord.workers.register("actor", "home", worker_id=w.wid, ttl_s=cfg.rollout.heartbeat_s)
             w.board.throughputs.report(w.wid, 1000.0, 1.0, beta=cfg.rollout.beta)  # calibrated: all alike
