@@ -13,7 +13,6 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from actor.config import RolloutConfig
 from actor.engines.base import Completion, Engine
@@ -29,6 +28,7 @@ from aurora_store.errors import AuroraError
 from aurora_store.format import results as payloads
 from aurora_store.rl.sampling import SamplingConfig
 from aurora_store.rl.tasks import Prompt, TaskError
+from aurora_store.rl.tokenizers import Tokenizer
 
 log = logging.getLogger("aurora.actor")
 CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
@@ -36,16 +36,14 @@ CALIBRATION_PROMPT = "Count from one to twenty, one number a line."
 
 class Batches:
     """An actor's serving of its leases, on its engine and the weights its follower keeps current.
-    ``tok`` tokenizes prompts and decodes completions (``prompt_ids``, ``decode``); ``rewards`` scores
-    a group (:meth:`actor.rewards.RewardPool.score_group`); ``vocab`` is the model's vocabulary size,
-    which every prompt's ids must stay below."""
+    ``vocab`` is the model's vocabulary size, which every prompt's ids must stay below."""
 
     def __init__(
         self,
         worker_id: str,
         *,
         engine: Engine,
-        tok: Any,
+        tok: Tokenizer,
         vocab: int,
         sampling: SamplingConfig,
         rewards: RewardPool,

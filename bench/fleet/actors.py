@@ -103,7 +103,7 @@ class Fleet:
             w.batches = Batches(
                 w.wid,
                 engine=w.engine,
-                tok=_Tokenizer(),
+                tok=_Tokenizer(),  # type: ignore[arg-type]
                 vocab=vocab,
                 sampling=sampling,
                 rewards=_Reward(),  # type: ignore[arg-type]
