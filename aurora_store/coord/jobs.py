@@ -129,6 +129,19 @@ return moved
 """
 
 
+# KEYS: job, untaken.  ARGV: token, actor, job id, now_ms.  The holder takes a lease from its inbox: if the job
+# is still leased to it under that token, marked taken (and no longer untaken) and its fields returned (state,
+# token, actor, step, version, deadline_ms, prompt); else 0. One step, so a job the trainer dropped or leased
+# again meanwhile is never written (a mark after a separate read would make a record of it again).
+_CLAIM = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'token', 'actor', 'step', 'version', 'deadline_ms', 'prompt')
+if h[1] ~= 'leased' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'taken_token', ARGV[1], 'taken_ms', ARGV[4])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return h
+"""
+
+
 class JobBoard:
     """The jobs and leases of one run (under the coordinator's prefix), and the objects that own the rest
     of the board: :attr:`results`, :attr:`notices` and :attr:`throughputs`, on the same keyspace."""
@@ -146,6 +159,7 @@ class JobBoard:
         self._admit = self.keys.script(_ADMIT)
         self._release = self.keys.script(_RELEASE)
         self._renew = self.keys.script(_RENEW)
+        self._claim = self.keys.script(_CLAIM, inline=True)
         self._inbox_after: dict[str, str] = {}
         """Per actor, the inbox id this board has read up to (what :meth:`take` reads after)."""
 
@@ -395,7 +409,8 @@ class JobBoard:
 
     def claim(self, actor: str, entries: Sequence[tuple[str, dict[str, str]]]) -> list[Lease]:
         """The leases inbox ``entries`` name that are still ``actor``'s, marked taken; the entries are
-        deleted from the inbox. Two round trips, whatever the number."""
+        deleted from the inbox. One round trip, whatever the number; each job is checked and marked in one
+        step (:data:`_CLAIM`)."""
         wanted: list[tuple[str, str]] = []
         for _eid, f in entries:
             job, _, token = str(f.get("lease", "")).rpartition("|")
@@ -403,12 +418,20 @@ class JobBoard:
                 wanted.append((job, token))
             else:
                 self.coord.skipped.skip("bad_inbox", f"inbox entry of {actor}: {str(f)[:80]}")
-        fields = ("state", "token", "actor", "step", "version", "deadline_ms", "prompt")
-        rows = self._pipeline(lambda p: [p.hmget(self._k("job", job), *fields) for job, _ in wanted]) if wanted else []
+        at = now_ms()
+        untaken = self._k("untaken")
+
+        def fill(p: Any) -> None:
+            for job, token in wanted:
+                self._claim(keys=[self._k("job", job), untaken], args=[token, actor, job, at], client=p)
+            if entries:
+                p.xdel(self.inbox(actor), *(eid for eid, _ in entries))
+
+        rows = self._pipeline(fill)[: len(wanted)] if entries else []
         out = []
         for (job, token), h in zip(wanted, rows, strict=True):
-            if h[0] != "leased" or h[1] != token or h[2] != actor:
-                continue
+            if not isinstance(h, list) or len(h) != 7:
+                continue  # no longer this actor's lease (admitted, leased again, dropped)
             try:
                 step = -1 if h[3] == "-1" else wire.uint(h[3], "step")
                 lease = Lease(
@@ -419,20 +442,10 @@ class JobBoard:
                     wire.uint(h[5], "deadline_ms"),
                     wire.json_object(h[6], "prompt"),
                 )
-            except wire.BadEntry as exc:
+            except wire.BadEntry as exc:  # its lease expires and the trainer leases the job again
                 self.coord.skipped.skip(exc.reason, f"job {job!r:.80}: {exc}")
                 continue
             out.append(lease)
-        at = now_ms()
-
-        def mark(p: Any) -> None:
-            for lease in out:
-                p.hset(self._k("job", lease.job), mapping={"taken_token": lease.token, "taken_ms": at})
-            if out:
-                p.zrem(self._k("untaken"), *(lease.job for lease in out))
-            p.xdel(self.inbox(actor), *(eid for eid, _ in entries))
-
-        self._pipeline(mark)
         return out
 
     def renew(self, renewals: Sequence[tuple[str, int, str, int]]) -> list[int]:
