@@ -52,6 +52,7 @@ from aurora_store.coord.errors import CoordinationError
 from aurora_store.coord.jobs import JobBoard
 from aurora_store.coord.lease import Lease
 from aurora_store.coord.workers import Beat
+from aurora_store.diagnostics import dump_stacks_on_signal
 from aurora_store.errors import (
     AuroraError,
     CorruptError,
@@ -404,6 +405,7 @@ def _utc(t: float) -> str:
 def run(cfg: ActorConfig) -> int:
     """Serve as an actor until SIGTERM or SIGINT."""
     setup_logging()
+    dump_stacks_on_signal()
     torch.set_num_threads(cfg.engine.threads)
     w = Actor(cfg)
     w.metrics.m.serve(cfg.metrics_port, cfg.metrics_addr)

@@ -12,6 +12,7 @@ from typing import Any
 
 from aurora_store import config as configfile
 from aurora_store.config.options import add_options, build
+from aurora_store.diagnostics import dump_stacks_on_signal
 from aurora_store.redact import setup_logging
 from relay.config import CONFIG_FILE, RelayConfig
 
@@ -33,6 +34,7 @@ def main(ns: argparse.Namespace) -> int:
 
     args: RelayConfig = build(RelayConfig, ns)
     setup_logging()
+    dump_stacks_on_signal()
     run_id = args.run_id or args.source.rstrip("/").rsplit("/", 1)[-1]
     coord = Coordinator(args.redis, run_id) if args.redis else None
     source = ObjectStore(args.source, args.source_options, concurrency=args.concurrency)

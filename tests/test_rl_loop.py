@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from aurora_store.bucket.audit import audit
 from aurora_store.bucket.run import open_run
 from aurora_store.coord.coordinator import Coordinator
 from aurora_store.coord.jobs import JobBoard
+from aurora_store.diagnostics import STACKS_SIGNAL
 from aurora_store.format import results as payloads
 from aurora_store.testing.processes import deadline, wait_for
 
@@ -118,12 +120,12 @@ class Loop:
         keys = self.coord.r.keys(self.coord.key("job", "*"))
         return {k.rsplit(":job:", 1)[1]: self.coord.r.hgetall(k) for k in keys}
 
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+    def log(self, name: str, tail: int = 3000) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-tail:]
 
-    def logs(self) -> str:
+    def logs(self, tail: int = 3000) -> str:
         """Every role's log tail, for a failure's message."""
-        return "\n".join(f"--- {p.stem} ---\n{self.log(p.stem)}" for p in sorted(self.tmp.glob("*.log")))
+        return "\n".join(f"--- {p.stem} ---\n{self.log(p.stem, tail)}" for p in sorted(self.tmp.glob("*.log")))
 
     def wait(self, cond: Any, what: str, timeout: float) -> None:
         """Wait for an event (deadlines are generous: a loaded machine is slow, and
@@ -133,11 +135,18 @@ class Loop:
         except AssertionError as exc:
             pytest.fail(f"{exc}\n{self.logs()}")
 
-    def finish(self, proc: subprocess.Popen[bytes], name: str, timeout: float = 600) -> None:
+    def finish(self, proc: subprocess.Popen[bytes], name: str, timeout: float = 420) -> None:
+        """Wait for ``proc`` to exit 0. One that does not finish in time fails the test with every role's
+        log, each ending in the stacks of its threads (SIGUSR1); the default leaves that failure time to
+        be written before pytest's own timeout (600 s) ends the test without it."""
         try:
             rc = proc.wait(deadline(timeout))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not finish in {deadline(timeout):.0f} s:\n{self.logs()}")
+            for p in self.procs:
+                if p.poll() is None:
+                    p.send_signal(STACKS_SIGNAL)
+            time.sleep(2)
+            pytest.fail(f"{name} did not finish in {deadline(timeout):.0f} s:\n{self.logs(tail=20_000)}")
         assert rc == 0, f"{name} exited {rc}:\n{self.logs()}"
 
     def stop(self) -> None:
@@ -176,6 +185,17 @@ def _check_exactly_once(loop: Loop, steps: int) -> None:
     jobs = loop.jobs()
     assert all(h["state"] == "admitted" for h in jobs.values() if int(h["step"]) <= steps)
     assert all(int(h["step"]) >= steps - 2 for h in jobs.values()), "older steps' jobs left Redis"
+
+
+def test_a_role_sent_sigusr1_writes_its_threads_stacks_and_goes_on(loop: Loop) -> None:
+    """What an operator (or this suite, when a role does not finish) asks a role that seems stuck."""
+    trainer = loop.trainer("--steps", "2")
+    loop.wait(lambda: "starts a new run" in loop.log("trainer"), "the trainer to start", 300)
+    trainer.send_signal(STACKS_SIGNAL)
+    loop.wait(lambda: "most recent call first" in loop.log("trainer", 20_000), "its threads' stacks in its log", 60)
+    assert trainer.poll() is None, "it goes on"
+    loop.actor("a")
+    loop.finish(trainer, "trainer")
 
 
 def test_actor_killed_mid_batch_and_forged_results(loop: Loop) -> None:

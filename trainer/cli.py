@@ -12,6 +12,7 @@ from typing import Any
 
 from aurora_store import config as configfile
 from aurora_store.config.options import add_options, build, field_defaults
+from aurora_store.diagnostics import dump_stacks_on_signal
 from aurora_store.redact import setup_logging
 from trainer.config import (
     CONFIG_FILE,
@@ -82,6 +83,7 @@ def train_main(args: argparse.Namespace) -> int:
     from trainer.loop import StepReport, Trainer
 
     setup_logging()
+    dump_stacks_on_signal()
     cfg = build(TrainerConfig, args)
 
     def show(rep: StepReport) -> None:
