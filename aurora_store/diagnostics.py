@@ -13,5 +13,11 @@ STACKS_SIGNAL = signal.SIGUSR1
 
 
 def dump_stacks_on_signal() -> None:
-    """Write every thread's stack to standard error on :data:`STACKS_SIGNAL` (once a role has started)."""
-    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    """Write every thread's stack to standard error on :data:`STACKS_SIGNAL` (once a role has started).
+    Nothing is registered when standard error is no file (a role run inside another program that
+    captures its output, as the tests' in-process commands do): the stacks would have nowhere to go."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return
+    faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=False)
