@@ -62,6 +62,8 @@ from aurora_store.errors import (
     UnsupportedError,
 )
 from aurora_store.redact import setup_logging
+from aurora_store.rl.sampling import SamplingConfig
+from aurora_store.rl.tokenizers import Tokenizer
 
 log = logging.getLogger("aurora.actor")
 T = TypeVar("T")
@@ -122,7 +124,7 @@ class Actor:
         self.rewards: RewardPool | None = None
         """The run's reward function in a process of its own (started by :meth:`setup`, ended by :meth:`close`)."""
         self.batches: Batches
-        """Serves the leases this actor claims (made by :meth:`setup`, once the engine is up)."""
+        """Serves the leases this actor claims (made by :meth:`equip`, once the engine is up)."""
 
     def _identity(self) -> Identity | None:
         """This actor's key and certificate (``--identity-key``, ``--identity-cert``), checked; None if not given."""
@@ -197,21 +199,7 @@ class Actor:
                 "actor", self.cfg.sync.region, worker_id=self.wid, ttl_s=self.cfg.rollout.heartbeat_s
             ),
         )
-        self.batches = Batches(
-            self.wid,
-            engine=self.engine,
-            tok=tok,
-            vocab=assemble.vocab_size(self.run, files),
-            sampling=spec.sampling,
-            rewards=self.rewards,
-            follower=self.follower,
-            outbox=self.outbox,
-            renewer=self.renewer,
-            throughputs=self.board.throughputs,
-            metrics=self.metrics,
-            rollout=self.cfg.rollout,
-            stop=self.stop,
-        )
+        self.equip(tok=tok, vocab=assemble.vocab_size(self.run, files), sampling=spec.sampling, rewards=self.rewards)
         rejoined = self._retrying("join", lambda: self.board.throughputs.joined(self.wid))
         if not rejoined:
             self._retrying("calibrate", self.batches.calibrate)
@@ -240,6 +228,26 @@ class Actor:
             on_broken=self.halt,
         )
         """Stages and applies the region's versions for the engine."""
+
+    def equip(self, *, tok: Tokenizer, vocab: int, sampling: SamplingConfig, rewards: RewardPool) -> None:
+        """Serve leases (:attr:`batches`) on this actor's engine and followed weights with ``tok``, the model's
+        ``vocab`` size, the run's ``sampling`` and ``rewards``: what :meth:`setup` does once the engine is up
+        and :meth:`follow` was called, and what a caller that builds the engine itself does."""
+        self.batches = Batches(
+            self.wid,
+            engine=self.engine,
+            tok=tok,
+            vocab=vocab,
+            sampling=sampling,
+            rewards=rewards,
+            follower=self.follower,
+            outbox=self.outbox,
+            renewer=self.renewer,
+            throughputs=self.board.throughputs,
+            metrics=self.metrics,
+            rollout=self.cfg.rollout,
+            stop=self.stop,
+        )
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` until it succeeds (or the actor is stopped): a damaged region, a Redis that is

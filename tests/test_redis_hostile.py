@@ -321,7 +321,6 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     import os
     import signal
 
-    from actor.batches import Batches
     from actor.config import ActorConfig, SyncConfig
     from actor.engines.base import Completion
     from actor.engines.torch import TorchEngine
@@ -361,22 +360,9 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
     )
     w = Actor(ActorConfig(sync=sync))
     w.rewards = RewardPool("tests.reward_fns:length_over_ten", timeout_s=5, stop=w.stop)
+    w.engine = TorchEngine(build_model(tiny_config(64), seed=0))
     w.follow(Updater(w.run, region="home", coord=w.coord, worker_id="a"))
-    batches = Batches(
-        "a",
-        engine=TorchEngine(build_model(tiny_config(64), seed=0)),
-        tok=CharTokenizer(),
-        vocab=64,
-        sampling=SamplingConfig(group=2),
-        rewards=w.rewards,
-        follower=w.follower,
-        outbox=w.outbox,
-        renewer=w.renewer,
-        throughputs=w.board.throughputs,
-        metrics=w.metrics,
-        rollout=w.cfg.rollout,
-        stop=w.stop,
-    )
+    w.equip(tok=CharTokenizer(), vocab=64, sampling=SamplingConfig(group=2), rewards=w.rewards)
     try:
         pid = w.rewards.pid
         assert pid is not None
@@ -385,7 +371,7 @@ def test_a_group_whose_reward_process_died_with_the_actor_is_never_admitted_as_z
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text(), "its end")
         comps = [Completion((5, 1), (-0.5, -0.5), "stop"), Completion((6, 1), (-0.5, -0.5), "stop")]
         applied = Applied(0, "0" * 64, "d" * 32)
-        assert batches.submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], applied) is None
+        assert w.batches.submit_all(list(zip(leases, prompts, strict=True)), [comps, comps], applied) is None
     finally:
         w.close()
     assert d.board.results.read("0-0", block_ms=1) == [], "no result of zeros reached the trainer"

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from actor.batches import Batches
 from actor.config import ActorConfig, RolloutConfig, SyncConfig
 from actor.engines.base import Completion
 from actor.updater import Updater
@@ -100,21 +99,7 @@ class Fleet:
             w = Actor(cfg)
             w.engine = InstantEngine(tokens, vocab, seed=i)
             w.follow(Updater(w.run, region="home", coord=w.coord, worker_id=w.wid))
-            w.batches = Batches(
-                w.wid,
-                engine=w.engine,
-                tok=_Tokenizer(),  # type: ignore[arg-type]
-                vocab=vocab,
-                sampling=sampling,
-                rewards=_Reward(),  # type: ignore[arg-type]
-                follower=w.follower,
-                outbox=w.outbox,
-                renewer=w.renewer,
-                throughputs=w.board.throughputs,
-                metrics=w.metrics,
-                rollout=cfg.rollout,
-                stop=w.stop,
-            )
+            w.equip(tok=_Tokenizer(), vocab=vocab, sampling=sampling, rewards=_Reward())  # type: ignore[arg-type]
             held = w.up.bootstrap()
             w.coord.workers.register("actor", "home", worker_id=w.wid, ttl_s=cfg.rollout.heartbeat_s)
             w.board.throughputs.report(w.wid, 1000.0, 1.0, beta=cfg.rollout.beta)  # calibrated: all alike
