@@ -5,6 +5,7 @@ until it falls behind."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -50,13 +51,34 @@ class Loop:
         """The redis-server, which a test may restart."""
         self.env: dict[str, str] = {}
         """Added to every process's environment (AURORA_SIGNING_KEY, AURORA_VERIFY_KEY)."""
+        self._log_of: dict[int, Path] = {}
+        """Each process's log, by pid."""
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         p = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(p)
+        self._log_of[p.pid] = self.tmp / f"{name}.log"
         return p
+
+    def _ask_for_stacks(self) -> None:
+        """Every live role writes its threads' stacks to its log (SIGUSR1): waited for, up to 30 s (a role
+        that dies of the signal, such as a torchrun launcher, writes none)."""
+        asked = []
+        for p in self.procs:
+            if p.poll() is None:
+                log = self._log_of[p.pid]
+                asked.append((p, log, log.stat().st_size))
+                p.send_signal(STACKS_SIGNAL)
+
+        def written() -> bool:
+            return all(
+                p.poll() is not None or b"most recent call first" in log.read_bytes()[size:] for p, log, size in asked
+            )
+
+        with contextlib.suppress(AssertionError):  # what came is in the failure's logs either way
+            wait_for(written, "every role's stacks", 30)
 
     def trainer(self, *extra: str) -> subprocess.Popen[bytes]:
         return self._spawn(
@@ -142,10 +164,7 @@ class Loop:
         try:
             rc = proc.wait(deadline(timeout))
         except subprocess.TimeoutExpired:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.send_signal(STACKS_SIGNAL)
-            time.sleep(2)
+            self._ask_for_stacks()
             pytest.fail(f"{name} did not finish in {deadline(timeout):.0f} s:\n{self.logs(tail=20_000)}")
         assert rc == 0, f"{name} exited {rc}:\n{self.logs()}"
 
@@ -352,7 +371,6 @@ def test_redis_flushed_and_restarted_mid_run(loop: Loop) -> None:
     registers again. Then Redis goes away for two seconds and comes back empty: the trainer retries
     with backoff instead of exiting. Every prompt of every step is still admitted exactly once."""
     import json
-    import time
 
     log = loop.tmp / "admissions.jsonl"
     trainer = loop.trainer("--steps", "8", "--admissions-log", str(log))
